@@ -1,0 +1,51 @@
+"""Backends: one small interface over every engine, and a lazy registry.
+
+The registry maps the ``--backend`` value to ``"module:Class"``; the module is imported only
+when that backend is used (lm-eval ``lm_eval/models/__init__.py`` style). Engine packages
+are never imported here nor in the backend classes: only inside their child processes.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from bakeoff.errors import UserError
+
+REGISTRY: dict[str, str] = {
+    "transformers": "backends.transformers.backend:TransformersBackend",
+    "vllm": "backends.vllm.backend:VllmBackend",
+    "ort-genai": "backends.ort_genai.backend:OrtGenaiBackend",
+    "trtllm": "backends.trtllm.backend:TrtllmBackend",
+    "openai": "backends.openai.backend:OpenAIBackend",
+}
+
+# Backends `bakeoff qualify` runs when --backends is not given: those that need no
+# user-supplied endpoint.
+DEFAULT_QUALIFY = ["transformers", "vllm", "ort-genai", "trtllm"]
+
+
+def names() -> list[str]:
+    """Registered backend names, sorted."""
+    return sorted(REGISTRY)
+
+
+def validate(name: str) -> str:
+    """Return ``name`` if registered.
+
+    Raises:
+        UserError: naming the valid choices.
+    """
+    if name not in REGISTRY:
+        raise UserError(f"unknown backend {name!r}; choose one of: {', '.join(names())}")
+    return name
+
+
+def resolve(name: str) -> type:
+    """Import and return the backend class registered as ``name``.
+
+    Raises:
+        UserError: if the name is not registered.
+    """
+    target = REGISTRY[validate(name)]
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)

@@ -1,0 +1,176 @@
+"""Shared machinery for backends whose engine runs in a child process behind HTTP.
+
+Both hosting modes use it (DESIGN.md "Two ways to host an engine"):
+- server: the engine's own OpenAI-compatible server (``vllm serve``, ``trtllm-serve``);
+  ready when ``/health`` answers 200.
+- worker: the engine's in-process API wrapped by :mod:`bakeoff.worker_server`; ready when
+  the worker writes its ready file.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from backends.base import Backend
+from bakeoff.errors import EngineFailure
+from bakeoff.loadgen.client import OpenAIClient
+from bakeoff.procs import ManagedProcess, describe_exit
+from bakeoff.specs import GenerationRequest, TokenEvent
+
+
+def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
+    """GET ``url``; returns ``(status, body)``, status 0 when unreachable."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return resp.status, resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return 0, ""
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Flatten Prometheus exposition text to ``{name{labels}: value}`` with prometheus_client's parser.
+
+    Counters keep their ``_total`` suffix as on the wire; labels other than ``model_name``
+    and ``engine`` are kept in the key, e.g. ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position="0"}``.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    try:
+        families = list(text_string_to_metric_families(text))
+    except Exception:  # a malformed exposition is not worth failing a run over
+        return out
+    for fam in families:
+        for s in fam.samples:
+            labels = {k: v for k, v in s.labels.items() if k not in ("model_name", "engine")}
+            key = s.name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels else "")
+            out[key] = out.get(key, 0.0) + float(s.value)
+    return out
+
+
+class ChildServerBackend(Backend):
+    """A backend whose engine is a child process serving the OpenAI API over HTTP.
+
+    Subclasses implement :meth:`command` (and may override :meth:`after_ready` to read
+    the engine's log, e.g. its KV capacity).
+    """
+
+    ready_mode: str = "health"  # "health" (GET /health) or "file" (worker ready file)
+    api: str = "completions"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.workdir = Path(config.workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.proc: ManagedProcess | None = None
+        self.client: OpenAIClient | None = None
+        self.base_url: str | None = None
+        self.ready_file = self.workdir / f"{self.name}.ready.json"
+        self.log_path = self.workdir / f"{self.name}.log"
+        self.ready_payload: dict[str, Any] = {}
+
+    # -- to implement -----------------------------------------------------------------
+    def command(self, port: int) -> tuple[list[str], dict[str, str]]:
+        """The command line and environment that start the engine on ``port``."""
+        raise NotImplementedError
+
+    def after_ready(self) -> dict[str, Any]:
+        """Extra ``BackendInfo`` fields learned once the engine serves."""
+        return {}
+
+    def extra_body(self) -> dict[str, Any]:
+        return {}
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def launch(self, port: int) -> float:
+        """Start the child and wait until it serves. Returns startup seconds.
+
+        Raises:
+            EngineFailure: ``load-failure`` when the child exits first, ``hang`` when the
+                start deadline passes, each with the log tail as evidence.
+        """
+        cmd, env = self.command(port)
+        self.launch_cmd = cmd
+        self.base_url = f"http://127.0.0.1:{port}"
+        if self.ready_file.exists():
+            self.ready_file.unlink()
+        t0 = time.monotonic()
+        self.proc = ManagedProcess(cmd, self.log_path, env=env)
+        deadline = t0 + self.config.start_timeout_s
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise EngineFailure("load-failure", f"{self.name} {describe_exit(code)} during start: "
+                                    f"{last_error_line(self.proc.tail(200))}",
+                                    {"engine.log.tail": self.proc.tail(120), "command.txt": " ".join(cmd)})
+            if self._is_ready():
+                break
+            if time.monotonic() > deadline:
+                tail_text = self.proc.tail(120)
+                self.stop()
+                raise EngineFailure("hang", f"{self.name} not ready within {self.config.start_timeout_s:.0f} s",
+                                    {"engine.log.tail": tail_text, "command.txt": " ".join(cmd)})
+            time.sleep(0.25)
+        return time.monotonic() - t0
+
+    def _is_ready(self) -> bool:
+        if self.ready_mode == "file":
+            if not self.ready_file.is_file():
+                return False
+            self.ready_payload = json.loads(self.ready_file.read_text())
+            return True
+        status, _ = http_get(self.base_url + "/health", timeout_s=2)
+        return status == 200
+
+    def make_client(self, served_model: str) -> OpenAIClient:
+        self.client = OpenAIClient(self.base_url, served_model, api=self.api, extra_body=self.extra_body())
+        return self.client
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        if self.client is None:
+            raise EngineFailure("load-failure", f"{self.name} is not started")
+        try:
+            async for ev in self.client.stream(request):
+                yield ev
+        except EngineFailure as exc:
+            if self.proc is not None and not self.proc.alive():
+                raise EngineFailure("runtime-crash", f"{self.name} {describe_exit(self.proc.poll())} while serving: "
+                                    f"{last_error_line(self.proc.tail(200))}",
+                                    {"engine.log.tail": self.proc.tail(120), "client_error.txt": exc.message}) from None
+            raise
+
+    async def aclose(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+
+    def metrics(self) -> dict[str, Any]:
+        if not self.base_url:
+            return {}
+        status, body = http_get(self.base_url + "/metrics", timeout_s=10)
+        return parse_prometheus(body) if status == 200 else {}
+
+    def log_tail(self, lines: int = 80) -> str:
+        return self.proc.tail(lines) if self.proc is not None else ""
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+
+
+ERROR_MARKERS = ("Error", "error:", "Exception", "CUDA error", "out of memory", "Killed", "Traceback")
+
+
+def last_error_line(log: str) -> str:
+    """The most telling line of a log tail: the last line naming an error, else the last line."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if any(m in ln for m in ERROR_MARKERS) and not ln.startswith("Traceback"):
+            return ln[:400]
+    return lines[-1][:400] if lines else "(empty log)"

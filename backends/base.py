@@ -1,0 +1,86 @@
+"""The Backend interface (DESIGN.md "Core contracts").
+
+Four methods, in the spirit of lm-eval's ``LM`` and guidellm's start/validate/shutdown:
+
+- ``start() -> BackendInfo``: load or launch the engine in a child process.
+- ``stream(request) -> AsyncIterator[TokenEvent]``: one generation.
+- ``metrics() -> dict``: engine-side counters, where the engine exposes them.
+- ``stop()``: always safe, also after a crash; leaves no process behind.
+
+Every failure an engine can have is raised as :class:`bakeoff.errors.EngineFailure` with a
+failure class and evidence, so the evaluations turn it into a failed check.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, AsyncIterator, ClassVar
+
+from pydantic import BaseModel
+
+from bakeoff.specs import BackendConfig, BackendInfo, GenerationRequest, TokenEvent
+
+
+class Backend(abc.ABC):
+    """One engine serving one model.
+
+    Subclasses set ``name`` (the registry key) and ``Options`` (a pydantic model with
+    ``extra="forbid"`` describing the ``--backend-opt`` keys they accept).
+
+    Args:
+        config: backend name, model, options, work folder, deadlines.
+
+    Raises:
+        UserError: from ``__init__`` when an option is unknown or has a bad value.
+    """
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type[BaseModel]]
+
+    def __init__(self, config: BackendConfig):
+        from bakeoff.options import parse_options
+
+        self.config = config
+        self.options = parse_options(self.name, self.Options, config.options)
+        self.info: BackendInfo | None = None
+
+    @abc.abstractmethod
+    def start(self) -> BackendInfo:
+        """Load or launch the engine; blocks until it serves or fails.
+
+        Returns:
+            What the engine reported (versions, KV capacity, launch command).
+
+        Raises:
+            EngineFailure: ``unavailable``, ``load-failure``, ``config-rejected``,
+                ``unsupported-architecture``, ``hang`` (start deadline) ...
+        """
+
+    @abc.abstractmethod
+    def stream(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        """Stream one generation; events are timestamped as their bytes arrive.
+
+        Raises:
+            EngineFailure: ``runtime-crash``, ``transport-distortion``, ``hang``.
+        """
+
+    async def aclose(self) -> None:
+        """Release per-event-loop resources (HTTP sessions); called at the end of a load run."""
+
+    def metrics(self) -> dict[str, Any]:
+        """Engine-side counters (prefix cache, spec decode, KV usage); empty if none."""
+        return {}
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Stop the engine and every process it started. Safe to call twice or after a crash."""
+
+    def log_tail(self, lines: int = 80) -> str:
+        """Last lines of the engine's log, for evidence ('' when there is none)."""
+        return ""
+
+    def __enter__(self) -> "Backend":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

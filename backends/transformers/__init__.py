@@ -1,0 +1,1 @@
+"""The transformers reference backend (a worker process running ``generate``)."""

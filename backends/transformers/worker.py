@@ -1,0 +1,134 @@
+"""Worker process: transformers ``generate`` behind the OpenAI completions API.
+
+Runs in bakeoff's own environment (torch + transformers). One generation at a time: the
+reference is for correctness; its throughput is measured and reported as what it is.
+Run as ``python -m backends.transformers.worker --model M --port P --ready-file F``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+
+class TransformersEngine:
+    """``generate`` with a token streamer, serialised by a lock.
+
+    Args:
+        model_path: checkpoint folder or hub id.
+        options: ``device`` (auto|cpu|cuda), ``dtype`` (auto|float32|bfloat16|float16),
+            ``trust_remote_code`` (bool, default False).
+    """
+
+    def __init__(self, model_path: str, options: dict[str, Any]):
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.torch = torch
+        device = options.get("device") or "auto"
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = options.get("dtype") or "auto"
+        trust = bool(options.get("trust_remote_code", False))
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=dtype if dtype == "auto" else getattr(torch, dtype), trust_remote_code=trust,
+            use_safetensors=True)
+        self.model.to(device).eval()
+        self.device = device
+        self.lock = threading.Lock()
+        self._info = {
+            "engine": "transformers", "engine_version": transformers.__version__,
+            "torch_version": torch.__version__, "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+            "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
+            "max_model_len": getattr(self.model.config, "max_position_embeddings", None),
+            "trust_remote_code": trust,
+        }
+        self.n_generated = 0
+
+    def info(self) -> dict[str, Any]:
+        return self._info
+
+    def metrics(self) -> dict[str, float]:
+        return {"generated_tokens": self.n_generated}
+
+    def prompt_tokens(self, prompt: str) -> int:
+        return len(self.tokenizer(prompt)["input_ids"])
+
+    async def generate(self, body: dict[str, Any]):
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        thread = threading.Thread(target=self._run, args=(body, loop, queue), daemon=True)
+        thread.start()
+        while True:
+            item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item is None:
+                break
+            yield item
+
+    def _run(self, body: dict[str, Any], loop, queue) -> None:
+        from transformers.generation.streamers import BaseStreamer
+
+        torch = self.torch
+        tok = self.tokenizer
+        max_new = int(body.get("max_tokens") or 16)
+        temperature = float(body.get("temperature") or 0.0)
+        put = lambda item: loop.call_soon_threadsafe(queue.put_nowait, item)  # noqa: E731
+
+        class Streamer(BaseStreamer):
+            def __init__(self):
+                self.first = True
+                self.ids: list[int] = []
+                self.text = ""
+
+            def put(self, value):
+                if self.first:  # generate() first passes the prompt
+                    self.first = False
+                    return
+                new = [int(x) for x in value.reshape(-1).tolist()]
+                self.ids.extend(new)
+                text = tok.decode(self.ids, skip_special_tokens=True)
+                if text.endswith("\ufffd"):  # incomplete multi-byte character: wait for more
+                    delta = ""
+                else:
+                    delta, self.text = text[len(self.text):], text
+                put((new, delta, None))
+
+            def end(self):
+                pass
+
+        try:
+            with self.lock:
+                enc = tok(body.get("prompt", ""), return_tensors="pt").to(self.device)
+                kwargs: dict[str, Any] = {"max_new_tokens": max_new, "pad_token_id": tok.pad_token_id or tok.eos_token_id}
+                if temperature > 0:
+                    kwargs.update(do_sample=True, temperature=temperature, top_p=float(body.get("top_p") or 1.0))
+                    if body.get("seed") is not None:
+                        torch.manual_seed(int(body["seed"]))
+                else:
+                    kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+                if body.get("ignore_eos"):
+                    kwargs["min_new_tokens"] = max_new
+                streamer = Streamer()
+                with torch.inference_mode():
+                    self.model.generate(**enc, streamer=streamer, **kwargs)
+                self.n_generated += len(streamer.ids)
+                finish = "length" if len(streamer.ids) >= max_new else "stop"
+            put(([], "", finish))
+            put(None)
+        except BaseException as exc:  # surfaced to the client as an error event
+            put(exc)
+
+
+def main() -> None:
+    from bakeoff.worker_server import serve
+
+    serve(lambda args: TransformersEngine(args.model, args.options))
+
+
+if __name__ == "__main__":
+    main()

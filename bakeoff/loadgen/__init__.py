@@ -1,0 +1,1 @@
+"""Load generation: streaming clients, closed-loop sessions, per-request timing, statistics."""

@@ -1,0 +1,47 @@
+"""Parsing of ``--backend-opt key=value`` into a backend's pydantic Options model."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from bakeoff.errors import UserError
+
+
+def parse_kv(items: list[str], flag: str = "--backend-opt") -> dict[str, Any]:
+    """Parse ``["k=v", ...]``; values are JSON where they parse (``3``, ``true``, ``{...}``).
+
+    Raises:
+        UserError: for an item without ``=`` or with an empty key.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UserError(f"malformed {flag} {item!r}: expected key=value, e.g. {flag} max_model_len=2048")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        out[key] = value
+    return out
+
+
+def parse_options(backend: str, model: type[BaseModel], options: dict[str, Any]) -> BaseModel:
+    """Validate options against a backend's ``Options`` model.
+
+    Raises:
+        UserError: one line naming the bad key and the valid keys.
+    """
+    try:
+        return model.model_validate(options)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err.get("loc", ())) or "?"
+        valid = ", ".join(sorted(model.model_fields))
+        if err.get("type") == "extra_forbidden":
+            raise UserError(f"unknown option {key!r} for backend {backend}; valid options: {valid}") from None
+        raise UserError(f"bad value for option {key!r} of backend {backend}: {err.get('msg')}; valid options: {valid}") from None

