@@ -1,0 +1,102 @@
+"""Preflight: predicted loader verdicts per backend from a checkpoint's config.json."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bakeoff.errors import EngineFailure
+from bakeoff.preflight import describe_quantization, preflight, raise_if_rejected
+
+# What llm-compressor 0.14 writes for W4A16_ASYM (AWQ): compressed-tensors, pack-quantized.
+W4A16 = {
+    "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+    "ignore": ["lm_head"],
+    "config_groups": {"group_0": {
+        "targets": ["Linear"], "input_activations": None, "output_activations": None,
+        "weights": {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": 128,
+                    "dynamic": False, "observer": "minmax"}}},
+}
+FP8 = {
+    "quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
+    "config_groups": {"group_0": {
+        "targets": ["Linear"],
+        "weights": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel"},
+        "input_activations": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token", "dynamic": True}}},
+}
+AUTOAWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
+
+
+def _ckpt(tmp_path, qc=None, arch="Qwen3ForCausalLM", name="m"):
+    d = tmp_path / name
+    d.mkdir()
+    cfg = {"architectures": [arch], "model_type": "qwen3", "torch_dtype": "bfloat16"}
+    if qc is not None:
+        cfg["quantization_config"] = qc
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_w4a16_refused_by_trtllm_accepted_by_vllm(tmp_path):
+    d = _ckpt(tmp_path, W4A16)
+    trt = preflight(d, "trtllm", cuda=True)
+    assert trt.accepted is False and trt.failure_class == "config-rejected"
+    assert "FP8 and NVFP4 only" in trt.reason and "W4A16" in trt.reason
+    assert "llm_utils.py" in trt.rule_source
+    assert trt.quantization["method"] == "compressed-tensors" and trt.quantization["scheme"] == "W4A16"
+    assert trt.quantization["quantization_config"]["format"] == "pack-quantized"
+    vllm = preflight(d, "vllm", cuda=False)
+    assert vllm.accepted is True and "docs.vllm.ai" in vllm.rule_source
+    ort = preflight(d, "ort-genai", cuda=False)
+    assert ort.accepted is False and "NVFP4 and FP8 only" in ort.reason and "quant_model.py" in ort.rule_source
+
+
+def test_autoawq_refused_by_trtllm_accepted_by_ort_and_vllm(tmp_path):
+    d = _ckpt(tmp_path, AUTOAWQ)
+    trt = preflight(d, "trtllm", cuda=True)
+    assert trt.accepted is False and "Unsupported quantization_config" in trt.reason
+    assert preflight(d, "ort-genai", cuda=False).accepted is True
+    assert preflight(d, "vllm", cuda=True).accepted is True
+    q = describe_quantization(d)
+    assert q["method"] == "awq" and q["bits"] == 4 and q["group_size"] == 128 and q["symmetric"] is False
+
+
+def test_fp8_and_modelopt_accepted_by_trtllm(tmp_path):
+    assert preflight(_ckpt(tmp_path, FP8, name="fp8"), "trtllm", cuda=True).accepted is True
+    mo = _ckpt(tmp_path, None, name="mo")
+    (mo / "hf_quant_config.json").write_text(json.dumps(
+        {"producer": {"name": "modelopt", "version": "0.37"},
+         "quantization": {"quant_algo": "W4A16_AWQ", "group_size": 128, "exclude_modules": ["lm_head"]}}))
+    r = preflight(mo, "trtllm", cuda=True)
+    assert r.accepted is True and r.quantization["method"] == "modelopt"
+    assert r.quantization["source"] == "hf_quant_config.json" and r.quantization["ignore"] == ["lm_head"]
+
+
+def test_float_checkpoint_and_architecture_rule(tmp_path):
+    d = _ckpt(tmp_path)
+    assert describe_quantization(d) == {"quantized": False}
+    for b in ("vllm", "ort-genai", "trtllm", "transformers"):
+        r = preflight(d, b, cuda=False)
+        assert r.accepted is True and r.architecture == "Qwen3ForCausalLM" and r.dtype == "bfloat16"
+    moe = _ckpt(tmp_path, arch="Qwen3MoeForCausalLM", name="moe")
+    r = preflight(moe, "ort-genai", cuda=False)
+    assert r.accepted is False and r.failure_class == "unsupported-architecture"
+
+
+def test_raise_if_rejected_is_config_rejected_with_evidence(tmp_path):
+    d = _ckpt(tmp_path, W4A16)
+    with pytest.raises(EngineFailure) as ei:
+        raise_if_rejected(d, "trtllm", cuda=True)
+    assert ei.value.failure_class == "config-rejected"
+    ev = json.loads(ei.value.evidence["preflight.json"])
+    assert ev["accepted"] is False and ev["rule_source"]
+    assert raise_if_rejected(d, "vllm", cuda=False).accepted is True
+
+
+def test_unknown_inputs_are_not_predicted(tmp_path):
+    assert preflight("Qwen/Qwen3-0.6B", "trtllm").accepted is None  # hub id: nothing read
+    assert preflight(_ckpt(tmp_path, W4A16), "openai").accepted is None
+    odd = _ckpt(tmp_path, {"quant_method": "hqq", "nbits": 4}, name="hqq")
+    assert preflight(odd, "vllm", cuda=True).accepted is None
+    assert preflight(odd, "trtllm", cuda=True).accepted is False
