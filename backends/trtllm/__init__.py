@@ -1,0 +1,1 @@
+"""TensorRT-LLM: its LLM API in a worker process, or ``trtllm-serve``, in its own environment."""
