@@ -115,6 +115,7 @@ class VllmBackend(ChildServerBackend):
 
     def command(self, port: int) -> tuple[list[str], dict[str, str]]:
         python = envs.ensure(env_spec(self.cuda))
+        self.env_python = python
         cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", self.config.model,
                "--host", "127.0.0.1", "--port", str(port), "--served-model-name", self.options.served_model_name,
                "--disable-uvicorn-access-log", *self.engine_args()]

@@ -1,0 +1,96 @@
+"""Resolve what the user passed as ``--model``: ``fixture:NAME``, a local path, or a hub id."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from bakeoff.errors import UserError
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+@dataclass
+class Probe:
+    """A prompt with a checkable greedy continuation."""
+
+    id: str
+    task: str
+    prompt: str
+    expected: str
+
+
+@dataclass
+class ResolvedModel:
+    """A model ready to hand to an engine.
+
+    Attributes:
+        label: what the user typed.
+        path: local checkpoint folder, or the hub id when not local.
+        local: whether ``path`` is a local folder.
+        fixture: the fixture name when built by bakeoff.
+    """
+
+    label: str
+    path: str
+    local: bool
+    fixture: str | None = None
+
+    def config(self) -> dict:
+        """The checkpoint's ``config.json`` ({} for a hub id)."""
+        if not self.local:
+            return {}
+        return json.loads((Path(self.path) / "config.json").read_text())
+
+    def probes(self) -> list[Probe] | None:
+        """Probes shipped with the model (``probes.jsonl``), or None."""
+        if not self.local:
+            return None
+        path = Path(self.path) / "probes.jsonl"
+        if not path.is_file():
+            return None
+        out = []
+        for line in path.read_text().splitlines():
+            if line.strip():
+                d = json.loads(line)
+                out.append(Probe(id=d["id"], task=d.get("task", ""), prompt=d["prompt"], expected=d["expected"]))
+        return out
+
+
+def resolve(spec: str, build: bool = True, log=print) -> ResolvedModel:
+    """Resolve ``--model``.
+
+    Args:
+        spec: ``fixture:NAME``, a path to a checkpoint folder, or a hub id ``org/name``.
+        build: build a fixture that is not cached yet (else raise).
+        log: progress printer for fixture builds.
+
+    Raises:
+        UserError: unknown fixture, a path that does not exist or holds no ``config.json``.
+    """
+    if spec.startswith("fixture:"):
+        from bakeoff import fixtures
+
+        name = spec.split(":", 1)[1]
+        if name not in fixtures.names():
+            raise UserError(f"unknown fixture {name!r}; choose one of: {', '.join('fixture:' + n for n in fixtures.names())}")
+        if not build and not fixtures.is_built(name):
+            raise UserError(f"fixture {name} is not built; run: bakeoff fixture build {name}")
+        return ResolvedModel(label=spec, path=str(fixtures.build(name, log=log)), local=True, fixture=name)
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise UserError(f"model path {spec} is a file; pass the checkpoint folder that holds config.json")
+        if not (path / "config.json").is_file():
+            raise UserError(f"model path {spec} has no config.json; pass a Hugging Face checkpoint folder")
+        try:
+            json.loads((path / "config.json").read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            # Not a user-input error in the CLI sense: the engine's reaction is evidence.
+            return ResolvedModel(label=spec, path=str(path.resolve()), local=True)
+        return ResolvedModel(label=spec, path=str(path.resolve()), local=True)
+    if spec.startswith((".", "/", "~")) or not HUB_ID.match(spec):
+        raise UserError(f"model path {spec} does not exist; pass a checkpoint folder, a hub id (org/name) or fixture:NAME")
+    return ResolvedModel(label=spec, path=spec, local=False)

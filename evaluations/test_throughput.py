@@ -1,0 +1,69 @@
+"""Throughput: a closed-loop session sweep with TTFT / TPOT / ITL / E2E per point."""
+
+from __future__ import annotations
+
+import pytest
+
+from bakeoff.loadgen.stats import per_request
+from bakeoff.loadgen.sweep import run_sweep
+from bakeoff.specs import GenerationRequest
+from evaluations.probing import throughput_prompt
+
+POINT_KEYS = ("sessions", "requests", "ok", "errors", "output_tokens_per_s", "per_session_output_tokens_per_s",
+              "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms",
+              "accounting_mismatches")
+
+
+@pytest.mark.check("throughput.sweep")
+def test_sweep(run, settings, engine):
+    cfg = settings.profile_cfg
+    fixture = settings.model.fixture is not None
+
+    def make(session: int, turn: int) -> GenerationRequest:
+        return GenerationRequest(request_id=f"s{session}-t{turn}", prompt=throughput_prompt(session, turn, fixture),
+                                 max_tokens=cfg["max_tokens"], temperature=0.0, ignore_eos=True)
+
+    with run.check("throughput.sweep", "runtime-crash") as c:
+        points: list[dict] = []
+
+        def on_point(point, recs):
+            points.append(point)
+            c.evidence("sweep.json", {"points": points, "profile": settings.profile, "max_tokens": cfg["max_tokens"]})
+            if settings.requests_log:
+                run.dir.append_jsonl("requests.jsonl", [{**per_request(r), "output_text": r.output_text} for r in recs])
+
+        result = run_sweep(engine, make, cfg["sessions"], cfg["requests_per_session"], cfg["warmup"], on_point=on_point)
+        c.evidence("sweep.json", {"warmup": result["warmup"], "points": result["points"], "profile": settings.profile,
+                                  "max_tokens": cfg["max_tokens"]})
+        c.values["warmup"] = result["warmup"]
+        c.values["points"] = [{k: p.get(k) for k in POINT_KEYS} for p in result["points"]]
+        ok_points = [p for p in result["points"] if p["ok"]]
+        if ok_points:
+            best = max(ok_points, key=lambda p: p["output_tokens_per_s"] or 0)
+            c.values.update({"peak_output_tokens_per_s": best["output_tokens_per_s"], "peak_sessions": best["sessions"],
+                             "single_session_output_tokens_per_s": result["points"][0]["output_tokens_per_s"]})
+        errs = [p for p in result["points"] if p["errors"]]
+        if errs:
+            classes: dict[str, int] = {}
+            for p in errs:
+                for k, v in p["errors_by_class"].items():
+                    classes[k] = classes.get(k, 0) + v
+            worst = max(classes, key=classes.get)
+            c.fail(f"{sum(classes.values())} requests failed across {len(errs)} sweep points "
+                   f"(first at {errs[0]['sessions']} sessions): {worst}", worst)
+        c.require(len(result["points"]) == len(cfg["sessions"]), "the sweep stopped early")
+        c.summary = (f"peak {c.values['peak_output_tokens_per_s']:.0f} output tok/s at {c.values['peak_sessions']} "
+                     f"sessions; single session {c.values['single_session_output_tokens_per_s']:.0f} tok/s")
+
+
+@pytest.mark.check("throughput.accounting")
+def test_accounting(run, engine):
+    sweep = run.get("throughput.sweep")
+    with run.check("throughput.accounting", "client-accounting") as c:
+        if sweep is None or not sweep.values.get("points"):
+            c.skip("no sweep point to check")
+        mism = sum(p.get("accounting_mismatches") or 0 for p in sweep.values["points"])
+        total = sum(p.get("ok") or 0 for p in sweep.values["points"])
+        c.values.update({"requests": total, "mismatches": mism})
+        c.require(mism == 0, f"{mism}/{total} requests: client token count differs from the server's usage")
+        c.summary = f"server usage and client counts agree on {total} requests"
