@@ -109,6 +109,8 @@ def pytest_configure(config: pytest.Config) -> None:
                                    "command": sys.argv, "cwd": os.getcwd()})
     config.stash[KEY_SETTINGS] = s
     config.stash[KEY_RUN] = RunContext(rundir, verdict)
+    if os.environ.get("BAKEOFF_RUN_FILE"):  # tells `bakeoff qualify` where this run is
+        Path(os.environ["BAKEOFF_RUN_FILE"]).write_text(str(rundir.path.resolve()))
     config.stash[KEY_ENGINE] = {}
 
 

@@ -1,0 +1,188 @@
+"""``bakeoff`` command line. Bad input is one line on stderr naming the fix, exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bakeoff.errors import UserError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too: keep it short)
+        raise UserError(f"{message} (see: {self.prog} --help)")
+
+
+def _split_opts(items: list[str], backends_: list[str]) -> dict[str, list[str]]:
+    """``[BACKEND:]KEY=VALUE`` -> options per backend (no prefix: every backend)."""
+    from bakeoff.options import parse_kv
+
+    per: dict[str, list[str]] = {b: [] for b in backends_}
+    for item in items:
+        head, sep, rest = item.partition(":")
+        if sep and "=" not in head and head in per:
+            per[head].append(rest)
+        elif sep and "=" not in head and head not in per:
+            raise UserError(f"--backend-opt {item!r} names backend {head!r}, which is not among --backends {','.join(backends_)}")
+        else:
+            for b in per:
+                per[b].append(item)
+    for b, opts in per.items():
+        parse_kv(opts)
+    return per
+
+
+def cmd_qualify(args) -> int:
+    import backends
+    from bakeoff.artifacts import check_writable
+    from bakeoff.models import resolve
+    from bakeoff.options import parse_kv, parse_options
+    from bakeoff.report import write_report
+
+    names = [b.strip() for b in (args.backends or ",".join(backends.DEFAULT_QUALIFY)).split(",") if b.strip()]
+    for n in names:
+        backends.validate(n)
+    per = _split_opts(args.backend_opt, names)
+    for n in names:
+        parse_options(n, backends.resolve(n).Options, parse_kv(per[n]))
+    if args.profile not in ("quick", "full"):
+        raise UserError(f"unknown profile {args.profile!r}; choose quick or full")
+    artifacts = check_writable(Path(args.artifacts))
+    model = resolve(args.model, log=lambda s: print(f"[fixture] {s}", flush=True))
+    runs: list[Path] = []
+    print(f"qualifying {', '.join(names)} on {args.model} ({args.profile} profile)", flush=True)
+    for n in names:
+        t0 = time.monotonic()
+        with tempfile.NamedTemporaryFile("r", suffix=".run", delete=False) as fh:
+            run_file = fh.name
+        cmd = [sys.executable, "-m", "pytest", str(REPO / "evaluations"), "--backend", n, "--model", args.model,
+               "--artifacts", str(artifacts), "--profile", args.profile, "-p", "no:cacheprovider", "-q",
+               "--rootdir", str(REPO), "-o", "console_output_style=classic"]
+        for o in per[n]:
+            cmd += ["--backend-opt", o]
+        if args.reference_model:
+            cmd += ["--reference-model", args.reference_model]
+        env = dict(os.environ, BAKEOFF_RUN_FILE=run_file)
+        print(f"\n=== {n} ===\n$ {' '.join(cmd)}", flush=True)
+        proc = subprocess.run(cmd, env=env, cwd=str(REPO))
+        run_dir = Path(open(run_file).read().strip()) if os.path.getsize(run_file) else None
+        os.unlink(run_file)
+        if proc.returncode in (3, 4) or run_dir is None:
+            print(f"{n}: the evaluation did not start (pytest exit {proc.returncode})", file=sys.stderr)
+            continue
+        runs.append(run_dir)
+        print(f"--- {n}: {time.monotonic() - t0:.0f} s -> {run_dir}", flush=True)
+    if not runs:
+        raise UserError("no run was written; see the errors above")
+    report = write_report(runs, artifacts / "reports" / args.report)
+    _print_summary(runs)
+    print(f"\nreport: {report}")
+    return 0
+
+
+def _print_summary(runs: list[Path]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from bakeoff.report import load_run
+
+    t = Table(title="bakeoff verdicts")
+    for col in ("backend", "model", "status", "reasons", "run"):
+        t.add_column(col)
+    for p in runs:
+        r = load_run(p)
+        t.add_row(r["backend"], r["model"], r["status"], "\n".join(r["verdict"].get("reasons", []))[:300], p.name)
+    Console(width=160).print(t)
+
+
+def cmd_report(args) -> int:
+    from bakeoff.report import write_report
+
+    paths = [Path(p) for p in args.runs] or [Path(args.artifacts) / "runs"]
+    print(write_report(paths, Path(args.artifacts) / "reports" / args.name))
+    return 0
+
+
+def cmd_fixture(args) -> int:
+    from bakeoff import fixtures
+
+    if args.action == "list":
+        for n in fixtures.names():
+            print(f"{n}\t{'built' if fixtures.is_built(n) else 'not built'}")
+        return 0
+    if not args.name:
+        raise UserError(f"name a fixture to build: {', '.join(fixtures.names())}")
+    for name in args.name:
+        if name.removeprefix("fixture:") not in fixtures.names():
+            raise UserError(f"unknown fixture {name!r}; choose one of: {', '.join(fixtures.names())}")
+    for name in args.name:
+        print(fixtures.build(name.removeprefix("fixture:"), force=args.force, log=lambda s: print(s, flush=True)))
+    return 0
+
+
+def cmd_envs(args) -> int:
+    from bakeoff import envs
+
+    root = envs.cache_root() / "envs"
+    for p in sorted(root.glob("*")) if root.is_dir() else []:
+        if p.is_dir():
+            print(f"{p.name}\t{'ready' if (p / '.bakeoff-ready').is_file() else 'incomplete'}\t{p}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import backends
+
+    ap = _Parser(prog="bakeoff", description="Qualify or disqualify LLM inference backends for a model, "
+                 "with captured evidence, and measure the ones that qualify.")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    q = sub.add_parser("qualify", help="run the evaluations once per backend, then write a report")
+    q.add_argument("--backends", help=f"comma-separated, from: {', '.join(backends.names())} "
+                   f"(default: {','.join(backends.DEFAULT_QUALIFY)})")
+    q.add_argument("--model", default="fixture:tiny-qwen3", help="checkpoint folder, hub id, or fixture:NAME")
+    q.add_argument("--backend-opt", action="append", default=[], metavar="[BACKEND:]KEY=VALUE")
+    q.add_argument("--profile", default="quick", help="quick | full")
+    q.add_argument("--artifacts", default=str(REPO / "artifacts"))
+    q.add_argument("--report", default="latest", help="report name under artifacts/reports/")
+    q.add_argument("--reference-model", default=None)
+    q.set_defaults(func=cmd_qualify)
+    r = sub.add_parser("report", help="write a Markdown report of run directories")
+    r.add_argument("runs", nargs="*", help="run directories or folders of them (default: artifacts/runs)")
+    r.add_argument("--artifacts", default=str(REPO / "artifacts"))
+    r.add_argument("--name", default="latest")
+    r.set_defaults(func=cmd_report)
+    f = sub.add_parser("fixture", help="build or list bakeoff's fixture models")
+    f.add_argument("action", choices=["build", "list"])
+    f.add_argument("name", nargs="*")
+    f.add_argument("--force", action="store_true")
+    f.set_defaults(func=cmd_fixture)
+    e = sub.add_parser("envs", help="list engine environments")
+    e.set_defaults(func=cmd_envs)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        ap = build_parser()
+        args = ap.parse_args(argv)
+        if not getattr(args, "func", None):
+            ap.print_help()
+            return 0
+        return args.func(args)
+    except UserError as exc:
+        print(f"bakeoff: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("bakeoff: interrupted; runs written so far are kept (their verdicts say incomplete)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

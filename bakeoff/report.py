@@ -1,0 +1,113 @@
+"""``bakeoff report``: a Markdown report of run directories (verdict table + sweep table).
+
+Everything shown is recomputed from the run directories (DESIGN.md "Artifacts").
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment
+
+from bakeoff.artifacts import atomic_write_text, list_runs
+from bakeoff.errors import UserError
+
+TEMPLATE = """# bakeoff report
+
+{{ runs|length }} run(s). Each run directory holds `verdict.json`, `checks/`, `evidence/`.
+
+## Verdicts
+
+| backend | model | options | status | failed checks (class: evidence) | run |
+|---|---|---|---|---|---|
+{% for r in runs -%}
+| {{ r.backend }} | {{ r.model }} | {{ r.options or "" }} | **{{ r.status }}** | {{ r.failures or "" }} | `{{ r.run_id }}` |
+{% endfor %}
+## Engines
+
+| backend | engine | version | device | start s | KV cache tokens | max concurrency |
+|---|---|---|---|---|---|---|
+{% for r in runs -%}
+| {{ r.backend }} | {{ r.info.engine or "" }} | {{ r.info.engine_version or "" }} | {{ r.info.device or "" }} | {{ fmt(r.info.startup_s, 1) }} | {{ fmt(r.info.kv_cache_tokens, 0) }} | {{ fmt(r.info.max_concurrency, 1) }} |
+{% endfor %}
+## Sanity
+
+| backend | probe accuracy | flagged outputs | exact match vs reference | accuracy vs reference |
+|---|---|---|---|---|
+{% for r in runs -%}
+| {{ r.backend }} | {{ r.sanity.accuracy }} | {{ r.sanity.flagged }} | {{ r.sanity.exact }} | {{ r.sanity.ref }} |
+{% endfor %}
+## Throughput sweep (closed loop, {{ "distinct prompt per session" }})
+
+{% for r in runs if r.points -%}
+### {{ r.backend }} on {{ r.model }}{% if r.options %} ({{ r.options }}){% endif %}
+
+| sessions | aggregate output tok/s | per-session tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | ITL p50 ms | errors |
+|---|---|---|---|---|---|---|---|
+{% for p in r.points -%}
+| {{ p.sessions }} | {{ fmt(p.output_tokens_per_s, 1) }} | {{ fmt(p.per_session_output_tokens_per_s, 1) }} | {{ fmt(p.ttft_p50_ms, 1) }} | {{ fmt(p.ttft_p99_ms, 1) }} | {{ fmt(p.tpot_p50_ms, 2) }} | {{ fmt(p.itl_p50_ms, 2) }} | {{ p.errors }} |
+{% endfor %}
+{% if r.warmup %}Warm-up (reported apart): first request TTFT {{ fmt(r.warmup.first_request_ttft_ms, 1) }} ms.{% endif %}
+
+{% endfor %}
+"""
+
+
+def fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, (int, float)):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def load_run(path: Path) -> dict[str, Any]:
+    """Read one run directory into the fields the report shows.
+
+    Raises:
+        UserError: when the directory has no readable ``verdict.json``.
+    """
+    try:
+        v = json.loads((path / "verdict.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read run directory {path}: {exc}; pass folders that hold a verdict.json") from None
+    checks = {c["name"]: c for c in v.get("checks", [])}
+    fails = [f"{c['name']}: {c.get('failure_class') or 'error'}: {c.get('summary', '')[:160]}"
+             for c in v.get("checks", []) if c["status"] in ("fail", "error")]
+    sweep = checks.get("throughput.sweep", {}).get("values", {})
+    ka = checks.get("sanity.known_answers", {})
+    dg = checks.get("sanity.degeneration", {})
+    ra = checks.get("sanity.reference_agreement", {})
+
+    def pct(x):
+        return f"{x:.0%}" if isinstance(x, (int, float)) else "–"
+    return {
+        "path": str(path), "run_id": v.get("run_id"), "backend": v.get("backend"), "model": v.get("model"),
+        "options": ", ".join(f"{k}={val}" for k, val in (v.get("options") or {}).items()),
+        "status": v.get("status"), "failures": "<br>".join(f.replace("|", "\\|") for f in fails),
+        "info": v.get("backend_info") or {}, "points": sweep.get("points") or [], "warmup": sweep.get("warmup"),
+        "sanity": {"accuracy": pct(ka.get("values", {}).get("accuracy")) if ka else "–",
+                   "flagged": (f"{dg['values'].get('flagged')}/{dg['values'].get('outputs')}" if dg.get("values") else "–"),
+                   "exact": pct(ra.get("values", {}).get("exact_match_rate")) if ra.get("status") != "skip" else ra.get("summary", "–")[:40] if ra else "–",
+                   "ref": (f"{pct(ra['values'].get('accuracy'))} vs {pct(ra['values'].get('reference_accuracy'))}"
+                           if ra.get("values", {}).get("reference_accuracy") is not None else "–")},
+        "verdict": v,
+    }
+
+
+def write_report(run_paths: list[Path], out_dir: Path) -> Path:
+    """Write ``report.md`` for the given runs (folders or their parents).
+
+    Raises:
+        UserError: no run found, or an unreadable run.
+    """
+    runs = [load_run(p) for p in list_runs(run_paths)]
+    if not runs:
+        raise UserError(f"no run directory (with verdict.json) under {', '.join(map(str, run_paths))}")
+    env = Environment(trim_blocks=False, lstrip_blocks=False, keep_trailing_newline=True)
+    text = env.from_string(TEMPLATE).render(runs=runs, fmt=fmt)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / "report.md", text)
+    return out_dir / "report.md"
