@@ -1,0 +1,33 @@
+"""The ONNX Runtime GenAI environment: the model builder and the runtime, in one venv.
+
+Pins (FIELD-NOTES.md, "ONNX Runtime GenAI"): the builder in ``onnxruntime-genai`` 0.18.0
+imports ``onnx``, ``onnx_ir``, ``onnxscript``, ``torch`` and ``transformers``; the worker
+needs ``aiohttp`` (``bakeoff.worker_server``) and ``tokenizers`` (the HF tokenizer fallback).
+torch is pinned to 2.13.0: on this host pip takes the local CPU wheel; on a CUDA host the
+user's index decides.
+"""
+
+from __future__ import annotations
+
+from bakeoff import envs
+
+ORT_GENAI_VERSION = "0.18.0"
+
+REQUIREMENTS = (
+    f"onnxruntime-genai=={ORT_GENAI_VERSION}",
+    "onnx",
+    "onnxruntime",
+    "onnx-ir",
+    "onnxscript",
+    "torch==2.13.0",
+    "transformers>=5.17,<5.20",
+    "tokenizers",
+    "safetensors",
+    "aiohttp",
+    "numpy",
+)
+
+
+def env_spec() -> envs.EnvSpec:
+    """The ``ort-genai`` environment spec (CPU wheel of onnxruntime-genai)."""
+    return envs.EnvSpec("ort-genai", REQUIREMENTS)
