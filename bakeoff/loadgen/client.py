@@ -1,23 +1,31 @@
 """Streaming client for OpenAI-compatible servers (completions, chat) and Anthropic messages.
 
-Per-event timestamps come from ``time.monotonic_ns()`` taken when the line holding the event
-has been read off the socket; the same clock is used by every process on the host.
+Timing: each SSE event carries the ``time.monotonic_ns()`` stamp of the network chunk that
+completed it, taken in the socket's protocol callback (:mod:`bakeoff.loadgen.http`), not when
+the consuming task resumed. The same clock is used by every process on the host, so the
+synthetic server's send times (:mod:`bakeoff.loadgen.synth_server`) are directly comparable.
+
+Each request carries an ``X-Request-Id`` header (the request's id) so a server's own log of
+what it sent can be matched to the client's record.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import os
 import time
 from typing import Any, AsyncIterator, Literal
 
-import aiohttp
-
 from bakeoff.errors import EngineFailure
+from bakeoff.loadgen.http import Pool, TransportError
 from bakeoff.specs import GenerationRequest, TokenEvent, Usage
 
 Api = Literal["completions", "chat", "messages"]
+# run_request puts a one-item list here; stream() stores the time its request bytes were written
+# (after the connection was ready), so "TTFT from send" excludes the client's own preparation.
+SENT_NS: contextvars.ContextVar[list | None] = contextvars.ContextVar("bakeoff_sent_ns", default=None)
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "messages": "/v1/messages"}
 
 
@@ -25,7 +33,7 @@ class OpenAIClient:
     """Streams generations from one server.
 
     Args:
-        base_url: e.g. ``http://127.0.0.1:8000`` (no trailing ``/v1``).
+        base_url: e.g. ``http://127.0.0.1:8000`` (a trailing ``/v1`` is dropped).
         model: model name sent in each request.
         api: ``completions``, ``chat`` or ``messages`` (Anthropic).
         api_key_env: name of the environment variable holding the API key; the key itself
@@ -44,37 +52,50 @@ class OpenAIClient:
         self.api_key_env = api_key_env
         self.extra_body = dict(extra_body or {})
         self.read_timeout_s = read_timeout_s
-        self._sessions: dict[int, aiohttp.ClientSession] = {}
+        self._pools: dict[int, Pool] = {}
 
     def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
-        if key:
-            if self.api == "messages":
-                headers["x-api-key"] = key
-                headers["anthropic-version"] = "2023-06-01"
-            else:
-                headers["Authorization"] = f"Bearer {key}"
-        elif self.api == "messages":
+        if self.api == "messages":
             headers["anthropic-version"] = "2023-06-01"
+            if key:
+                headers["x-api-key"] = key
+        elif key:
+            headers["Authorization"] = f"Bearer {key}"
         return headers
 
-    def _session(self) -> aiohttp.ClientSession:
+    def _pool(self) -> Pool:
         loop = asyncio.get_running_loop()
-        sess = self._sessions.get(id(loop))
-        if sess is None or sess.closed:
-            connector = aiohttp.TCPConnector(limit=0, force_close=False)
-            timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=self.read_timeout_s)
-            sess = aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=2**20)
-            self._sessions[id(loop)] = sess
-        return sess
+        pool = self._pools.get(id(loop))
+        if pool is None:
+            pool = self._pools[id(loop)] = Pool()
+        return pool
 
     async def aclose(self) -> None:
-        """Close the HTTP session of the running loop."""
-        loop = asyncio.get_running_loop()
-        sess = self._sessions.pop(id(loop), None)
-        if sess is not None:
-            await sess.close()
+        """Close the connections of the running loop."""
+        pool = self._pools.pop(id(asyncio.get_running_loop()), None)
+        if pool is not None:
+            await pool.aclose()
+
+    async def get_json(self, path: str, timeout_s: float = 10.0) -> tuple[int, Any]:
+        """GET ``path`` (e.g. ``/v1/models``); returns ``(status, parsed JSON or text)``.
+
+        Raises:
+            EngineFailure: ``runtime-crash`` when the server cannot be reached.
+        """
+        hdrs = {k: v for k, v in self._headers().items() if k != "Content-Type"}
+        hdrs["Accept"] = "application/json"
+        try:
+            resp = await self._pool().request("GET", self.base_url + path, hdrs, timeout_s=timeout_s)
+            raw = await resp.read_all(timeout_s)
+            resp.release()
+        except TransportError as exc:
+            raise EngineFailure("runtime-crash", f"GET {path} on {self.base_url}: {exc}") from None
+        try:
+            return resp.status, json.loads(raw)
+        except ValueError:
+            return resp.status, raw.decode("utf-8", "replace")
 
     def body(self, req: GenerationRequest) -> dict[str, Any]:
         """The JSON body for ``req`` in this client's API."""
@@ -97,89 +118,155 @@ class OpenAIClient:
         body.update(self.extra_body)
         return body
 
-    async def stream(self, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
+    async def stream(self, req: GenerationRequest, on_sent=None) -> AsyncIterator[TokenEvent]:
         """Stream one request.
 
+        Args:
+            req: the generation.
+            on_sent: optional callback given the ``time.monotonic_ns()`` taken just before the
+                request bytes were written (after the connection was ready).
+
         Raises:
-            EngineFailure: ``runtime-crash`` (connection refused/reset, HTTP 5xx),
+            EngineFailure: ``runtime-crash`` (cannot connect, HTTP 5xx, error event),
                 ``config-rejected`` (HTTP 4xx), ``hang`` (read timeout),
-                ``transport-distortion`` (stream ended without ``[DONE]`` / ``message_stop``).
+                ``transport-distortion`` (stream cut, ended without ``[DONE]`` /
+                ``message_stop``, malformed JSON event: raised after the rest of the stream
+                was read, so every event before and after it was yielded).
         """
-        url = self.base_url + PATHS[self.api]
-        sess = self._session()
-        done = False
-        nbytes = 0
+        path = PATHS[self.api]
+        headers = self._headers()
+        headers["X-Request-Id"] = req.request_id
+        payload = json.dumps(self.body(req), separators=(",", ":")).encode()
         t_send = time.monotonic_ns()
+        holder = SENT_NS.get()
+
+        def sent(t: int) -> None:
+            if holder is not None:
+                holder[0] = t
+            if on_sent is not None:
+                on_sent(t)
+
+        resp = None
+        done = False
+        malformed: list[str] = []
         try:
-            async with sess.post(url, json=self.body(req), headers=self._headers()) as resp:
-                if resp.status >= 400:
-                    text = (await resp.text())[:2000]
-                    cls = "runtime-crash" if resp.status >= 500 else "config-rejected"
-                    raise EngineFailure(cls, f"HTTP {resp.status} from {PATHS[self.api]}: {text.strip()[:300]}",
-                                        {"response.txt": text})
-                event_name = None
-                async for raw in resp.content:
-                    t = time.monotonic_ns()
-                    nbytes += len(raw)
-                    line = raw.decode("utf-8", "replace").strip()
-                    if not line or line.startswith(":"):
-                        continue
-                    if line.startswith("event:"):
-                        event_name = line[6:].strip()
-                        continue
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
+            resp = await self._pool().request("POST", self.base_url + path, headers, payload,
+                                              self.read_timeout_s, sent)
+            if resp.status >= 400:
+                text = (await resp.read_all(self.read_timeout_s)).decode("utf-8", "replace")[:2000]
+                cls = "runtime-crash" if resp.status >= 500 else "config-rejected"
+                raise EngineFailure(cls, f"HTTP {resp.status} from {path}: {text.strip()[:300]}",
+                                    {"response.txt": text})
+            buf = b""
+            async for t, piece in resp.chunks(self.read_timeout_s):
+                buf = buf + piece if buf else piece
+                if b"\r" in piece:
+                    buf = buf.replace(b"\r\n", b"\n")
+                if b"\n\n" not in buf:
+                    continue
+                *blocks, buf = buf.split(b"\n\n")
+                for block in blocks:
+                    if block[:6] == b"data: " and b"\n" not in block:
+                        data, name = block[6:], None
+                    else:
+                        data, name = _sse_fields(block)
+                        if data is None:
+                            continue  # comments (": keep-alive") and empty blocks carry no token
+                    if data == b"[DONE]":
                         done = True
-                        break
+                        continue
                     try:
                         obj = json.loads(data)
-                    except json.JSONDecodeError:
-                        raise EngineFailure("transport-distortion", f"malformed JSON in SSE event after {nbytes} bytes",
-                                            {"event.txt": data[:2000]}) from None
-                    for ev in self._parse(obj, event_name, t):
+                    except ValueError:
+                        malformed.append(data[:200].decode("utf-8", "replace"))
+                        continue
+                    for ev in self._parse(obj, name, t):
                         if ev is _STOP:
                             done = True
-                            break
-                        yield ev
-                    if done:
-                        break
-        except asyncio.TimeoutError:
-            raise EngineFailure("hang", f"no bytes for {self.read_timeout_s:.0f} s after {nbytes} bytes") from None
-        except aiohttp.ClientConnectorError as exc:
-            raise EngineFailure("runtime-crash", f"cannot connect to {self.base_url}: {exc}") from None
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                        else:
+                            yield ev
+                if done:
+                    break
+        except TransportError as exc:
             elapsed = (time.monotonic_ns() - t_send) / 1e9
+            nbytes = resp.nbytes if resp is not None else exc.nbytes
+            if exc.kind == "timeout":
+                raise EngineFailure("hang", f"no bytes for {self.read_timeout_s:.0f} s after {nbytes} bytes") from None
+            if exc.kind == "connect":
+                raise EngineFailure("runtime-crash", str(exc)) from None
             raise EngineFailure("transport-distortion",
-                                f"stream cut after {nbytes} bytes and {elapsed:.2f} s: {type(exc).__name__}: {exc}") from None
+                                f"stream cut after {nbytes} bytes and {elapsed:.3f} s: {exc}",
+                                {"cut.json": json.dumps({"bytes": nbytes, "elapsed_s": elapsed})}) from None
+        finally:
+            if resp is not None:
+                _finish(resp, self.read_timeout_s)
+        elapsed = (time.monotonic_ns() - t_send) / 1e9
+        if malformed:
+            raise EngineFailure("transport-distortion", f"{len(malformed)} malformed JSON SSE event(s) in "
+                                f"{resp.nbytes} bytes: {malformed[0][:120]!r}", {"events.txt": "\n".join(malformed)})
         if not done:
-            elapsed = (time.monotonic_ns() - t_send) / 1e9
-            raise EngineFailure("transport-distortion",
-                                f"stream ended without [DONE] after {nbytes} bytes and {elapsed:.2f} s")
+            raise EngineFailure("transport-distortion", f"stream ended without [DONE] after {resp.nbytes} bytes "
+                                f"and {elapsed:.3f} s", {"cut.json": json.dumps({"bytes": resp.nbytes,
+                                                                                 "elapsed_s": elapsed})})
 
     def _parse(self, obj: dict, event_name: str | None, t: int):
         if self.api == "messages":
             yield from _parse_messages(obj, event_name, t)
             return
+        if "error" in obj and not obj.get("choices"):
+            err = obj["error"] if isinstance(obj["error"], dict) else {"message": obj["error"]}
+            raise EngineFailure("runtime-crash", f"server error event: {err.get('message')}")
         usage = obj.get("usage")
         for ch in obj.get("choices") or []:
+            ids = ch.get("token_ids")
             if self.api == "chat":
                 delta = ch.get("delta") or {}
                 reasoning = delta.get("reasoning_content") or delta.get("reasoning")
                 if reasoning:
-                    yield TokenEvent(t_ns=t, text=reasoning, kind="reasoning", token_ids=ch.get("token_ids"))
+                    yield TokenEvent(t_ns=t, text=reasoning, kind="reasoning", token_ids=ids)
+                    ids = None
                 text = delta.get("content") or ""
             else:
                 text = ch.get("text") or ""
-            ids = ch.get("token_ids")
             if text or ids or ch.get("finish_reason"):
                 yield TokenEvent(t_ns=t, text=text, token_ids=ids, finish_reason=ch.get("finish_reason"))
         if usage:
             yield TokenEvent(t_ns=t, usage=Usage(usage.get("prompt_tokens"), usage.get("completion_tokens")))
 
 
+def _finish(resp, timeout_s: float) -> None:
+    """Release the connection; drain a body still open after ``[DONE]`` in the background."""
+    if resp.complete or resp.conn is None or resp.conn.eof:
+        resp.release()
+        return
+
+    async def drain() -> None:
+        try:
+            async for _ in resp.chunks(min(timeout_s, 5.0)):
+                pass
+        except (TransportError, asyncio.CancelledError):
+            pass
+        resp.release()
+
+    try:
+        asyncio.get_running_loop().create_task(drain())
+    except RuntimeError:
+        resp.release()
+
+
 _STOP = object()
+
+
+def _sse_fields(block: bytes) -> tuple[bytes | None, str | None]:
+    """``(data, event name)`` of one SSE event block (data lines joined by newlines)."""
+    data_lines, name = [], None
+    for line in block.split(b"\n"):
+        if line.startswith(b"data:"):
+            v = line[5:]
+            data_lines.append(v[1:] if v[:1] == b" " else v)
+        elif line.startswith(b"event:"):
+            name = line[6:].strip().decode()
+    return (b"\n".join(data_lines) if data_lines else None), name
 
 
 def _parse_messages(obj: dict, event_name: str | None, t: int):

@@ -27,7 +27,7 @@ def per_request(r: RequestRecord) -> dict[str, Any]:
                            "input_tokens": r.input_tokens, "output_tokens": r.output_tokens,
                            "output_tokens_source": r.output_tokens_source,
                            "client_output_tokens": r.client_output_tokens,
-                           "accounting_mismatch": r.accounting_mismatch}
+                           "accounting_mismatch": r.accounting_mismatch, "reasoning_tokens": r.reasoning_tokens}
     ttft = (r.first_token_ns - r.sent_ns) / 1e6 if r.first_token_ns else None
     e2e = (r.end_ns - r.sent_ns) / 1e6 if r.end_ns else None
     out["ttft_ms"] = ttft
@@ -70,6 +70,8 @@ def summarize(records: list[RequestRecord], wall_s: float, sessions: int) -> dic
         "output_tokens_per_s": out_tokens / wall_s if wall_s > 0 else None,
         "accounting_mismatches": sum(1 for x in ok if x["accounting_mismatch"]),
     }
+    if s["accounting_mismatches"]:
+        s["accounting_failure_class"] = "client-accounting"
     s["per_session_output_tokens_per_s"] = s["output_tokens_per_s"] / sessions if s["output_tokens_per_s"] else None
     itl = [v for x in ok for v in x["itl_ms"]]
     for name in ("ttft_ms", "ttft_from_schedule_ms", "tpot_ms", "e2e_ms"):

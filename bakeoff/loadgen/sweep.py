@@ -1,5 +1,9 @@
-"""Closed-loop session sweeps: N concurrent sessions, each sending its next request when the
-previous one ends (the usual "N concurrent sessions" serving benchmark).
+"""Load shapes: closed-loop sessions (N concurrent sessions, each sending its next request when
+the previous one ends) and open-loop Poisson arrivals, plus the session sweep with warm-up.
+
+Every request goes through :func:`run_request`, which never raises for an engine failure:
+the failure is recorded with what was measured before it. Multi-process load (one event
+loop per process) is in :mod:`bakeoff.loadgen.multiproc`.
 """
 
 from __future__ import annotations
@@ -8,80 +12,160 @@ import asyncio
 import time
 from typing import Any, Callable
 
+import numpy as np
+
 from bakeoff.errors import EngineFailure
+from bakeoff.loadgen.client import SENT_NS
 from bakeoff.loadgen.stats import summarize
 from bakeoff.specs import GenerationRequest, RequestRecord
+
+
+def _spread(n_tokens: int, weights: list[int]) -> list[int]:
+    """Split ``n_tokens`` over events in proportion to ``weights`` (largest remainder, >= 1 each)."""
+    e = len(weights)
+    if n_tokens <= e:
+        return [1] * e
+    w = np.maximum(np.asarray(weights, dtype=np.float64), 1.0)
+    base = np.ones(e, dtype=np.int64)
+    share = (n_tokens - e) * w / w.sum()
+    base += np.floor(share).astype(np.int64)
+    rest = n_tokens - int(base.sum())
+    if rest:
+        base[np.argsort(-(share - np.floor(share)), kind="stable")[:rest]] += 1
+    return base.tolist()
 
 
 async def run_request(backend, req: GenerationRequest, session: int = 0, scheduled_ns: int | None = None,
                       count_tokens: Callable[[str], int] | None = None) -> RequestRecord:
     """Send one request through ``backend.stream`` and time it.
 
-    Token counts: server usage first, then streamed token ids, then ``count_tokens`` on the
-    text (client re-tokenization), then the number of content events; a disagreement between
-    usage and the client's count is flagged (``accounting_mismatch``).
+    Token counts (DESIGN.md "Measurement"): server usage first, then streamed token ids, then
+    ``count_tokens`` on the text (client re-tokenization), then the number of content events.
+    The client's own count (ids or re-tokenization) disagreeing with usage sets
+    ``accounting_mismatch`` (failure class ``client-accounting``); a bare event count is not
+    a token count and is never compared.
 
-    Never raises for an engine failure: it is recorded in the record (``status="error"``).
+    Per-token times: an event carrying k tokens (k from its token ids, else from
+    ``count_tokens`` on its text) contributes k entries to ``token_times_ns`` with its arrival
+    time, so ITL is per token (k - 1 zero gaps). When neither is known and usage reports more
+    tokens than events, usage's count is spread over the events in proportion to their text
+    length. Reasoning (thinking) events are output tokens too, counted apart in
+    ``reasoning_tokens``; their text is not in ``output_text``.
+
+    Args:
+        backend: a started Backend (anything with ``stream(request)``).
+        req: the request.
+        session: session (closed loop) or arrival index (open loop).
+        scheduled_ns: when the request was due (``time.monotonic_ns()``); ``sent_ns -
+            scheduled_ns`` is its queue wait. Default: now.
+        count_tokens: client re-tokenization, ``text -> tokens``.
+
+    Returns:
+        The record; ``status="error"`` with ``error``/``error_class`` on failure, keeping every
+        event received before it.
     """
     rec = RequestRecord(request_id=req.request_id, session=session)
-    rec.sent_ns = time.monotonic_ns()
+    rec.sent_ns = time.monotonic_ns()  # replaced by the write time when the client reports it
     rec.scheduled_ns = scheduled_ns or rec.sent_ns
-    texts: list[str] = []
-    ids: list[int] | None = None
-    n_events = 0
-    usage = None
+    evs: list = []
+    usage_p = usage_c = None
+    holder: list = [None]
+    token = SENT_NS.set(holder)
     try:
         async for ev in backend.stream(req):
             if ev.usage is not None:
-                usage = ev.usage if usage is None else type(ev.usage)(
-                    ev.usage.prompt_tokens if ev.usage.prompt_tokens is not None else usage.prompt_tokens,
-                    ev.usage.completion_tokens if ev.usage.completion_tokens is not None else usage.completion_tokens)
+                if ev.usage.prompt_tokens is not None:
+                    usage_p = ev.usage.prompt_tokens
+                if ev.usage.completion_tokens is not None:
+                    usage_c = ev.usage.completion_tokens
             if ev.finish_reason:
                 rec.finish_reason = ev.finish_reason
-            if ev.kind == "reasoning":
-                rec.reasoning_tokens += len(ev.token_ids) if ev.token_ids else 1
-            if not ev.text and not ev.token_ids:
-                continue
-            if rec.first_token_ns is None:
-                rec.first_token_ns = ev.t_ns
-            k = len(ev.token_ids) if ev.token_ids else 1
-            rec.token_times_ns.extend([ev.t_ns] * k)
-            n_events += 1
-            if ev.kind == "text":
-                texts.append(ev.text)
-            if ev.token_ids is not None:
-                ids = (ids or []) + list(ev.token_ids)
-        rec.end_ns = time.monotonic_ns()
+            if ev.text or ev.token_ids:
+                evs.append(ev)
     except EngineFailure as exc:
-        rec.end_ns = time.monotonic_ns()
         rec.status, rec.error, rec.error_class = "error", exc.message, exc.failure_class
     except Exception as exc:  # an unexpected client bug is still data, not a crash
-        rec.end_ns = time.monotonic_ns()
         rec.status, rec.error, rec.error_class = "error", f"{type(exc).__name__}: {exc}", "runtime-crash"
-    rec.output_text = "".join(texts)
-    rec.output_token_ids = ids
-    if ids is not None:
-        rec.client_output_tokens = len(ids)
-    elif count_tokens is not None:
-        rec.client_output_tokens = count_tokens(rec.output_text)
-    else:
-        rec.client_output_tokens = len(rec.token_times_ns)
-    if usage is not None and usage.completion_tokens is not None:
-        rec.output_tokens, rec.output_tokens_source = usage.completion_tokens, "server-usage"
-        rec.accounting_mismatch = rec.client_output_tokens is not None and rec.client_output_tokens != usage.completion_tokens
-        # ITL per token: when usage says more tokens than events carried, spread chunk tokens
-        if ids is None and usage.completion_tokens > len(rec.token_times_ns) and rec.status == "ok":
-            rec.accounting_mismatch = False if count_tokens is None else rec.accounting_mismatch
-    elif ids is not None:
-        rec.output_tokens, rec.output_tokens_source = len(ids), "token-ids"
-    else:
-        rec.output_tokens, rec.output_tokens_source = rec.client_output_tokens, "client"
-    rec.input_tokens = usage.prompt_tokens if usage is not None else None
+    rec.end_ns = time.monotonic_ns()
+    SENT_NS.reset(token)
+    if holder[0] is not None:  # the HTTP client reported when the request bytes were written
+        rec.sent_ns = holder[0]
+    _account(rec, evs, usage_p, usage_c, count_tokens)
     return rec
 
 
+def _account(rec: RequestRecord, evs: list, usage_p, usage_c, count_tokens) -> None:
+    """Fill token counts and per-token times of ``rec`` from its content events."""
+    have_ids = bool(evs) and all(ev.token_ids for ev in evs)
+    if have_ids:
+        ks = [len(ev.token_ids) for ev in evs]
+    elif count_tokens is not None:
+        ks = [max(1, count_tokens(ev.text)) for ev in evs]
+    elif usage_c is not None and usage_c > len(evs) and rec.status == "ok":
+        ks = _spread(usage_c, [len(ev.text) for ev in evs])
+    else:
+        ks = [1] * len(evs)
+    times: list[int] = []
+    for ev, k in zip(evs, ks):
+        times.extend([ev.t_ns] * k)
+        if ev.kind == "reasoning":
+            rec.reasoning_tokens += k
+    rec.token_times_ns = times
+    rec.first_token_ns = evs[0].t_ns if evs else None
+    rec.output_text = "".join(ev.text for ev in evs if ev.kind == "text")
+    if have_ids:
+        rec.output_token_ids = [i for ev in evs for i in ev.token_ids]
+        rec.client_output_tokens = len(rec.output_token_ids)
+    elif count_tokens is not None:
+        reasoning = "".join(ev.text for ev in evs if ev.kind == "reasoning")
+        rec.client_output_tokens = count_tokens(rec.output_text) + (count_tokens(reasoning) if reasoning else 0)
+    else:
+        rec.client_output_tokens = len(evs)
+    independent = have_ids or count_tokens is not None
+    if usage_c is not None:
+        rec.output_tokens, rec.output_tokens_source = usage_c, "server-usage"
+        rec.accounting_mismatch = independent and rec.status == "ok" and rec.client_output_tokens != usage_c
+    elif have_ids:
+        rec.output_tokens, rec.output_tokens_source = rec.client_output_tokens, "token-ids"
+    elif count_tokens is not None:
+        rec.output_tokens, rec.output_tokens_source = rec.client_output_tokens, "client-tokenizer"
+    else:
+        rec.output_tokens, rec.output_tokens_source = len(times), "client-events"
+    rec.input_tokens = usage_p
+
+
+async def sessions_loop(backend, make_request: Callable[[int, int], GenerationRequest], session_ids: list[int],
+                        requests_per_session: int, max_error_rate: float = 0.5, start_at_ns: int | None = None,
+                        count_tokens: Callable[[str], int] | None = None) -> list[RequestRecord]:
+    """Closed-loop sessions ``session_ids`` on the running loop (the body of :func:`closed_loop`).
+
+    Args:
+        start_at_ns: wait until this ``time.monotonic_ns()`` before the first send (lines up
+            several processes).
+    """
+    if start_at_ns is not None:
+        await asyncio.sleep(max(0.0, (start_at_ns - time.monotonic_ns()) / 1e9))
+    records: list[RequestRecord] = []
+    stop = asyncio.Event()
+    min_done = len(session_ids)
+
+    async def session(i: int) -> None:
+        for turn in range(requests_per_session):
+            if stop.is_set():
+                return
+            rec = await run_request(backend, make_request(i, turn), session=i, count_tokens=count_tokens)
+            records.append(rec)
+            errs = sum(1 for r in records if r.status == "error")
+            if len(records) >= min_done and errs / len(records) > max_error_rate:
+                stop.set()
+
+    await asyncio.gather(*(session(i) for i in session_ids))
+    return records
+
+
 async def closed_loop(backend, make_request: Callable[[int, int], GenerationRequest], sessions: int,
-                      requests_per_session: int, max_error_rate: float = 0.5) -> tuple[list[RequestRecord], float]:
+                      requests_per_session: int, max_error_rate: float = 0.5,
+                      count_tokens: Callable[[str], int] | None = None) -> tuple[list[RequestRecord], float]:
     """Run ``sessions`` concurrent sessions, each sending ``requests_per_session`` requests.
 
     Args:
@@ -90,32 +174,106 @@ async def closed_loop(backend, make_request: Callable[[int, int], GenerationRequ
         sessions: concurrency.
         requests_per_session: requests each session sends, back to back.
         max_error_rate: once more than this fraction of finished requests failed (after at
-            least ``sessions`` requests), sessions stop sending: the point ends cleanly.
+            least ``sessions`` requests), sessions stop sending: the point ends cleanly and
+            keeps every record measured so far.
+        count_tokens: client re-tokenization (see :func:`run_request`).
 
     Returns:
         ``(records, wall_s)``.
     """
-    records: list[RequestRecord] = []
-    stop = asyncio.Event()
-
-    async def session(i: int) -> None:
-        for turn in range(requests_per_session):
-            if stop.is_set():
-                return
-            rec = await run_request(backend, make_request(i, turn), session=i)
-            records.append(rec)
-            errs = sum(1 for r in records if r.status == "error")
-            if len(records) >= sessions and errs / len(records) > max_error_rate:
-                stop.set()
-
     t0 = time.monotonic()
-    await asyncio.gather(*(session(i) for i in range(sessions)))
-    return records, time.monotonic() - t0
+    recs = await sessions_loop(backend, make_request, list(range(sessions)), requests_per_session,
+                               max_error_rate, count_tokens=count_tokens)
+    return recs, time.monotonic() - t0
+
+
+def poisson_arrivals_ns(rate_per_s: float, duration_s: float | None = None, n: int | None = None,
+                        seed: int = 0) -> np.ndarray:
+    """Offsets (ns from start) of a Poisson process: exponential gaps of mean ``1/rate_per_s`` s.
+
+    Exactly one of ``duration_s`` (arrivals before it) or ``n`` (that many arrivals) is given.
+    """
+    if (duration_s is None) == (n is None):
+        raise ValueError("give exactly one of duration_s or n")
+    rng = np.random.default_rng(seed)
+    count = n if n is not None else max(16, int(rate_per_s * duration_s * 1.5 + 10 * np.sqrt(rate_per_s * duration_s)))
+    t = np.cumsum(rng.exponential(1.0 / rate_per_s, size=count))
+    if duration_s is not None:
+        t = t[t < duration_s]
+    return (t * 1e9).astype(np.int64)
+
+
+async def open_loop(backend, make_request: Callable[[int, int], GenerationRequest], rate_per_s: float,
+                    duration_s: float | None = None, n: int | None = None, seed: int = 0,
+                    max_concurrency: int | None = None, max_error_rate: float = 0.5,
+                    count_tokens: Callable[[str], int] | None = None,
+                    start_at_ns: int | None = None) -> tuple[list[RequestRecord], float]:
+    """Open-loop load: requests arrive as a Poisson process whatever the server's pace.
+
+    Each request's ``scheduled_ns`` is its arrival time, so ``ttft_from_schedule_ms`` includes
+    any wait for a free slot (``max_concurrency``) and the generator's own lateness.
+
+    Args:
+        backend: a started Backend.
+        make_request: ``(index, 0) -> GenerationRequest`` for arrival ``index``.
+        rate_per_s: mean arrivals per second.
+        duration_s: send arrivals falling within this many seconds; or
+        n: send exactly this many arrivals.
+        seed: seed of the arrival process.
+        max_concurrency: at most this many requests in flight (excess arrivals queue).
+        max_error_rate: past this failed fraction (after 10 finished requests) no new arrival
+            is sent; what was measured is kept.
+        count_tokens: client re-tokenization.
+        start_at_ns: time zero of the schedule (default: now).
+
+    Returns:
+        ``(records, wall_s)`` with records in arrival order of completion.
+    """
+    loop = asyncio.get_running_loop()
+    offsets = poisson_arrivals_ns(rate_per_s, duration_s, n, seed)
+    t0 = start_at_ns or time.monotonic_ns()
+    sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    records: list[RequestRecord] = []
+    tasks: list[asyncio.Task] = []
+    stopped = False
+
+    async def one(i: int, due: int) -> None:
+        nonlocal stopped
+        if stopped:
+            return
+        if sem is not None:
+            async with sem:
+                rec = await run_request(backend, make_request(i, 0), session=i, scheduled_ns=due,
+                                        count_tokens=count_tokens)
+        else:
+            rec = await run_request(backend, make_request(i, 0), session=i, scheduled_ns=due, count_tokens=count_tokens)
+        records.append(rec)
+        errs = sum(1 for r in records if r.status == "error")
+        if len(records) >= 10 and errs / len(records) > max_error_rate:
+            stopped = True
+
+    def launch(i: int, due: int) -> None:
+        if not stopped:
+            tasks.append(loop.create_task(one(i, due)))
+
+    mono_to_loop = loop.time() - time.monotonic_ns() / 1e9
+    for i, off in enumerate(offsets.tolist()):
+        due = t0 + off
+        loop.call_at(due / 1e9 + mono_to_loop, launch, i, due)
+    end_due = (t0 + (int(offsets[-1]) if len(offsets) else 0)) / 1e9
+    await asyncio.sleep(max(0.0, end_due - time.monotonic_ns() / 1e9) + 0.002)
+    while len(tasks) < len(offsets) and not stopped:
+        await asyncio.sleep(0.001)
+    if tasks:
+        await asyncio.gather(*tasks)
+    return records, (time.monotonic_ns() - t0) / 1e9
 
 
 def run_sweep(backend, make_request: Callable[[int, int], GenerationRequest], session_counts: list[int],
               requests_per_session: int, warmup_requests: int = 2,
-              on_point: Callable[[dict[str, Any], list[RequestRecord]], None] | None = None) -> dict[str, Any]:
+              on_point: Callable[[dict[str, Any], list[RequestRecord]], None] | None = None,
+              max_error_rate: float = 0.5, count_tokens: Callable[[str], int] | None = None,
+              calibrated_concurrency: int | None = None) -> dict[str, Any]:
     """A session sweep with warm-up requests reported apart.
 
     Args:
@@ -126,6 +284,11 @@ def run_sweep(backend, make_request: Callable[[int, int], GenerationRequest], se
         warmup_requests: sent one at a time before the first point; reported apart.
         on_point: called after each point with its summary and records (so nothing measured
             is lost if a later point crashes the engine).
+        max_error_rate: per point, see :func:`closed_loop`.
+        count_tokens: client re-tokenization.
+        calibrated_concurrency: the highest concurrency at which the load generator met its
+            error budget (:func:`bakeoff.loadgen.calibrate.calibrate`); points above it get
+            ``"valid": False`` and ``"invalid_reason"``.
 
     Returns:
         ``{"warmup": summary, "points": [summary...]}``; a point whose requests all failed is
@@ -137,14 +300,22 @@ def run_sweep(backend, make_request: Callable[[int, int], GenerationRequest], se
             warm: list[RequestRecord] = []
             t0 = time.monotonic()
             for k in range(warmup_requests):
-                warm.append(await run_request(backend, make_request(10_000 + k, 0), session=-1))
-            w = summarize(warm, time.monotonic() - t0, 1)
+                rec = await run_request(backend, make_request(10_000 + k, 0), session=-1, count_tokens=count_tokens)
+                rec.warmup = True
+                warm.append(rec)
+            w = summarize([_unwarm(r) for r in warm], time.monotonic() - t0, 1)
             w["first_request_ttft_ms"] = ((warm[0].first_token_ns - warm[0].sent_ns) / 1e6
                                           if warm and warm[0].first_token_ns else None)
             out["warmup"] = w
             for n in session_counts:
-                recs, wall = await closed_loop(backend, make_request, n, requests_per_session)
+                recs, wall = await closed_loop(backend, make_request, n, requests_per_session, max_error_rate,
+                                               count_tokens)
                 point = summarize(recs, wall, n)
+                if calibrated_concurrency is not None:
+                    point["valid"] = n <= calibrated_concurrency
+                    if not point["valid"]:
+                        point["invalid_reason"] = (f"{n} sessions exceed the load generator's calibrated "
+                                                   f"concurrency {calibrated_concurrency}")
                 out["points"].append(point)
                 if on_point:
                     on_point(point, recs)
@@ -155,3 +326,10 @@ def run_sweep(backend, make_request: Callable[[int, int], GenerationRequest], se
         return out
 
     return asyncio.run(main())
+
+
+def _unwarm(r: RequestRecord) -> RequestRecord:
+    """A copy counted by ``summarize`` (which skips warm-up records)."""
+    import dataclasses
+
+    return dataclasses.replace(r, warmup=False)

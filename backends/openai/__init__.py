@@ -1,0 +1,1 @@
+"""The ``openai`` backend: attach to any running OpenAI/Anthropic-compatible server."""

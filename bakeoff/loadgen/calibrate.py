@@ -1,0 +1,274 @@
+"""Self-calibration: the load generator measured against the synthetic server's send times.
+
+At a planned load (concurrency, TTFT and ITL schedule) the generator streams from
+:mod:`bakeoff.loadgen.synth_server`, which records when it really wrote every event. The
+difference between what the client measured and what the server sent is the client's own
+error (DESIGN.md "Measurement": a sweep point whose client error exceeds the budget is
+marked invalid, not silently kept).
+
+Entry points:
+- :func:`calibrate` ``(concurrency, ...) -> dict``: one load level.
+- :func:`calibrate_sweep` ``(concurrencies, ...) -> dict``: several; ``calibrated_concurrency``
+  is the highest level within budget; pass it to ``run_sweep(calibrated_concurrency=...)``.
+- :func:`cli_calibrate` ``(argv) -> int``: what ``bakeoff calibrate --concurrency N [...]``
+  should call (prints JSON; exit status 0 within budget, 1 over budget).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from bakeoff.loadgen.synth_launch import SynthServer
+from bakeoff.specs import BackendConfig, GenerationRequest, RequestRecord
+
+
+class ErrorBudget(BaseModel):
+    """How wrong the generator may be and still be trusted (all ms).
+
+    Attributes:
+        ttft_p50_ms: median TTFT error (client TTFT - server TTFT).
+        ttft_p99_ms: 99th percentile TTFT error.
+        itl_p50_ms: median absolute per-token ITL error.
+        itl_p99_ms: 99th percentile absolute per-token ITL error.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    ttft_p50_ms: float = 5.0
+    ttft_p99_ms: float = 25.0
+    itl_p50_ms: float = 2.0
+    itl_p99_ms: float = 25.0
+
+
+def _pcts(values, prefix: str) -> dict[str, float | None]:
+    a = np.asarray([v for v in values if v is not None], dtype=np.float64)
+    out: dict[str, float | None] = {}
+    for p in (50, 90, 99):
+        out[f"{prefix}_p{p}_ms"] = float(np.percentile(a, p)) if a.size else None
+    out[f"{prefix}_mean_ms"] = float(a.mean()) if a.size else None
+    return out
+
+
+def server_token_times(sent: dict) -> list[int]:
+    """Per-token actual send times (ns) of one server record (a k-token event counts k times)."""
+    return [a for _, a, k, kind in sent["events"] if kind in ("text", "reasoning") for _ in range(k)]
+
+
+def compare_to_server(records: list[RequestRecord], sent: dict[str, dict]) -> dict[str, Any]:
+    """The client's timing error per request and token against the server's records.
+
+    Definitions (ms): TTFT error = (client first token - client send) - (server first token
+    write - server request receipt); ITL error = client per-token gap - server per-token gap;
+    first-token lag = client first token - server first token write (delivery + client
+    lag); send lag = server receipt - client send.
+
+    Returns:
+        Percentiles of each, the distribution-level TTFT error (client p50 - server p50),
+        counts of matched requests and of requests whose token count differed.
+    """
+    ttft_err, ft_lag, send_lag, itl_err, c_ttft, s_ttft, tok_lag = [], [], [], [], [], [], []
+    matched = count_mismatch = 0
+    for r in records:
+        s = sent.get(r.request_id)
+        if s is None or r.status != "ok" or r.first_token_ns is None:
+            continue
+        st = server_token_times(s)
+        if not st:
+            continue
+        matched += 1
+        ct, stt = (r.first_token_ns - r.sent_ns) / 1e6, (st[0] - s["recv_ns"]) / 1e6
+        c_ttft.append(ct)
+        s_ttft.append(stt)
+        ttft_err.append(ct - stt)
+        ft_lag.append((r.first_token_ns - st[0]) / 1e6)
+        send_lag.append((s["recv_ns"] - r.sent_ns) / 1e6)
+        cts = r.token_times_ns
+        if len(cts) != len(st):
+            count_mismatch += 1
+            continue
+        c, sv = np.asarray(cts, dtype=np.int64), np.asarray(st, dtype=np.int64)
+        itl_err.extend((np.diff(c) - np.diff(sv)) / 1e6)
+        tok_lag.extend((c - sv) / 1e6)
+    out: dict[str, Any] = {"matched_requests": matched, "token_count_mismatches": count_mismatch}
+    out.update(_pcts(ttft_err, "ttft_error"))
+    out.update(_pcts(np.abs(itl_err), "itl_abs_error"))
+    out.update(_pcts(ft_lag, "first_token_lag"))
+    out.update(_pcts(send_lag, "send_lag"))
+    out.update(_pcts(tok_lag, "token_lag"))
+    out["client_ttft_p50_ms"] = float(np.median(c_ttft)) if c_ttft else None
+    out["server_ttft_p50_ms"] = float(np.median(s_ttft)) if s_ttft else None
+    out["ttft_p50_distribution_error_ms"] = (out["client_ttft_p50_ms"] - out["server_ttft_p50_ms"]
+                                             if c_ttft else None)
+    return out
+
+
+def server_slip(sent: dict[str, dict]) -> dict[str, float | None]:
+    """The server's own lateness (actual - nominal write time, ms) over every non-comment event."""
+    slips = [(a - n) / 1e6 for s in sent.values() for n, a, _, kind in s["events"] if kind != "ka"]
+    return _pcts(slips, "slip")
+
+
+def _backend(url: str, extra_body: dict | None = None):
+    from backends.openai.backend import OpenAIBackend
+
+    b = OpenAIBackend(BackendConfig(backend="openai", model="synth", workdir=tempfile.gettempdir(),
+                                    options={"base_url": url, "extra_body": extra_body or {}}))
+    b.start()
+    return b
+
+
+def _run_load(url: str, concurrency: int, requests_per_session: int, max_tokens: int, processes: int,
+              extra_body: dict | None = None) -> tuple[list[RequestRecord], float]:
+    def make(session: int, turn: int) -> GenerationRequest:
+        return GenerationRequest(request_id=f"cal-{session}-{turn}", prompt=f"calibration session {session} turn {turn}",
+                                 max_tokens=max_tokens, ignore_eos=True)
+
+    if processes > 1:
+        from bakeoff.loadgen.multiproc import closed_loop_mp
+
+        recs, _, errors = closed_loop_mp(lambda: _backend(url, extra_body), make, concurrency, requests_per_session,
+                                         processes=processes, max_error_rate=1.0)
+        if errors:
+            raise RuntimeError("load process failed:\n" + errors[0])
+    else:
+        from bakeoff.loadgen.sweep import closed_loop
+
+        backend = _backend(url, extra_body)
+
+        async def main():
+            try:
+                return (await closed_loop(backend, make, concurrency, requests_per_session, max_error_rate=1.0))[0]
+            finally:
+                await backend.aclose()
+
+        recs = asyncio.run(main())
+    # turn 0 of every session opens its connection: reported apart, like a warm-up
+    measured = [r for r in recs if not r.request_id.endswith("-0")]
+    sent_ns = [r.sent_ns for r in measured]
+    ends = [r.end_ns for r in measured if r.end_ns]
+    wall = (max(ends) - min(sent_ns)) / 1e9 if measured else 0.0
+    return measured, wall
+
+
+def calibrate(concurrency: int, *, ttft_ms: float = 50.0, itl_ms: float = 10.0, output_tokens: int = 64,
+              requests_per_session: int = 3, tokens_per_chunk: int = 1, processes: int = 1, server_workers: int = 1,
+              budget: ErrorBudget | dict | None = None, measure_max_throughput: bool = True,
+              server: SynthServer | None = None) -> dict[str, Any]:
+    """Run the generator at ``concurrency`` against the synthetic server and report its own error.
+
+    Args:
+        concurrency: closed-loop sessions (the planned load).
+        ttft_ms: the server's constant TTFT, ms.
+        itl_ms: the server's constant per-token ITL, ms.
+        output_tokens: tokens per response.
+        requests_per_session: per session; the first of each session (connection set-up) is
+            left out of the figures.
+        tokens_per_chunk: tokens per SSE event.
+        processes: client processes (event loops) to spread the sessions over.
+        server_workers: synthetic server processes (``SO_REUSEPORT``).
+        budget: the error budget (default :class:`ErrorBudget`).
+        measure_max_throughput: also stream with zero TTFT/ITL to find the generator's maximum
+            streamed tokens/s at this concurrency (``max_output_tokens_per_s``).
+        server: an already started :class:`SynthServer` to use (its config is overridden per
+            request).
+
+    Returns:
+        ``{"concurrency", "within_budget", "violations", "budget", "errors"}`` plus
+        :func:`compare_to_server`'s figures (ms), ``server_slip`` (ms),
+        ``output_tokens_per_s`` (achieved at the schedule), ``nominal_output_tokens_per_s``
+        and ``max_output_tokens_per_s``.
+    """
+    budget = budget if isinstance(budget, ErrorBudget) else ErrorBudget.model_validate(budget or {})
+    schedule = {"ttft": {"ms": ttft_ms}, "itl": {"ms": itl_ms}, "output_tokens": output_tokens,
+                "tokens_per_chunk": tokens_per_chunk}
+    own = server is None
+    srv = server or SynthServer(schedule, workers=server_workers).start()
+    try:
+        srv.reset()
+        recs, wall = _run_load(srv.url, concurrency, requests_per_session, output_tokens, processes,
+                               None if own else {"synth": schedule})
+        sent = srv.records(expect=concurrency * requests_per_session)
+        out: dict[str, Any] = {"concurrency": concurrency, "processes": processes, "ttft_ms": ttft_ms,
+                               "itl_ms": itl_ms, "output_tokens": output_tokens, "tokens_per_chunk": tokens_per_chunk,
+                               "requests": len(recs), "errors": sum(r.status != "ok" for r in recs)}
+        out.update(compare_to_server(recs, sent))
+        out["server_slip"] = server_slip({r.request_id: sent[r.request_id] for r in recs if r.request_id in sent})
+        toks = sum(r.output_tokens or 0 for r in recs if r.status == "ok")
+        out["output_tokens_per_s"] = toks / wall if wall > 0 else None
+        out["nominal_output_tokens_per_s"] = concurrency * output_tokens / ((ttft_ms + itl_ms * (output_tokens - 1)) / 1e3)
+        if measure_max_throughput:
+            fast = {"synth": {"ttft": {"ms": 0}, "itl": {"ms": 0}, "output_tokens": 256, "record": False,
+                              "tokens_per_chunk": 1}}
+            frecs, fwall = _run_load(srv.url, concurrency, 2, 256, processes, fast)
+            ftoks = sum(r.output_tokens or 0 for r in frecs if r.status == "ok")
+            out["max_output_tokens_per_s"] = ftoks / fwall if fwall > 0 else None
+    finally:
+        if own:
+            srv.cleanup()
+    checks = {"ttft_p50_ms": out["ttft_error_p50_ms"], "ttft_p99_ms": out["ttft_error_p99_ms"],
+              "itl_p50_ms": out["itl_abs_error_p50_ms"], "itl_p99_ms": out["itl_abs_error_p99_ms"]}
+    out["violations"] = [f"{k} error {v:.2f} > {getattr(budget, k)}" for k, v in checks.items()
+                         if v is None or abs(v) > getattr(budget, k)]
+    if out["errors"]:
+        out["violations"].append(f"{out['errors']} failed requests")
+    out["within_budget"] = not out["violations"]
+    out["budget"] = budget.model_dump()
+    return out
+
+
+def calibrate_sweep(concurrencies: list[int], stop_at_first_miss: bool = True, **kwargs) -> dict[str, Any]:
+    """:func:`calibrate` at each concurrency (ascending), sharing one synthetic server.
+
+    Returns:
+        ``{"points": [...], "calibrated_concurrency": highest concurrency within budget or 0}``.
+    """
+    points, best = [], 0
+    workers = kwargs.pop("server_workers", 1)
+    with SynthServer({}, workers=workers) as srv:
+        for c in sorted(concurrencies):
+            p = calibrate(c, server=srv, **kwargs)
+            points.append(p)
+            if p["within_budget"]:
+                best = c
+            elif stop_at_first_miss:
+                break
+    return {"points": points, "calibrated_concurrency": best}
+
+
+def cli_calibrate(argv: list[str] | None = None) -> int:
+    """``bakeoff calibrate``: ``--concurrency N`` (repeatable or comma-separated), ``--ttft-ms``,
+    ``--itl-ms``, ``--output-tokens``, ``--processes``, ``--server-workers``, ``--ttft-budget-ms``,
+    ``--out FILE``. Prints the JSON result; returns 0 when every level is within budget, else 1.
+    """
+    ap = argparse.ArgumentParser(prog="bakeoff calibrate", description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", action="append", required=True, help="e.g. 32 or 1,32,256")
+    ap.add_argument("--ttft-ms", type=float, default=50.0)
+    ap.add_argument("--itl-ms", type=float, default=10.0)
+    ap.add_argument("--output-tokens", type=int, default=64)
+    ap.add_argument("--requests-per-session", type=int, default=3)
+    ap.add_argument("--processes", type=int, default=1)
+    ap.add_argument("--server-workers", type=int, default=1)
+    ap.add_argument("--ttft-budget-ms", type=float, default=ErrorBudget().ttft_p50_ms)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    levels = [int(x) for v in a.concurrency for x in str(v).split(",") if x]
+    t0 = time.monotonic()
+    res = calibrate_sweep(levels, stop_at_first_miss=False, ttft_ms=a.ttft_ms, itl_ms=a.itl_ms,
+                          output_tokens=a.output_tokens, requests_per_session=a.requests_per_session,
+                          processes=a.processes, server_workers=a.server_workers,
+                          budget={"ttft_p50_ms": a.ttft_budget_ms})
+    res["elapsed_s"] = round(time.monotonic() - t0, 2)
+    text = json.dumps(res, indent=2)
+    print(text)
+    if a.out:
+        from pathlib import Path
+
+        Path(a.out).write_text(text)
+    return 0 if all(p["within_budget"] for p in res["points"]) else 1

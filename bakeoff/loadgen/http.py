@@ -1,0 +1,336 @@
+"""A minimal HTTP/1.1 client built on ``asyncio.Protocol``, timestamping bytes as they arrive.
+
+Why not aiohttp's ``StreamReader``: there, bytes land in a buffer in the protocol callback
+and the reading task only resumes one loop iteration later, behind every other task step
+that iteration runs; the timestamp is taken when the task resumes. At hundreds of streams
+on one event loop that hop is the largest part of a client's timing error (DESIGN.md
+"Measurement": vLLM's Python ``bench serve`` adds ~23 ms TTFT at 100 streams). Here
+``data_received`` stamps each chunk with ``time.monotonic_ns()`` first and does nothing
+else costly, so the stamp is the earliest moment Python sees the bytes; parsing happens
+later in the consuming task and keeps the stamp.
+
+Supports keep-alive pooling per (host, port, tls), ``Content-Length``, chunked and
+close-delimited bodies, TLS through ``asyncio``'s ``ssl`` support. No proxies, no redirects,
+no compression (``Accept-Encoding: identity``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl as _ssl
+import time
+from urllib.parse import urlsplit
+
+
+class TransportError(Exception):
+    """The connection failed or ended before the body did.
+
+    Attributes:
+        kind: ``connect`` (could not connect), ``cut`` (closed mid-body), ``timeout`` (no byte
+            within the read timeout).
+        nbytes: body bytes received before the failure.
+    """
+
+    def __init__(self, kind: str, message: str, nbytes: int = 0):
+        super().__init__(message)
+        self.kind = kind
+        self.nbytes = nbytes
+
+
+class _Conn(asyncio.Protocol):
+    """One TCP connection; chunks are queued as ``(t_ns, bytes)``."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.chunks: collections.deque[tuple[int, bytes]] = collections.deque()
+        self.waiter: asyncio.Future | None = None
+        self.eof = False
+        self.lost_exc: BaseException | None = None
+        self.used = 0
+        self.wait_since = 0.0
+        self.timeout_s = 120.0
+
+    def connection_made(self, transport):  # noqa: D401 - protocol callback
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.chunks.append((time.monotonic_ns(), data))
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def eof_received(self):
+        self.eof = True
+        self._wake()
+        return False
+
+    def connection_lost(self, exc):
+        self.eof = True
+        self.lost_exc = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def read(self, timeout_s: float) -> tuple[int, bytes] | None:
+        """Next ``(t_ns, chunk)``; None at EOF.
+
+        The read timeout is enforced by the pool's watchdog (one timer for all connections,
+        not one per read).
+
+        Raises:
+            TransportError: ``timeout`` when nothing arrives within ``timeout_s``.
+        """
+        while not self.chunks:
+            if self.eof:
+                return None
+            fut = self.loop.create_future()
+            self.waiter = fut
+            self.wait_since = time.monotonic()
+            self.timeout_s = timeout_s
+            try:
+                await fut
+            finally:
+                self.waiter = None
+            if fut.result() == "timeout" and not self.chunks and not self.eof:
+                raise TransportError("timeout", f"no bytes for {timeout_s:.0f} s")
+        return self.chunks.popleft()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Response:
+    """Status, headers and an async body reader of one response.
+
+    Body pieces come from :meth:`chunks` as ``(t_ns, bytes)``: ``t_ns`` is when the network
+    chunk carrying the piece's last byte was received.
+    """
+
+    def __init__(self, pool: "Pool", conn: _Conn, status: int, headers: dict[str, str], rest: bytes, t_ns: int,
+                 head_only: bool):
+        self.pool, self.conn, self.status, self.headers = pool, conn, status, headers
+        self.t_headers_ns = t_ns
+        self.nbytes = 0
+        self.complete = False
+        self._rest = rest
+        self._t_rest = t_ns
+        te = headers.get("transfer-encoding", "").lower()
+        self._mode = "chunked" if "chunked" in te else ("length" if "content-length" in headers else "close")
+        self._left = int(headers.get("content-length", 0) or 0) if self._mode == "length" else 0
+        if head_only or status in (204, 304) or (self._mode == "length" and self._left == 0):
+            self._mode, self.complete = "none", True
+        self._pend = b""
+        self._chunk_left = 0
+        self._keep = headers.get("connection", "").lower() != "close"
+
+    async def chunks(self, timeout_s: float):
+        """Yield ``(t_ns, body_bytes)`` until the body ends.
+
+        Raises:
+            TransportError: ``cut`` when the connection ends mid-body, ``timeout``.
+        """
+        if self.complete:
+            return
+        pending = [(self._t_rest, self._rest)] if self._rest else []
+        self._rest = b""
+        while not self.complete:
+            if pending:
+                t, data = pending.pop()
+            else:
+                item = await self.conn.read(timeout_s)
+                if item is None:
+                    if self._mode == "close":
+                        self.complete, self._keep = True, False
+                        return
+                    raise TransportError("cut", f"connection closed mid-body after {self.nbytes} bytes", self.nbytes)
+                t, data = item
+            out = self._decode(data)
+            if out:
+                self.nbytes += len(out)
+                yield t, out
+
+    def _decode(self, data: bytes) -> bytes:
+        if self._mode == "close":
+            return data
+        if self._mode == "length":
+            take = data[: self._left]
+            self._left -= len(take)
+            if self._left <= 0:
+                self.complete = True
+            return take
+        if self._pend:
+            data, self._pend = self._pend + data, b""
+        out = []
+        pos, n = 0, len(data)
+        while pos < n:
+            left = self._chunk_left
+            if left > 0:
+                end = min(n, pos + left)
+                out.append(data[pos:end])
+                self._chunk_left = left - (end - pos)
+                pos = end
+                if self._chunk_left:
+                    break
+                self._chunk_left = left = -2  # CRLF after the chunk data
+            if left == -2:
+                if n - pos < 2:
+                    self._pend = data[pos:]
+                    break
+                pos += 2
+                self._chunk_left = 0
+                continue
+            i = data.find(b"\r\n", pos)
+            if i < 0:
+                self._pend = data[pos:]
+                break
+            size = int(data[pos:i].split(b";", 1)[0].strip() or b"0", 16)
+            pos = i + 2
+            if size == 0:  # last chunk; trailers, if any, are ignored
+                self.complete = True
+                break
+            self._chunk_left = size
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    async def read_all(self, timeout_s: float) -> bytes:
+        """The whole body (for error responses and small JSON answers)."""
+        parts = [b async for _, b in self.chunks(timeout_s)]
+        return b"".join(parts)
+
+    def release(self) -> None:
+        """Give the connection back to the pool when the body ended cleanly, else close it."""
+        if self.conn is None:
+            return
+        conn, self.conn = self.conn, None
+        if self.complete and self._keep and not conn.eof and not conn.chunks:
+            self.pool._put(conn)
+        else:
+            conn.close()
+
+
+class Pool:
+    """Keep-alive connections of one event loop.
+
+    Args:
+        connect_timeout_s: deadline for TCP/TLS connect.
+    """
+
+    def __init__(self, connect_timeout_s: float = 30.0):
+        self.connect_timeout_s = connect_timeout_s
+        self._idle: dict[tuple, list[_Conn]] = {}
+        self._all: set[_Conn] = set()
+        self._watchdog: asyncio.Task | None = None
+
+    def _put(self, conn: _Conn) -> None:
+        self._idle.setdefault(conn.key, []).append(conn)
+
+    async def _get(self, scheme: str, host: str, port: int) -> tuple[_Conn, bool]:
+        key = (scheme, host, port)
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if not conn.eof and conn.transport is not None and not conn.transport.is_closing():
+                return conn, True
+            self._all.discard(conn)
+        loop = asyncio.get_running_loop()
+        ctx = _ssl.create_default_context() if scheme == "https" else None
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(lambda: _Conn(loop), host, port, ssl=ctx), self.connect_timeout_s)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise TransportError("connect", f"cannot connect to {host}:{port}: {type(exc).__name__}: {exc}") from None
+        conn.key = key
+        self._all.add(conn)
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = loop.create_task(self._watch())
+        return conn, False
+
+    async def _watch(self) -> None:
+        """Every 0.5 s, wake readers that waited longer than their read timeout."""
+        while self._all:
+            await asyncio.sleep(0.5)
+            now = time.monotonic()
+            for conn in list(self._all):
+                w = conn.waiter
+                if w is not None and not w.done() and now - conn.wait_since > conn.timeout_s:
+                    w.set_result("timeout")
+
+    async def request(self, method: str, url: str, headers: dict[str, str], body: bytes = b"",
+                      timeout_s: float = 120.0, on_sent=None) -> Response:
+        """Send one request and read the status line and headers.
+
+        Args:
+            method: ``GET`` / ``POST``.
+            url: absolute ``http(s)://host:port/path?query``.
+            headers: extra request headers.
+            body: request body bytes.
+            timeout_s: read timeout (no byte within it) in seconds.
+            on_sent: called with ``time.monotonic_ns()`` taken just before the request bytes
+                are written (after a pooled or new connection is ready).
+
+        Raises:
+            TransportError: ``connect``, ``cut`` (closed before the headers), ``timeout``.
+        """
+        u = urlsplit(url)
+        scheme = u.scheme or "http"
+        host = u.hostname or "127.0.0.1"
+        port = u.port or (443 if scheme == "https" else 80)
+        path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}", "Accept-Encoding: identity",
+                 f"Content-Length: {len(body)}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        raw = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+        for attempt in (0, 1):
+            conn, reused = await self._get(scheme, host, port)
+            if on_sent is not None:
+                on_sent(time.monotonic_ns())
+            conn.transport.write(raw)
+            conn.used += 1
+            try:
+                return await self._read_head(conn, method, timeout_s)
+            except TransportError as exc:
+                conn.close()
+                self._all.discard(conn)
+                # a pooled connection the server closed while idle: retry once on a fresh one
+                if exc.kind == "cut" and reused and attempt == 0:
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    async def _read_head(self, conn: _Conn, method: str, timeout_s: float) -> Response:
+        buf = b""
+        while True:
+            item = await conn.read(timeout_s)
+            if item is None:
+                raise TransportError("cut", f"connection closed before the response headers ({len(buf)} bytes)")
+            t, data = item
+            buf += data
+            i = buf.find(b"\r\n\r\n")
+            if i >= 0:
+                break
+        head, rest = buf[:i].decode("latin-1"), buf[i + 4:]
+        status_line, *hlines = head.split("\r\n")
+        parts = status_line.split(" ", 2)
+        status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+        hdrs: dict[str, str] = {}
+        for ln in hlines:
+            k, _, v = ln.partition(":")
+            hdrs[k.strip().lower()] = v.strip()
+        if 100 <= status < 200:  # 100-continue: read the real head
+            conn.chunks.appendleft((t, rest)) if rest else None
+            return await self._read_head(conn, method, timeout_s)
+        return Response(self, conn, status, hdrs, rest, t, method == "HEAD")
+
+    async def aclose(self) -> None:
+        """Close every connection."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        for conn in list(self._all):
+            conn.close()
+        self._all.clear()
+        self._idle.clear()

@@ -1,0 +1,173 @@
+"""Wire formats of the synthetic server: HTTP/1.1 request parsing, responses, and the SSE events
+of the three APIs, each framed as one HTTP chunk (``Transfer-Encoding: chunked``).
+
+Event shapes follow vLLM's OpenAI server (``vllm/entrypoints/openai``: ``text_completion``
+and ``chat.completion.chunk`` objects, ``token_ids`` per choice with ``return_token_ids``,
+a final ``choices: []`` usage chunk with ``stream_options.include_usage``) and Anthropic's
+Messages streaming events.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+API_BY_PATH = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/messages": "messages"}
+CHUNK_END = b"0\r\n\r\n"
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 429: "Too Many Requests", 500: "Internal Server Error",
+            502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+
+
+def parse_request(buf: bytes):
+    """One complete request off the front of ``buf``.
+
+    Returns:
+        ``(method, target, headers, body, rest)`` with lower-case header names, or None
+        while the request is incomplete.
+    """
+    i = buf.find(b"\r\n\r\n")
+    if i < 0:
+        return None
+    head = buf[:i].decode("latin-1").split("\r\n")
+    method, target, *_ = head[0].split(" ") + ["", ""]
+    headers = {}
+    for ln in head[1:]:
+        k, _, v = ln.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    n = int(headers.get("content-length") or 0)
+    if len(buf) < i + 4 + n:
+        return None
+    return method, target, headers, buf[i + 4: i + 4 + n], buf[i + 4 + n:]
+
+
+def json_response(status: int, obj, close: bool = False) -> bytes:
+    body = json.dumps(obj).encode()
+    return (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n{'connection: close' + chr(13) + chr(10) if close else ''}\r\n"
+            ).encode() + body
+
+
+def _frame(payload: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+def _data(obj, event: str | None = None) -> bytes:
+    s = json.dumps(obj, separators=(",", ":")).encode()
+    return _frame((b"event: %s\n" % event.encode() if event else b"") + b"data: " + s + b"\n\n")
+
+
+def _prompt_tokens(api: str, req: dict) -> int:
+    if api == "completions":
+        p = req.get("prompt", "")
+        if isinstance(p, list):
+            return len(p[0]) if p and isinstance(p[0], list) else len(p)
+        return len(str(p).split())
+    return sum(len(str(m.get("content", "")).split()) for m in req.get("messages") or [])
+
+
+def token_text(j: int, rid: str) -> str:
+    """Text of token ``j``: ``[rid]`` for the first (so any tool's output can be matched), `` tJ`` after."""
+    return f"[{rid}]" if j == 0 else f" t{j}"
+
+
+def build_events(api: str, req: dict, cfg, rid: str, rng: random.Random, t0: int):
+    """The events of one response with their due times, built lazily (one at a time, when the
+    previous one is sent) so that a burst of arriving requests costs little at arrival.
+
+    Yields:
+        ``(nominal_ns, framed_bytes, kind, n_tokens)`` in send order; ``kind`` is ``head``,
+        ``meta``, ``ka`` (keep-alive comment), ``text``, ``reasoning``, ``usage`` or ``done``.
+    """
+    n = cfg.output_tokens or int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
+    n_reason = min(cfg.reasoning_tokens, n) if api != "completions" else 0
+    t_head = t0 + int(cfg.slow_first_byte_ms * 1e6)
+    times = [t_head + cfg.ttft.sample_ns(rng)]
+    for _ in range(1, n):
+        times.append(times[-1] + cfg.itl.sample_ns(rng))
+    want_ids = cfg.token_ids == "always" or (cfg.token_ids == "auto" and bool(req.get("return_token_ids")))
+    if cfg.usage == "auto":
+        want_usage = api == "messages" or bool((req.get("stream_options") or {}).get("include_usage"))
+    else:
+        want_usage = cfg.usage == "always"
+    p_tokens = _prompt_tokens(api, req)
+    model = req.get("model") or cfg.model
+    created = int(time.time())
+    head = (f"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ncache-control: no-cache\r\n"
+            f"transfer-encoding: chunked\r\nx-request-id: {rid}\r\n\r\n").encode()
+    if api == "messages":
+        head += _data({"type": "message_start", "message": {
+            "id": f"msg_{rid}", "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": None, "usage": {"input_tokens": p_tokens, "output_tokens": 0}}}, "message_start")
+    elif api == "chat":
+        head += _data({"id": f"chatcmpl-{rid}", "object": "chat.completion.chunk", "created": created,
+                       "model": model, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                    "logprobs": None, "finish_reason": None}]})
+    yield (t_head, head, "head", 0)
+    if cfg.keepalive_ms:
+        step = int(cfg.keepalive_ms * 1e6)
+        k = t_head + step
+        while k < times[0]:
+            yield (k, _frame(b": keep-alive\n\n"), "ka", 0)
+            k += step
+    # group tokens into chunks; a chunk never mixes reasoning and text
+    groups: list[list[int]] = []
+    for j in range(n):
+        if groups and len(groups[-1]) < cfg.tokens_per_chunk and (groups[-1][0] < n_reason) == (j < n_reason):
+            groups[-1].append(j)
+        else:
+            groups.append([j])
+    block = -1
+    for g in groups:
+        reasoning = g[0] < n_reason
+        text = "".join(token_text(j, rid) for j in g)
+        t = times[g[-1]]
+        last = g[-1] == n - 1
+        kind = "reasoning" if reasoning else "text"
+        malformed = cfg.malformed_at_token is not None and g[0] <= cfg.malformed_at_token <= g[-1]
+        ids = [100 + j for j in g]
+        if api == "messages":
+            want_block = 0 if reasoning else (1 if n_reason else 0)
+            if want_block != block:
+                if block >= 0:
+                    yield (t, _data({"type": "content_block_stop", "index": block}, "content_block_stop"), "meta", 0)
+                block = want_block
+                cb = {"type": "thinking", "thinking": ""} if reasoning else {"type": "text", "text": ""}
+                yield (t, _data({"type": "content_block_start", "index": block, "content_block": cb},
+                                    "content_block_start"), "meta", 0)
+            delta = {"type": "thinking_delta", "thinking": text} if reasoning else {"type": "text_delta", "text": text}
+            data = _data({"type": "content_block_delta", "index": block, "delta": delta}, "content_block_delta")
+        elif api == "chat":
+            delta = {"reasoning_content": text} if reasoning else {"content": text}
+            ch = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": "length" if last else None}
+            if want_ids:
+                ch["token_ids"] = ids
+            data = _data({"id": f"chatcmpl-{rid}", "object": "chat.completion.chunk", "created": created,
+                          "model": model, "choices": [ch]})
+        else:
+            ch = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length" if last else None}
+            if want_ids:
+                ch["token_ids"] = ids
+            data = _data({"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": model,
+                          "choices": [ch]})
+        if malformed:
+            data = _frame(b'data: {"choices":[{"index":0,"text":"' + text.encode() + b'"\n\n')
+        yield (t, data, kind, len(g))
+    t_end = times[-1]
+    n_usage = n + cfg.usage_delta
+    usage = {"prompt_tokens": p_tokens, "completion_tokens": n_usage, "total_tokens": p_tokens + n_usage}
+    if api == "messages":
+        yield (t_end, _data({"type": "content_block_stop", "index": block}, "content_block_stop"), "meta", 0)
+        md = {"type": "message_delta", "delta": {"stop_reason": "max_tokens", "stop_sequence": None}}
+        if want_usage:
+            md["usage"] = {"output_tokens": n_usage}
+        yield (t_end, _data(md, "message_delta"), "usage", 0)
+        if not cfg.missing_done:
+            yield (t_end, _data({"type": "message_stop"}, "message_stop"), "done", 0)
+    else:
+        if want_usage:
+            obj = "text_completion" if api == "completions" else "chat.completion.chunk"
+            yield (t_end, _data({"id": f"x-{rid}", "object": obj, "created": created, "model": model,
+                                     "choices": [], "usage": usage}), "usage", 0)
+        if not cfg.missing_done:
+            yield (t_end, _frame(b"data: [DONE]\n\n"), "done", 0)

@@ -1,0 +1,198 @@
+"""The load generator against the synthetic SSE server (loopback only, bounded loops)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from bakeoff.loadgen.calibrate import _backend, calibrate, compare_to_server
+from bakeoff.loadgen.multiproc import closed_loop_mp
+from bakeoff.loadgen.stats import per_request, summarize
+from bakeoff.loadgen.sweep import closed_loop, open_loop, poisson_arrivals_ns, run_request
+from bakeoff.loadgen.synth_launch import SynthServer
+from bakeoff.specs import GenerationRequest, TokenEvent, Usage
+
+APIS = ["completions", "chat", "messages"]
+N = 8  # tokens per response
+
+
+@pytest.fixture(scope="module")
+def server():
+    with SynthServer({"ttft": {"ms": 5}, "itl": {"ms": 2}, "output_tokens": N}) as srv:
+        yield srv
+
+
+def req(i: int = 0, turn: int = 0, tag: str = "r") -> GenerationRequest:
+    return GenerationRequest(request_id=f"{tag}-{i}-{turn}", prompt=f"prompt {i} {turn}", max_tokens=N)
+
+
+def one(backend, r: GenerationRequest, **kw):
+    async def main():
+        try:
+            return await run_request(backend, r, **kw)
+        finally:
+            await backend.aclose()
+    return asyncio.run(main())
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_clean_stream_matches_server(server, api):
+    b = _backend(server.url, {})
+    b.client.api = api
+    rec = one(b, req(tag=f"clean-{api}"))
+    assert rec.status == "ok", rec.error
+    assert rec.output_tokens == N and rec.output_tokens_source == "server-usage"
+    assert len(rec.token_times_ns) == N and not rec.accounting_mismatch
+    assert rec.output_text.startswith(f"[clean-{api}-0-0]")
+    cmp = compare_to_server([rec], server.records(expect=1))
+    assert cmp["matched_requests"] == 1 and cmp["token_count_mismatches"] == 0
+    assert abs(cmp["ttft_error_p50_ms"]) < 50
+
+
+FAULTS = {
+    "cut_tokens": ({"cut_after_tokens": 3}, "transport-distortion", 3),
+    "cut_seconds": ({"cut_after_s": 0.012}, "transport-distortion", None),
+    "malformed": ({"malformed_at_token": 2}, "transport-distortion", N - 1),
+    "missing_done": ({"missing_done": True}, "transport-distortion", N),
+    "http_500": ({"error_rate": 1.0}, "runtime-crash", 0),
+    "http_429": ({"error_rate": 1.0, "error_status": 429}, "config-rejected", 0),
+}
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_fault_is_recorded_with_what_came_before(server, api, fault):
+    synth, cls, tokens = FAULTS[fault]
+    b = _backend(server.url, {"synth": synth})
+    b.client.api = api
+    rec = one(b, req(tag=f"{fault}-{api}"), count_tokens=words)
+    assert rec.status == "error" and rec.error_class == cls, rec.error
+    if tokens is not None:
+        assert len(rec.token_times_ns) == tokens
+    if tokens:
+        assert rec.first_token_ns is not None and rec.first_token_ns > rec.sent_ns
+    if fault.startswith("cut"):
+        assert "bytes" in rec.error and " s" in rec.error
+        assert rec.token_times_ns, "tokens before the cut are kept"
+    row = per_request(rec)
+    assert row["error_class"] == cls
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_slow_first_byte_and_keepalive_do_not_count_as_tokens(server, api):
+    b = _backend(server.url, {"synth": {"slow_first_byte_ms": 15, "keepalive_ms": 2, "ttft": {"ms": 10}}})
+    b.client.api = api
+    rec = one(b, req(tag=f"ka-{api}"))
+    assert rec.status == "ok" and len(rec.token_times_ns) == N
+    assert (rec.first_token_ns - rec.sent_ns) / 1e6 >= 24
+    sent = server.records(expect=1)[f"ka-{api}-0-0"]
+    assert any(kind == "ka" for *_, kind in sent["events"])
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("ids", ["always", "never"])
+def test_multi_token_chunks_give_exact_counts_and_per_token_itl(server, api, ids):
+    b = _backend(server.url, {"synth": {"tokens_per_chunk": 4, "output_tokens": 16, "token_ids": ids}})
+    b.client.api = api
+    rec = one(b, req(tag=f"chunk4-{api}-{ids}"))
+    assert rec.status == "ok" and rec.output_tokens == 16 and not rec.accounting_mismatch
+    assert len(rec.token_times_ns) == 16
+    itl = per_request(rec)["itl_ms"]
+    assert len(itl) == 15
+    assert sum(1 for x in itl if x == 0) == 12, "a 4-token chunk gives 3 zero gaps"
+    assert np.mean([x for x in itl if x > 0]) > 4  # 4 tokens x 2 ms between chunks
+    cmp = compare_to_server([rec], server.records(expect=1))
+    assert cmp["matched_requests"] == 1 and cmp["token_count_mismatches"] == 0
+    # with re-tokenization instead of ids the per-chunk count is exact too
+    b2 = _backend(server.url, {"synth": {"tokens_per_chunk": 4, "output_tokens": 16, "usage": "never"}})
+    b2.client.api = api if api != "messages" else "chat"
+    rec2 = one(b2, req(tag=f"chunk4b-{api}-{ids}"), count_tokens=words)
+    assert rec2.output_tokens == 16 and rec2.output_tokens_source == "client-tokenizer"
+    assert len(rec2.token_times_ns) == 16
+
+
+def test_accounting_mismatch_is_flagged(server):
+    b = _backend(server.url, {"synth": {"usage_delta": 2}, "return_token_ids": True})
+    b.client.extra_body["synth"]["token_ids"] = "always"
+    rec = one(b, req(tag="acct"))
+    assert rec.output_tokens == N + 2 and rec.client_output_tokens == N
+    assert rec.accounting_mismatch
+    s = summarize([rec], 1.0, 1)
+    assert s["accounting_mismatches"] == 1 and s["accounting_failure_class"] == "client-accounting"
+
+
+@pytest.mark.parametrize("api", ["chat", "messages"])
+def test_reasoning_counted_apart(server, api):
+    b = _backend(server.url, {"synth": {"reasoning_tokens": 3}})
+    b.client.api = api
+    rec = one(b, req(tag=f"think-{api}"), count_tokens=words)
+    assert rec.status == "ok" and rec.reasoning_tokens == 3 and rec.output_tokens == N
+    assert "[think" not in rec.output_text and rec.output_text.split() == [f"t{j}" for j in range(3, N)]
+
+
+def test_run_request_chunk_without_server():
+    class Fake:
+        async def stream(self, r):
+            yield TokenEvent(t_ns=1_000_000, text="a b c d", token_ids=[1, 2, 3, 4])
+            yield TokenEvent(t_ns=3_000_000, text="e f", token_ids=[5, 6])
+            yield TokenEvent(t_ns=3_000_000, usage=Usage(3, 6))
+
+    rec = asyncio.run(run_request(Fake(), req()))
+    assert rec.output_tokens == 6 and rec.output_token_ids == [1, 2, 3, 4, 5, 6]
+    assert per_request(rec)["itl_ms"] == [0, 0, 0, 2.0, 0]
+
+
+def test_max_error_rate_stops_cleanly_and_keeps_records(server):
+    b = _backend(server.url, {"synth": {"error_rate": 1.0}})
+
+    async def main():
+        try:
+            return await closed_loop(b, lambda i, t: req(i, t, "maxerr"), 2, 10, max_error_rate=0.5)
+        finally:
+            await b.aclose()
+    recs, _ = asyncio.run(main())
+    assert 2 <= len(recs) < 20
+    assert all(r.status == "error" and r.error_class == "runtime-crash" for r in recs)
+
+
+def test_poisson_arrivals_and_open_loop(server):
+    gaps = np.diff(poisson_arrivals_ns(100.0, n=4000, seed=1)) / 1e9
+    assert abs(gaps.mean() - 0.01) < 0.001 and abs(gaps.std() / gaps.mean() - 1) < 0.1
+    b = _backend(server.url, {})
+
+    async def main():
+        try:
+            return await open_loop(b, lambda i, t: req(i, t, "open"), rate_per_s=200, n=20, seed=3)
+        finally:
+            await b.aclose()
+    recs, wall = asyncio.run(main())
+    assert len(recs) == 20 and all(r.status == "ok" for r in recs)
+    sched = sorted(r.scheduled_ns for r in recs)
+    assert len(set(sched)) == 20
+    waits = [per_request(r)["queue_wait_ms"] for r in recs]
+    assert np.median(waits) < 20
+    assert all(per_request(r)["ttft_from_schedule_ms"] >= per_request(r)["ttft_ms"] - 0.01 for r in recs)
+
+
+def test_multiprocess_merges_records(server):
+    recs, wall, errors = closed_loop_mp(lambda: _backend(server.url, {}), lambda i, t: req(i, t, "mp"), 4, 2,
+                                        processes=2)
+    assert not errors and len(recs) == 8 and wall > 0
+    assert sorted({r.session for r in recs}) == [0, 1, 2, 3]
+    assert all(r.status == "ok" and r.output_tokens == N for r in recs)
+
+
+def test_calibration_reports_its_error():
+    res = calibrate(4, ttft_ms=20, itl_ms=5, output_tokens=16, requests_per_session=2)
+    assert res["matched_requests"] == 4 and res["errors"] == 0
+    for k in ("ttft_error_p50_ms", "ttft_error_p99_ms", "itl_abs_error_p50_ms", "itl_abs_error_p99_ms"):
+        assert res[k] is not None and res[k] < 100
+    assert res["max_output_tokens_per_s"] > res["output_tokens_per_s"] > 0
+    assert isinstance(res["within_budget"], bool) and "ttft_p50_ms" in res["budget"]
+    assert res["server_slip"]["slip_p50_ms"] is not None
