@@ -163,3 +163,17 @@ def test_bad_options_are_user_errors(tmp_path):
         _backend(tmp_path, max_batch=3)
     with pytest.raises(UserError, match="kv_cache_free_gpu_memory_fraction"):
         _backend(tmp_path, kv_cache_free_gpu_memory_fraction=1.5)
+
+
+def test_modelopt_quantize_unavailable_on_this_host(tmp_path):
+    from adapters.trtllm_build import modelopt_quantize
+
+    if envs.has_cuda():
+        pytest.skip("this host has an NVIDIA GPU")
+    src = _model(tmp_path)
+    with pytest.raises(EngineFailure) as ei:
+        modelopt_quantize(src, tmp_path / "out", qformat="int4_awq", log=lambda s: None)
+    assert ei.value.failure_class == "unavailable" and "NVIDIA GPU" in ei.value.message
+    assert "nvidia-smi" in ei.value.evidence["probe.txt"]
+    with pytest.raises(UserError, match="qformat"):
+        modelopt_quantize(src, tmp_path / "out", qformat="int3")  # type: ignore[arg-type]
