@@ -10,6 +10,7 @@ Both hosting modes use it (DESIGN.md "Two ways to host an engine"):
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -144,6 +145,11 @@ class ChildServerBackend(Backend):
                 raise EngineFailure("runtime-crash", f"{self.name} {describe_exit(self.proc.poll())} while serving: "
                                     f"{last_error_line(self.proc.tail(200))}",
                                     {"engine.log.tail": self.proc.tail(120), "client_error.txt": exc.message}) from None
+            if self.proc is not None and exc.failure_class == "runtime-crash":
+                # the server is up but its engine failed: name the root cause from its log
+                cause = last_error_line(self.proc.tail(300))
+                exc.message = f"{exc.message} | engine log: {cause}"
+                exc.evidence.setdefault("engine.log.tail", self.proc.tail(120))
             raise
 
     async def aclose(self) -> None:
@@ -164,13 +170,25 @@ class ChildServerBackend(Backend):
             self.proc.stop()
 
 
-ERROR_MARKERS = ("Error", "error:", "Exception", "CUDA error", "out of memory", "Killed", "Traceback")
+EXC_LINE = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception|Exit)):\s*(.+)")
+WRAPPER_HINTS = ("See stack trace", "check the stack trace", "EngineDeadError", "EngineCore encountered an issue",
+                 "Engine core initialization failed", "Worker failed with error")
+OTHER_MARKERS = ("CUDA error", "out of memory", "Killed", "Segmentation fault", "core dumped")
 
 
 def last_error_line(log: str) -> str:
-    """The most telling line of a log tail: the last line naming an error, else the last line."""
+    """The root cause in a log tail.
+
+    Engines wrap the real exception (vLLM: ``RuntimeError: Worker failed with error ...,
+    please check the stack trace above``, then ``EngineDeadError``), so the last exception
+    line that is not such a wrapper is returned; else the last line naming an error; else
+    the last line. The engine's log prefix (``(Worker pid=1) ERROR 11-30 ... [file.py:12]``)
+    is kept: it says which process failed.
+    """
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if any(m in ln for m in ERROR_MARKERS) and not ln.startswith("Traceback"):
-            return ln[:400]
+    exc = [ln for ln in lines if EXC_LINE.search(ln) and "Traceback" not in ln]
+    root = [ln for ln in exc if not any(h in ln for h in WRAPPER_HINTS)]
+    for group in (root, exc, [ln for ln in lines if any(m in ln for m in OTHER_MARKERS)]):
+        if group:
+            return group[-1][:400]
     return lines[-1][:400] if lines else "(empty log)"

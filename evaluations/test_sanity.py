@@ -35,7 +35,7 @@ def _accuracy(outs: list[dict]) -> float:
 
 
 @pytest.mark.check("sanity.known_answers")
-def test_known_answers(run, settings, probes, probe_outputs):
+def test_known_answers(run, settings, engine, probes, probe_outputs):
     items, source = probes
     with run.check("sanity.known_answers", "garbage-output") as c:
         errors = [o for o in probe_outputs if o["status"] != "ok"]
@@ -50,6 +50,7 @@ def test_known_answers(run, settings, probes, probe_outputs):
                          "threshold": threshold, "errors": len(errors),
                          "accuracy_by_task": {k: round(sum(v) / len(v), 3) for k, v in per_task.items()}})
         if errors:
+            c.evidence("engine.log.tail", engine.log_tail(150))
             c.fail(f"{len(errors)}/{len(rows)} probe requests failed: {errors[0]['error']}",
                    errors[0].get("error_class") or "runtime-crash")
         bad = [r for r in rows if not r["correct"]][:3]
@@ -103,6 +104,10 @@ def test_reference_agreement(run, settings, reference, probe_outputs):
             c.evidence("reference_error.txt", reference.get("error", "") + "\n\n" + reference.get("log_tail", ""))
             c.skip(f"the transformers reference could not run: {reference.get('error')}")
         ref_outs = reference["outputs"]
+        errors = [o for o in probe_outputs if o["status"] != "ok"]
+        if errors:
+            c.fail(f"{len(errors)}/{len(probe_outputs)} probe requests failed: {errors[0]['error']}",
+                   errors[0].get("error_class") or "runtime-crash")
         agr = agreement(probe_outputs, ref_outs)
         c.evidence("agreement.json", agr)
         acc, ref_acc = _accuracy(probe_outputs), _accuracy(ref_outs)

@@ -28,6 +28,9 @@ def test_sweep(run, settings, engine):
 
         def on_point(point, recs):
             points.append(point)
+            for r in recs:
+                if r.status == "error" and len(c.values.setdefault("first_errors", [])) < 3:
+                    c.values["first_errors"].append(f"{r.error_class}: {r.error}")
             c.evidence("sweep.json", {"points": points, "profile": settings.profile, "max_tokens": cfg["max_tokens"]})
             if settings.requests_log:
                 run.dir.append_jsonl("requests.jsonl", [{**per_request(r), "output_text": r.output_text} for r in recs])
@@ -49,8 +52,10 @@ def test_sweep(run, settings, engine):
                 for k, v in p["errors_by_class"].items():
                     classes[k] = classes.get(k, 0) + v
             worst = max(classes, key=classes.get)
+            c.evidence("engine.log.tail", engine.log_tail(150))
+            first_err = next((e for e in c.values.get("first_errors", [])), None)
             c.fail(f"{sum(classes.values())} requests failed across {len(errs)} sweep points "
-                   f"(first at {errs[0]['sessions']} sessions): {worst}", worst)
+                   f"(first at {errs[0]['sessions']} sessions): {first_err or worst}", worst)
         c.require(len(result["points"]) == len(cfg["sessions"]), "the sweep stopped early")
         c.summary = (f"peak {c.values['peak_output_tokens_per_s']:.0f} output tok/s at {c.values['peak_sessions']} "
                      f"sessions; single session {c.values['single_session_output_tokens_per_s']:.0f} tok/s")
