@@ -1,0 +1,1 @@
+"""ONNX Runtime GenAI backend (model-builder export + og.Engine/og.Generator worker)."""

@@ -1,0 +1,108 @@
+"""ONNX Runtime GenAI backend: export with the model builder (cached), then serve in a worker.
+
+``start()`` runs :func:`adapters.ort_genai_export.export` (or reuses its cache), writes the
+:class:`ExportResult` to ``<workdir>/export.json`` and keeps it at ``self.export_result``,
+then launches :mod:`backends.ort_genai.worker` in the ``ort-genai`` environment. Export
+problems surface as ``EngineFailure`` (``unsupported-architecture``, ``export-defect``,
+``load-failure``) from ``start()``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from adapters.ort_genai_export import ExportOptions, ExportResult, env_spec, export
+from backends._server import ChildServerBackend
+from bakeoff import envs
+from bakeoff.errors import EngineFailure
+from bakeoff.procs import free_port
+from bakeoff.specs import BackendInfo, Spec
+
+
+class OrtGenaiOptions(Spec):
+    """``--backend-opt`` keys of the ort-genai backend.
+
+    Attributes:
+        precision: builder ``-p`` (int4 quantizes linears to ``MatMulNBits``).
+        execution_provider: builder ``-e`` and the runtime provider (``cpu`` here; ``cuda``
+            needs the onnxruntime-genai-cuda wheel).
+        block_size: INT4/INT8 block size (builder ``block_size``).
+        accuracy_level: ``MatMulNBits`` accuracy level 1..4 (builder ``accuracy_level``).
+        int4_algo: builder ``algo_config`` (``default``, ``rtn``, ``k_quant``...).
+        moe_quant_type: ``QMoE`` expert precision (builder ``moe_quant_type``).
+        qmoe_block_size: ``QMoE`` block size (builder ``qmoe_block_size``).
+        extra_options: more builder ``--extra_options`` as a dict.
+        batching: ``engine`` (``og.Engine`` schedules several requests per step) or
+            ``generator`` (one ``og.Generator`` at a time).
+        reuse_export: reuse a cached export of the same checkpoint and options.
+        export_timeout_s: builder deadline in seconds.
+    """
+
+    precision: Literal["fp32", "fp16", "bf16", "int8", "int4"] = "int4"
+    execution_provider: Literal["cpu", "cuda", "dml", "webgpu", "NvTensorRtRtx"] = "cpu"
+    block_size: int | None = Field(None, gt=0)
+    accuracy_level: int | None = Field(None, ge=0, le=4)
+    int4_algo: str | None = None
+    moe_quant_type: Literal["int2", "int4", "int8", "mxfp4", "nvfp4"] | None = None
+    qmoe_block_size: int | None = None
+    extra_options: dict[str, str] = Field(default_factory=dict)
+    batching: Literal["engine", "generator"] = "engine"
+    reuse_export: bool = True
+    export_timeout_s: float = Field(3600.0, gt=0)
+
+    def export_options(self) -> ExportOptions:
+        return ExportOptions(**self.model_dump(include=set(ExportOptions.model_fields)))
+
+
+class OrtGenaiBackend(ChildServerBackend):
+    """ONNX Runtime GenAI serving a model-builder export of the checkpoint."""
+
+    name = "ort-genai"
+    Options = OrtGenaiOptions
+    ready_mode = "file"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.export_result: ExportResult | None = None
+        self.python: Path | None = None
+
+    def _log(self, line: str) -> None:
+        with open(self.workdir / "export.log", "a") as fh:
+            fh.write(line.rstrip() + "\n")
+
+    def command(self, port: int) -> tuple[list[str], dict[str, str]]:
+        assert self.export_result is not None and self.python is not None
+        opts = {"batching": self.options.batching, "execution_provider": self.options.execution_provider,
+                "source_model": self.export_result.source}
+        cmd = [str(self.python), "-m", "backends.ort_genai.worker", "--model", self.export_result.output_dir,
+               "--port", str(port), "--ready-file", str(self.ready_file), "--served-model", self.config.model,
+               "--options", json.dumps(opts)]
+        return cmd, envs.child_env({"TOKENIZERS_PARALLELISM": "false"})
+
+    def start(self) -> BackendInfo:
+        if not Path(self.config.model).is_dir():
+            raise EngineFailure("unavailable", f"ort-genai exports local checkpoint folders; {self.config.model!r} "
+                                "is not one (no hub access from the builder here)")
+        self.python = envs.ensure(env_spec(), self._log)
+        self.export_result = export(self.config.model, self.options.export_options(), log=self._log,
+                                    timeout_s=self.options.export_timeout_s, use_cache=self.options.reuse_export)
+        (self.workdir / "export.json").write_text(self.export_result.model_dump_json(indent=1))
+        port = free_port()
+        startup_s = self.launch(port)
+        info = self.ready_payload.get("info", {})
+        self.make_client(self.config.model)
+        notes = {**self.export_result.notes(), "batching": str(info.get("batching")),
+                 "tokenizer": str(info.get("tokenizer"))}
+        notes.update({k: str(v) for k, v in (info.get("notes") or {}).items()})
+        if info.get("engine_max_batch_size") is not None:
+            notes["engine_max_batch_size"] = str(info["engine_max_batch_size"])
+        self.info = BackendInfo(
+            backend=self.name, engine="onnxruntime-genai", engine_version=info.get("engine_version"),
+            device=info.get("device", "cpu"), max_model_len=info.get("max_model_len"),
+            launch_command=self.launch_cmd, base_url=self.base_url, served_model=self.config.model,
+            startup_s=round(startup_s, 2), notes=notes)
+        return self.info

@@ -1,0 +1,292 @@
+"""Worker process: ONNX Runtime GenAI behind the OpenAI completions API.
+
+Runs in the ``ort-genai`` environment (``adapters.ort_genai_export.env``). Two schedulers:
+
+- ``generator``: one ``og.Generator`` per request, serialised by a lock (static batch of 1).
+- ``engine``: ``og.Engine`` + ``og.Request`` (0.18.0: ``create_request``, ``begin_turn``
+  with ``og.TurnOptions``, ``run(event_buffer)`` returning ``EngineEvent``s). It schedules
+  several requests per step, also on CPU (checked on 0.18.0).
+
+Run as ``python -m backends.ort_genai.worker --model EXPORT_DIR --port P --ready-file F
+--options JSON`` (options: ``batching``, ``execution_provider``, ``source_model``,
+``max_batch_events``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import threading
+import time
+from typing import Any
+
+
+class _Decoder:
+    """Incremental detokenizer: ``og.TokenizerStream`` or a cumulative ``tokenizers`` decode."""
+
+    def __init__(self, owner: "OrtGenaiEngine"):
+        self.owner = owner
+        self.stream = owner.tokenizer.create_stream() if owner.og_tokenizer else None
+        self.ids: list[int] = []
+        self.text = ""
+
+    def push(self, token: int) -> str:
+        if token in self.owner.eos_ids:
+            return ""
+        if self.stream is not None:
+            return self.stream.decode(token)
+        self.ids.append(token)
+        text = self.owner.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # incomplete multi-byte character: wait for more
+            return ""
+        delta, self.text = text[len(self.text):], text
+        return delta
+
+
+class OrtGenaiEngine:
+    """``og.Model`` with a generator-per-request or an ``og.Engine`` scheduler.
+
+    Args:
+        model_dir: export folder (``genai_config.json``).
+        options: ``batching`` (engine|generator), ``execution_provider`` (cpu|cuda|...),
+            ``source_model`` (checkpoint folder, for the tokenizer fallback).
+    """
+
+    def __init__(self, model_dir: str, options: dict[str, Any]):
+        import numpy as np
+        import onnxruntime_genai as og
+
+        self.og, self.np = og, np
+        ep = options.get("execution_provider") or "cpu"
+        config = og.Config(model_dir)
+        config.clear_providers()
+        if ep != "cpu":
+            config.append_provider(ep)
+        self.model = og.Model(config)
+        self.notes: dict[str, str] = {}
+        try:
+            self.tokenizer = og.Tokenizer(self.model)
+            self.og_tokenizer = True
+            self.tokenizer_source = "og.Tokenizer (export folder)"
+        except Exception as exc:  # noqa: BLE001 - e.g. "Unsupported tokenizer class: Qwen3_5Tokenizer"
+            from tokenizers import Tokenizer
+
+            src = options.get("source_model") or model_dir
+            self.tokenizer = Tokenizer.from_file(os.path.join(src, "tokenizer.json"))
+            self.og_tokenizer = False
+            self.tokenizer_source = f"tokenizers ({src}/tokenizer.json)"
+            self.notes["tokenizer_fallback"] = f"og.Tokenizer refused the export's tokenizer: {exc}"
+        import json
+
+        with open(os.path.join(model_dir, "genai_config.json")) as fh:
+            gcfg = json.load(fh)["model"]
+        eos = gcfg.get("eos_token_id")
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self.context_length = int(gcfg.get("context_length") or 0) or None
+        self.batching = options.get("batching") or "engine"
+        self.lock = threading.Lock()
+        self.n_generated = 0
+        self.n_requests = 0
+        self.max_running = 0
+        self.engine = None
+        self.engine_error: BaseException | None = None
+        self.engine_seeds = True
+        if self.batching == "engine":
+            # og.Engine operations must run on the thread that created it (0.18.0 raises
+            # "Engine operations must be called from the Engine owner thread").
+            self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+            self.wake = threading.Event()
+            created = threading.Event()
+            threading.Thread(target=self._engine_thread, args=(created,), daemon=True, name="og-engine").start()
+            created.wait()
+            if self.engine_error is not None:
+                raise self.engine_error
+        self._info = {
+            "engine": "onnxruntime-genai", "engine_version": og.__version__, "device": ep,
+            "max_model_len": self.context_length, "batching": self.batching,
+            "tokenizer": self.tokenizer_source, "notes": self.notes,
+        }
+        if self.engine is not None:
+            self._info["engine_max_batch_size"] = self._caps
+
+    # -- WorkerEngine protocol -----------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        return self._info
+
+    def metrics(self) -> dict[str, float]:
+        return {"generated_tokens": self.n_generated, "requests": self.n_requests,
+                "max_running_requests": self.max_running, "engine_seeds_honoured": int(self.engine_seeds)}
+
+    def encode(self, prompt: str) -> list[int]:
+        if self.og_tokenizer:
+            return [int(t) for t in self.tokenizer.encode(prompt)]
+        return list(self.tokenizer.encode(prompt).ids)
+
+    def prompt_tokens(self, prompt: str) -> int:
+        return len(self.encode(prompt))
+
+    async def generate(self, body: dict[str, Any]):
+        loop = asyncio.get_running_loop()
+        out: asyncio.Queue = asyncio.Queue()
+        put = lambda item: loop.call_soon_threadsafe(out.put_nowait, item)  # noqa: E731
+        self.n_requests += 1
+        if self.engine is not None:
+            if self.engine_error is not None:
+                raise RuntimeError(f"og.Engine thread died: {self.engine_error!r}")
+            self.inbox.put((body, put))
+            self.wake.set()
+        else:
+            threading.Thread(target=self._run_generator, args=(body, put), daemon=True).start()
+        while True:
+            item = await out.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item is None:
+                break
+            yield item
+
+    # -- generator scheduler -------------------------------------------------------------
+    def _run_generator(self, body: dict[str, Any], put) -> None:
+        og = self.og
+        try:
+            ids = self.encode(body.get("prompt", ""))
+            max_new = int(body.get("max_tokens") or 16)
+            params = og.GeneratorParams(self.model)
+            opts: dict[str, Any] = {"max_length": len(ids) + max_new}
+            temperature = float(body.get("temperature") or 0.0)
+            if temperature > 0:
+                opts.update(do_sample=True, temperature=temperature, top_p=float(body.get("top_p") or 1.0), top_k=0)
+                if body.get("seed") is not None:
+                    opts["random_seed"] = int(body["seed"])
+            else:
+                opts.update(do_sample=False)
+            if body.get("ignore_eos"):
+                opts["min_length"] = len(ids) + max_new
+            params.set_search_options(**opts)
+            dec = _Decoder(self)
+            n = 0
+            with self.lock:
+                gen = og.Generator(self.model, params)
+                gen.append_tokens(ids)
+                while not gen.is_done() and n < max_new:
+                    gen.generate_next_token()
+                    tok = int(gen.get_next_tokens()[0])
+                    n += 1
+                    put(([tok], dec.push(tok), None))
+                eos = n < max_new or (not body.get("ignore_eos") and tok in self.eos_ids)
+                del gen
+            self.n_generated += n
+            put(([], "", "stop" if eos else "length"))
+            put(None)
+        except BaseException as exc:  # surfaced to the client as an error event
+            put(exc)
+
+    # -- engine scheduler ----------------------------------------------------------------
+    def _begin(self, body: dict[str, Any], put, live: dict) -> None:
+        og = self.og
+        ids = self.encode(body.get("prompt", ""))
+        max_new = int(body.get("max_tokens") or 16)
+        req = self.engine.create_request()
+        to = og.TurnOptions(req)
+        temperature = float(body.get("temperature") or 0.0)
+        to.set_do_sample(temperature > 0)
+        if temperature > 0:
+            to.set_temperature(temperature)
+            to.set_top_p(float(body.get("top_p") or 1.0))
+            to.set_top_k(0)
+            if body.get("seed") is not None and self.engine_seeds:
+                to.set_seed(int(body["seed"]))
+        to.set_max_generated_tokens(max_new)
+        if body.get("ignore_eos"):
+            to.set_min_generated_tokens(max_new)
+        try:
+            req.begin_turn(self.np.asarray(ids, dtype=self.np.int32), to)
+        except RuntimeError as exc:
+            if "seed" not in str(exc) or not self.engine_seeds:
+                raise
+            # 0.18.0: "A per-turn seed requires an Engine configured for dynamic batching"
+            # (paged attention, CUDA only): sample unseeded and say so.
+            self.engine_seeds = False
+            self.notes["engine_seed"] = f"per-request seeds ignored: {exc}"
+            to.clear_seed()
+            req.begin_turn(self.np.asarray(ids, dtype=self.np.int32), to)
+        live[id(req)] = (req, put, _Decoder(self), [0])
+
+    def _engine_thread(self, created: threading.Event) -> None:
+        try:
+            self.engine = self.og.Engine(self.model)
+            self._caps = self.engine.get_capabilities().configured_max_batch_size
+            buf = self.engine.create_event_buffer(256)
+        except BaseException as exc:  # noqa: BLE001 - reported by __init__
+            self.engine_error = exc
+            created.set()
+            return
+        created.set()
+        live: dict[int, tuple] = {}
+        try:
+            self._engine_loop(buf, live)
+        except BaseException as exc:  # noqa: BLE001 - fail what runs, refuse what comes
+            self.engine_error = exc
+            for _req, put, _d, _n in live.values():
+                put(RuntimeError(f"og.Engine thread died: {exc!r}"))
+
+    def _engine_loop(self, buf, live: dict) -> None:
+        og = self.og
+        token_flag = int(og.EngineEventFlags.TOKEN.value)
+        failed_flag = int(og.EngineEventFlags.FAILED.value)
+        finish_map = {og.FinishReason.EOS: "stop", og.FinishReason.STOP_STRING: "stop",
+                      og.FinishReason.MAX_GENERATED_TOKENS: "length", og.FinishReason.MAX_SESSION_TOKENS: "length",
+                      og.FinishReason.CANCELLED: "abort"}
+        while True:
+            if not live:
+                self.wake.wait()
+                self.wake.clear()
+            while True:
+                try:
+                    body, put = self.inbox.get_nowait()
+                except queue.Empty:
+                    break
+                try:
+                    self._begin(body, put, live)
+                except BaseException as exc:  # noqa: BLE001 - one bad request, not the engine
+                    put(exc)
+            if not live:
+                continue
+            self.max_running = max(self.max_running, len(live))
+            try:
+                events = self.engine.run(buf)
+            except BaseException as exc:  # noqa: BLE001 - fail every running request
+                for req, put, _d, _n in live.values():
+                    put(RuntimeError(f"og.Engine.run failed: {exc}"))
+                live.clear()
+                continue
+            for ev in events or ():
+                entry = live.get(id(ev.request))
+                if entry is None:
+                    continue
+                req, put, dec, count = entry
+                flags = int(ev.flags.value)
+                if flags & token_flag:
+                    tok = int(ev.token)
+                    count[0] += 1
+                    self.n_generated += 1
+                    put(([tok], dec.push(tok), None))
+                if flags & failed_flag:
+                    put(RuntimeError(f"og.Engine request failed: error_code={ev.error_code}"))
+                    live.pop(id(ev.request), None)
+                elif ev.finish_reason != og.FinishReason.NONE:
+                    put(([], "", finish_map.get(ev.finish_reason, str(ev.finish_reason.name).lower())))
+                    put(None)
+                    live.pop(id(ev.request), None)
+                    req.close()
+
+
+def main() -> None:
+    from bakeoff.worker_server import serve
+
+    serve(lambda args: OrtGenaiEngine(args.model, args.options))
+
+
+if __name__ == "__main__":
+    main()
