@@ -1,0 +1,76 @@
+"""Bad user input: one line naming the fix, non-zero exit, nothing written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BAKEOFF = [sys.executable, "-m", "bakeoff.cli"]
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120, **kw)
+
+
+def _nothing_written(root: Path) -> bool:
+    return not root.exists() or not any(root.rglob("*"))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["qualify", "--backends", "nope"], "unknown backend 'nope'; choose one of: openai, ort-genai, transformers, trtllm, vllm"),
+    (["qualify", "--backends", "vllm", "--backend-opt", "oops"], "malformed --backend-opt 'oops': expected key=value"),
+    (["qualify", "--backends", "vllm", "--backend-opt", "max_model_lenn=5"], "unknown option 'max_model_lenn' for backend vllm; valid options:"),
+    (["qualify", "--backends", "vllm", "--backend-opt", "trtllm:x=1"], "names backend 'trtllm', which is not among --backends vllm"),
+    (["qualify", "--backends", "transformers", "--model", "/does/not/exist"], "model path /does/not/exist does not exist"),
+    (["qualify", "--backends", "transformers", "--model", "fixture:nope"], "unknown fixture 'nope'; choose one of: fixture:tiny-qwen3"),
+    (["qualify", "--backends", "transformers", "--profile", "huge"], "unknown profile 'huge'"),
+    (["report", "/does/not/exist"], "no run directory"),
+    (["fixture", "build", "nope"], "unknown fixture 'nope'"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+])
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, message):
+    art = tmp_path / "art"
+    if args[0] in ("qualify", "report"):
+        args = args + ["--artifacts", str(art)]
+    proc = run(BAKEOFF + args)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("bakeoff: error: "), proc.stderr
+    assert message in lines[0]
+    assert _nothing_written(art)
+
+
+def test_unwritable_artifacts_folder(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    target = ro / "file-not-dir"
+    target.write_text("x")  # a file where a folder is needed: unwritable even for root
+    proc = run(BAKEOFF + ["qualify", "--backends", "transformers", "--artifacts", str(target)])
+    assert proc.returncode == 2
+    assert "is not writable" in proc.stderr and "--artifacts DIR" in proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--backend", "nope"], "unknown backend 'nope'"),
+    (["--backend", "vllm", "--backend-opt", "=3"], "malformed --backend-opt '=3'"),
+    (["--backend", "transformers", "--model", "./missing-model"], "model path ./missing-model does not exist"),
+])
+def test_pytest_plugin_usage_errors(tmp_path, args, message):
+    art = tmp_path / "art"
+    proc = run([sys.executable, "-m", "pytest", "evaluations/", "-p", "no:cacheprovider", "--artifacts", str(art), *args])
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    err = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR:")]
+    assert len(err) == 1 and message in err[0], proc.stderr
+    assert _nothing_written(art)
+
+
+def test_help_lists_commands():
+    proc = run(BAKEOFF + ["--help"])
+    assert proc.returncode == 0
+    for cmd in ("qualify", "report", "fixture"):
+        assert cmd in proc.stdout
