@@ -104,6 +104,11 @@ def build_events(api: str, req: dict, cfg, rid: str, rng: random.Random, t0: int
                        "model": model, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                                     "logprobs": None, "finish_reason": None}]})
     yield (t_head, head, "head", 0)
+    mj = json.dumps(model).encode()
+    cmpl_pre = b'data: {"id":"cmpl-%s","object":"text_completion","created":%d,"model":%s,"choices":[{"index":0,' % (
+        rid.encode(), created, mj)
+    chat_pre = b'data: {"id":"chatcmpl-%s","object":"chat.completion.chunk","created":%d,"model":%s,"choices":[{"index":0,' % (
+        rid.encode(), created, mj)
     if cfg.keepalive_ms:
         step = int(cfg.keepalive_ms * 1e6)
         k = t_head + step
@@ -126,6 +131,9 @@ def build_events(api: str, req: dict, cfg, rid: str, rng: random.Random, t0: int
         kind = "reasoning" if reasoning else "text"
         malformed = cfg.malformed_at_token is not None and g[0] <= cfg.malformed_at_token <= g[-1]
         ids = [100 + j for j in g]
+        tj = json.dumps(text).encode()
+        fr = b'"length"' if last else b"null"
+        idj = (b',"token_ids":' + json.dumps(ids).encode()) if want_ids else b""
         if api == "messages":
             want_block = 0 if reasoning else (1 if n_reason else 0)
             if want_block != block:
@@ -134,22 +142,15 @@ def build_events(api: str, req: dict, cfg, rid: str, rng: random.Random, t0: int
                 block = want_block
                 cb = {"type": "thinking", "thinking": ""} if reasoning else {"type": "text", "text": ""}
                 yield (t, _data({"type": "content_block_start", "index": block, "content_block": cb},
-                                    "content_block_start"), "meta", 0)
-            delta = {"type": "thinking_delta", "thinking": text} if reasoning else {"type": "text_delta", "text": text}
-            data = _data({"type": "content_block_delta", "index": block, "delta": delta}, "content_block_delta")
+                                "content_block_start"), "meta", 0)
+            dt = b'"thinking_delta","thinking":' if reasoning else b'"text_delta","text":'
+            data = _frame(b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,"delta":{"type":%s%s}}\n\n'
+                          % (block, dt, tj))
         elif api == "chat":
-            delta = {"reasoning_content": text} if reasoning else {"content": text}
-            ch = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": "length" if last else None}
-            if want_ids:
-                ch["token_ids"] = ids
-            data = _data({"id": f"chatcmpl-{rid}", "object": "chat.completion.chunk", "created": created,
-                          "model": model, "choices": [ch]})
+            key = b'"reasoning_content":' if reasoning else b'"content":'
+            data = _frame(chat_pre + b'"delta":{%s%s},"logprobs":null,"finish_reason":%s%s}]}\n\n' % (key, tj, fr, idj))
         else:
-            ch = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length" if last else None}
-            if want_ids:
-                ch["token_ids"] = ids
-            data = _data({"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": model,
-                          "choices": [ch]})
+            data = _frame(cmpl_pre + b'"text":%s,"logprobs":null,"finish_reason":%s%s}]}\n\n' % (tj, fr, idj))
         if malformed:
             data = _frame(b'data: {"choices":[{"index":0,"text":"' + text.encode() + b'"\n\n')
         yield (t, data, kind, len(g))

@@ -27,7 +27,7 @@ HTTP error rate, slow first byte, keep-alive comments, stream cut after N second
 tokens (mid-event), a malformed JSON event, a missing ``[DONE]`` / ``message_stop``, no usage.
 
 Implementation: a bare ``asyncio.Protocol`` HTTP/1.1 server (keep-alive, chunked responses)
-with one ``loop.call_at`` timer chain per stream; ``--workers N`` runs N processes on one
+with one heap of due events and one loop timer for all streams; ``--workers N`` runs N processes on one
 port with ``SO_REUSEPORT``; each writes its records as JSON lines under ``--log-dir``.
 """
 
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
 import json
 import os
 import random
@@ -128,15 +129,15 @@ class SynthConfig(BaseModel):
 class Stream:
     """One streaming response: its events, due times, and what was sent when."""
 
-    __slots__ = ("proto", "rid", "events", "nxt", "rec", "cut_ns", "cut_tokens", "sent_tokens", "loop", "handle")
+    __slots__ = ("proto", "rid", "events", "nxt", "rec", "cut_ns", "cut_tokens", "sent_tokens", "server", "dead")
 
     def __init__(self, proto, rid, events, rec, cut_ns, cut_tokens):
         self.proto, self.rid, self.events, self.rec = proto, rid, events, rec
         self.nxt = next(events)
         self.cut_ns, self.cut_tokens = cut_ns, cut_tokens
         self.sent_tokens = 0
-        self.loop = proto.server.loop
-        self.handle = None
+        self.server = proto.server
+        self.dead = False
 
     def start(self) -> None:
         self._schedule()
@@ -145,9 +146,11 @@ class Stream:
         nxt = self.nxt[0]
         if self.cut_ns is not None and self.cut_ns < nxt:
             nxt = self.cut_ns
-        self.handle = self.loop.call_at(nxt / 1e9, self._fire)
+        self.server.schedule(nxt, self)
 
     def _fire(self) -> None:
+        if self.dead:
+            return
         tr = self.proto.transport
         if tr is None or tr.is_closing():
             self._end(aborted=True)
@@ -191,8 +194,7 @@ class Stream:
         self.proto.stream_done(self, closed=True)
 
     def cancel(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
+        self.dead = True
 
 
 class Server:
@@ -206,8 +208,39 @@ class Server:
         self.slips_ns: list[int] = []
         self.log_dir = log_dir
         self.worker = worker
+        self.heap: list[tuple[int, int, Stream]] = []
+        self.seq = 0
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at: int | None = None
+        self.ticking = False
         self._log = open(os.path.join(log_dir, f"sent-{worker}-{os.getpid()}.jsonl"), "a", buffering=1) \
             if log_dir else None
+
+    def schedule(self, due_ns: int, stream: Stream) -> None:
+        """Queue ``stream`` to fire at ``due_ns``: one heap of plain tuples and one armed loop timer
+        for all streams (cheaper than a ``TimerHandle`` per event, whose heap compares in Python)."""
+        self.seq += 1
+        heapq.heappush(self.heap, (due_ns, self.seq, stream))
+        if not self.ticking and (self.timer_at is None or due_ns < self.timer_at):
+            self._arm(due_ns)
+
+    def _arm(self, due_ns: int) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer_at = due_ns
+        self.timer = self.loop.call_at(due_ns / 1e9, self._tick)
+
+    def _tick(self) -> None:
+        self.timer = self.timer_at = None
+        heap = self.heap
+        self.ticking = True
+        try:
+            while heap and heap[0][0] <= time.monotonic_ns():
+                heapq.heappop(heap)[2]._fire()
+        finally:
+            self.ticking = False
+        if heap:
+            self._arm(heap[0][0])
 
     def log(self, rec: dict | None) -> None:
         if rec is None or rec.get("logged"):
