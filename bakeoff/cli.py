@@ -50,27 +50,33 @@ def cmd_qualify(args) -> int:
     for n in names:
         backends.validate(n)
     per = _split_opts(args.backend_opt, names)
+    from bakeoff.matrix import merge_options, parse_matrix
+
+    cells = parse_matrix(args.matrix)
+    if args.repeats < 1:
+        raise UserError(f"--repeats must be at least 1, got {args.repeats}")
     for n in names:
-        parse_options(n, backends.resolve(n).Options, parse_kv(per[n]))
+        for cell in cells:
+            parse_options(n, backends.resolve(n).Options, parse_kv(merge_options(per[n], cell)))
     if args.profile not in ("quick", "full"):
         raise UserError(f"unknown profile {args.profile!r}; choose quick or full")
     artifacts = check_writable(Path(args.artifacts))
     model = resolve(args.model, log=lambda s: print(f"[fixture] {s}", flush=True))
     runs: list[Path] = []
     print(f"qualifying {', '.join(names)} on {args.model} ({args.profile} profile)", flush=True)
-    for n in names:
+    for n, cell in [(n, cell) for n in names for cell in cells]:  # each matrix cell is its own run
         t0 = time.monotonic()
         with tempfile.NamedTemporaryFile("r", suffix=".run", delete=False) as fh:
             run_file = fh.name
         cmd = [sys.executable, "-m", "pytest", str(REPO / "evaluations"), "--backend", n, "--model", args.model,
                "--artifacts", str(artifacts), "--profile", args.profile, "-p", "no:cacheprovider", "-q",
-               "--rootdir", str(REPO), "-o", "console_output_style=classic"]
-        for o in per[n]:
+               "--rootdir", str(REPO), "-o", "console_output_style=classic", "--repeats", str(args.repeats)]
+        for o in merge_options(per[n], cell):
             cmd += ["--backend-opt", o]
         if args.reference_model:
             cmd += ["--reference-model", args.reference_model]
         env = dict(os.environ, BAKEOFF_RUN_FILE=run_file)
-        print(f"\n=== {n} ===\n$ {' '.join(cmd)}", flush=True)
+        print(f"\n=== {n}{' [' + cell.label + ']' if cell.label else ''} ===\n$ {' '.join(cmd)}", flush=True)
         proc = subprocess.run(cmd, env=env, cwd=str(REPO))
         run_dir = Path(open(run_file).read().strip()) if os.path.getsize(run_file) else None
         os.unlink(run_file)
@@ -107,6 +113,14 @@ def cmd_report(args) -> int:
 
     paths = [Path(p) for p in args.runs] or [Path(args.artifacts) / "runs"]
     print(write_report(paths, Path(args.artifacts) / "reports" / args.name))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from bakeoff.compare import write_compare
+
+    out = write_compare([Path(p) for p in args.runs], Path(args.artifacts) / "reports" / args.name, args.baseline)
+    print(f"{out['markdown']}\n{out['html']}")
     return 0
 
 
@@ -152,7 +166,17 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--artifacts", default=str(REPO / "artifacts"))
     q.add_argument("--report", default="latest", help="report name under artifacts/reports/")
     q.add_argument("--reference-model", default=None)
+    q.add_argument("--matrix", action="append", default=[], metavar="KEY=V1,V2",
+                   help="run every combination (repeatable): a backend option or a preset "
+                        "(speculative=none,ngram,mtp; prefix_cache=on,off)")
+    q.add_argument("--repeats", type=int, default=1, help="measure each sweep point R times (noise estimate)")
     q.set_defaults(func=cmd_qualify)
+    c = sub.add_parser("compare", help="compare runs side by side (Markdown + HTML + plots)")
+    c.add_argument("runs", nargs="+", help="run directories or folders of them")
+    c.add_argument("--baseline", default=None, help="run id, column label or 1-based column number (default: first)")
+    c.add_argument("--artifacts", default=str(REPO / "artifacts"))
+    c.add_argument("--name", default="compare", help="report name under artifacts/reports/")
+    c.set_defaults(func=cmd_compare)
     r = sub.add_parser("report", help="write a Markdown report of run directories")
     r.add_argument("runs", nargs="*", help="run directories or folders of them (default: artifacts/runs)")
     r.add_argument("--artifacts", default=str(REPO / "artifacts"))

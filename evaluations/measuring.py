@@ -1,0 +1,149 @@
+"""Helpers of the engine-side measurement checks (capacity, prefix cache, needles, spec
+decode, agents): sequential requests, engine counter deltas, prompts sized in tokens.
+
+No tokenizer runs in the parent process (an engine may use one bakeoff cannot load), so
+prompt sizes are calibrated against the engine's own usage: the prompt tokens it reports
+for a prompt of k and 2k repeated units give tokens per unit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Any
+
+from bakeoff.loadgen.sweep import run_request
+from bakeoff.specs import GenerationRequest, RequestRecord
+
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+KV_KEYS = "abcdefghijklmnopqrstuvwxyz"  # the fixture corpus's kv task keys (bakeoff/fixtures/corpus.py)
+
+
+def send(engine, reqs: list[GenerationRequest], concurrency: int = 1) -> list[RequestRecord]:
+    """Run requests (``concurrency`` at a time, in order) and return their records."""
+    async def main() -> list[RequestRecord]:
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(i: int, r: GenerationRequest) -> RequestRecord:
+            async with sem:
+                return await run_request(engine, r, session=i)
+        try:
+            return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(reqs))))
+        finally:
+            await engine.aclose()
+    return asyncio.run(main())
+
+
+def ttft_ms(r: RequestRecord) -> float | None:
+    """Time to first token in ms (None when no token came)."""
+    return (r.first_token_ns - r.sent_ns) / 1e6 if r.first_token_ns else None
+
+
+def decode_tokens_per_s(r: RequestRecord) -> float | None:
+    """Output tokens after the first, per second of decode time (E2E - TTFT)."""
+    if not r.first_token_ns or not r.end_ns or (r.output_tokens or 0) < 2:
+        return None
+    dt = (r.end_ns - r.first_token_ns) / 1e9
+    return (r.output_tokens - 1) / dt if dt > 0 else None
+
+
+def read_metrics(engine) -> dict[str, float]:
+    """``engine.metrics()``, {} when the engine has none or the read fails."""
+    try:
+        return dict(engine.metrics() or {})
+    except Exception:  # counters are evidence, never a reason to crash a check
+        return {}
+
+
+def delta(before: dict[str, float], after: dict[str, float], prefix: str) -> dict[str, float]:
+    """``after - before`` of every counter whose name starts with ``prefix``."""
+    return {k: after[k] - before.get(k, 0.0) for k in sorted(after) if k.startswith(prefix)}
+
+
+def wait_counter(engine, key: str, base: float, expect_at_least: float, timeout_s: float = 3.0) -> dict[str, float]:
+    """Poll the engine's counters until ``key`` grew by ``expect_at_least`` (engines publish
+    counters a scheduler step after the request ends) or ``timeout_s`` passes."""
+    t_end = time.monotonic() + timeout_s
+    while True:
+        m = read_metrics(engine)
+        if m.get(key, 0.0) - base >= expect_at_least or time.monotonic() > t_end:
+            return m
+        time.sleep(0.1)
+
+
+def is_fixture(settings) -> bool:
+    return settings.model.fixture is not None
+
+
+def serves_one_at_a_time(engine) -> bool:
+    """True for engines that do not batch (the transformers reference)."""
+    info = getattr(engine, "info", None)
+    return bool(info and "one request at a time" in (info.notes or {}).get("scheduling", ""))
+
+
+def kv_unit(rng: random.Random, exclude: str = "") -> str:
+    """One fixture key-value pair ``"b=3"`` (format of the corpus's ``kv`` task)."""
+    keys = [k for k in KV_KEYS if k not in exclude]
+    return f"{rng.choice(keys)}={rng.randint(0, 9)}"
+
+
+GENERIC_FILLER = ("The grass is green. The sky is blue. The sun is warm. Here we go. There and back again. ")
+
+
+def filler_units(n: int, fixture: bool, seed: int, exclude: str = "") -> list[str]:
+    """``n`` haystack units: fixture kv pairs, or generic sentences."""
+    rng = random.Random(seed)
+    if fixture:
+        return [kv_unit(rng, exclude) for _ in range(n)]
+    return [GENERIC_FILLER.strip() for _ in range(n)]
+
+
+def tokens_per_unit(engine, fixture: bool, k: int = 40) -> tuple[float, str]:
+    """Prompt tokens per haystack unit, from the engine's usage on k and 2k units.
+
+    Returns:
+        ``(tokens_per_unit, source)``; source ``engine-usage`` or ``estimate`` (4 tokens per
+        fixture pair / 20 per generic sentence, when the engine reports no prompt usage).
+    """
+    reqs = [GenerationRequest(request_id=f"calib-{n}-{time.monotonic_ns()}",
+                              prompt=_join(filler_units(n, fixture, 99), fixture), max_tokens=1) for n in (k, 2 * k)]
+    recs = send(engine, reqs)
+    if all(r.status == "ok" and r.input_tokens for r in recs):
+        return max(0.5, (recs[1].input_tokens - recs[0].input_tokens) / k), "engine-usage"
+    return (4.0 if fixture else 20.0), "estimate"
+
+
+def _join(units: list[str], fixture: bool) -> str:
+    return ("keys: " + " ".join(units)) if fixture else " ".join(units)
+
+
+def long_prompt(n_tokens: int, per_unit: float, fixture: bool, seed: int) -> tuple[str, str]:
+    """A prompt of about ``n_tokens`` tokens that ends in a question with a known answer.
+
+    Fixture: ``keys: <pairs> ; q ->`` (answer: q's value, q placed first); generic: filler
+    sentences then ``The secret number is N`` asked at the end.
+
+    Returns:
+        ``(prompt, expected_answer)``.
+    """
+    rng = random.Random(seed)
+    n = max(4, int(n_tokens / per_unit) - 3)
+    if fixture:
+        key, val = rng.choice(KV_KEYS), str(rng.randint(0, 9))
+        units = [f"{key}={val}"] + filler_units(n - 1, True, seed, exclude=key)
+        return _join(units, True) + f" ; {key} ->", " " + val
+    num = str(rng.randint(1000, 9999))
+    return (f"The secret number is {num}. " + _join(filler_units(n, False, seed), False)
+            + " What is the secret number? The secret number is"), " " + num
+
+
+def summarize_ms(values: list[float | None]) -> dict[str, Any]:
+    """min/median/max of a list of timings in ms (None dropped)."""
+    import numpy as np
+
+    v = [x for x in values if x is not None]
+    if not v:
+        return {"n": 0}
+    return {"n": len(v), "min": round(min(v), 3), "median": round(float(np.median(v)), 3), "max": round(max(v), 3)}

@@ -1,0 +1,64 @@
+"""Capacity: the KV cache the engine allocated and the warm-up cost of its first request.
+
+- ``capacity.kv_cache``: KV cache capacity in tokens and the engine's stated maximum
+  concurrency at ``max_model_len`` (vLLM's startup line ``<pool> KV cache size: N tokens,
+  Maximum concurrency for L tokens per request: Xx``, read into ``BackendInfo``). Skipped,
+  with the reason, when the engine states neither. A quantized KV cache dtype that leaves
+  tokens per GiB unchanged is an ``ineffective-option``; that needs the run without it and
+  is judged by ``bakeoff compare`` across matrix cells (tokens per cell, side by side).
+- ``capacity.warmup``: the first request after start against the steady state, from the
+  ``throughput.sweep`` check's warm-up (its first request is the first of the sweep's
+  shape; the sanity probes ran before it) and its single-session point. Report only (pass): a slow first
+  request is common (autotune, JIT, lazy allocation) and is what operators pre-warm for.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from evaluations.measuring import serves_one_at_a_time
+
+
+@pytest.mark.check("capacity.kv_cache")
+def test_kv_cache(run, engine):
+    with run.check("capacity.kv_cache", "ineffective-option") as c:
+        info = engine.info
+        c.evidence("backend_info.json", info.model_dump() if info else {})
+        if info is None or (info.kv_cache_tokens is None and info.max_concurrency is None):
+            why = ("serves one request at a time and keeps no shared KV pool"
+                   if serves_one_at_a_time(engine) else "the engine did not state its KV cache size at start")
+            c.skip(f"KV capacity not stated: {info.engine if info else 'engine'} {why}")
+        c.values.update({"kv_cache_tokens": info.kv_cache_tokens, "max_concurrency": info.max_concurrency,
+                         "max_model_len": info.max_model_len, "kv_pool": (info.notes or {}).get("kv_pool"),
+                         "kv_cache_dtype": run.verdict.options.get("kv_cache_dtype", "auto")})
+        if info.kv_cache_tokens and info.max_model_len:
+            c.values["full_context_sequences"] = round(info.kv_cache_tokens / info.max_model_len, 2)
+        c.require(bool(info.kv_cache_tokens) and info.kv_cache_tokens > 0,
+                  f"the engine stated a KV cache of {info.kv_cache_tokens} tokens", "load-failure")
+        c.summary = (f"KV cache {info.kv_cache_tokens:,} tokens; stated max concurrency {info.max_concurrency}x "
+                     f"at {info.max_model_len} tokens per request")
+
+
+@pytest.mark.check("capacity.warmup")
+def test_warmup(run, engine):
+    with run.check("capacity.warmup", "slo-miss") as c:
+        sweep = run.get("throughput.sweep")
+        w = (sweep.values.get("warmup") if sweep else None) or {}
+        pts = (sweep.values.get("points") if sweep else None) or []
+        if not w or w.get("first_request_ttft_ms") is None or not pts:
+            c.skip("no warm-up measured: the throughput.sweep check did not run or got no token; the engine "
+                   "already served other checks, so a first request measured now would not be the first after start")
+        first = w["first_request_ttft_ms"]
+        steady = pts[0].get("ttft_p50_ms")
+        c.values.update({"first_request_ttft_ms": round(first, 3), "warmup_requests": w.get("requests"),
+                         "warmup_ttft_p50_ms": w.get("ttft_p50_ms"), "warmup_e2e_p50_ms": w.get("e2e_p50_ms"),
+                         "steady_ttft_p50_ms": steady, "steady_sessions": pts[0].get("sessions"),
+                         "steady_tpot_p50_ms": pts[0].get("tpot_p50_ms"),
+                         "first_over_steady": round(first / steady, 2) if steady else None,
+                         "source": "throughput.sweep warm-up and first point",
+                         "note": "sanity probes run before the sweep: this is the first sweep-shaped request "
+                                 "after start, not necessarily the engine's very first"})
+        c.evidence("warmup.json", {"warmup": w, "steady_point": pts[0]})
+        ratio = c.values["first_over_steady"]
+        c.summary = (f"first request TTFT {first:.1f} ms vs steady {steady:.1f} ms "
+                     f"({ratio}x)" if steady else f"first request TTFT {first:.1f} ms")

