@@ -189,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.set_defaults(func=cmd_fixture)
     e = sub.add_parser("envs", help="list engine environments")
     e.set_defaults(func=cmd_envs)
+    from bakeoff.jobs.cli import add_jobs_parser; add_jobs_parser(sub)
     return ap
 
 
