@@ -98,6 +98,8 @@ class ChildServerBackend(Backend):
                 start deadline passes, each with the log tail as evidence.
         """
         cmd, env = self.command(port)
+        # Every process the engine starts inherits this: it finds strays even once reparented.
+        env = dict(env or {}, BAKEOFF_ENGINE_WORKDIR=str(self.workdir.resolve()))
         self.launch_cmd = cmd
         self.base_url = f"http://127.0.0.1:{port}"
         if self.ready_file.exists():
