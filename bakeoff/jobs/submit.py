@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
@@ -89,10 +90,10 @@ def launch_args(script_text: str, python: str | None = None) -> tuple[str, list[
 def job_kwargs(task: JobTask, request: JobRequest, script_text: str) -> dict[str, Any]:
     """The ``run_uv_job`` keyword arguments, secrets as NAMES (values are added at submission)."""
     script, script_args, extra_env = launch_args(script_text, request.python)
-    labels = {"bakeoff": task.kind, "bakeoff-tag": task.tag, **request.labels}
+    labels = {"bakeoff": task.kind, "bakeoff-tag": task.tag, "bakeoff-flavor": request.flavor, **request.labels}
     kw: dict[str, Any] = {"script": script, "script_args": script_args, "env": {**request.env, **extra_env},
                           "secrets": list(request.secrets), "flavor": request.flavor, "timeout": request.timeout,
-                          "labels": labels, "name": request.name or f"bakeoff-{task.kind}-{task.tag}"}
+                          "labels": labels, "name": request.name or f"bakeoff-{task.kind}-{task.tag}-{request.flavor}"}
     if request.image:
         kw["image"] = request.image
     if request.namespace:
@@ -119,7 +120,9 @@ def submit(api, task: JobTask, request: JobRequest, script_text: str, records: P
         raise UserError("--push-to file://... is for local runs (uv run); a job needs a Hub repository (org/name)")
     kw = job_kwargs(task, request, script_text)
     kw["secrets"] = secret_values(kw["secrets"])
-    info = api.run_uv_job(**kw)
+    with warnings.catch_warnings():  # run_uv_job is marked experimental in huggingface_hub
+        warnings.simplefilter("ignore")
+        info = api.run_uv_job(**kw)
     rec = JobRecord(job_id=info.id, url=info.url, kind=task.kind, tag=task.tag, flavor=request.flavor,
                     namespace=info.owner.name, endpoint=api.endpoint, push_to=task.push_to.label(),
                     path_in_repo=task.path_in_repo, submitted_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
