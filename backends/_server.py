@@ -133,7 +133,8 @@ class ChildServerBackend(Backend):
         return status == 200
 
     def make_client(self, served_model: str) -> OpenAIClient:
-        self.client = OpenAIClient(self.base_url, served_model, api=self.api, extra_body=self.extra_body())
+        self.client = OpenAIClient(self.base_url, served_model, api=self.api, extra_body=self.extra_body(),
+                                   read_timeout_s=self.config.progress_timeout_s)
         return self.client
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
@@ -147,6 +148,9 @@ class ChildServerBackend(Backend):
                 raise EngineFailure("runtime-crash", f"{self.name} {describe_exit(self.proc.poll())} while serving: "
                                     f"{last_error_line(self.proc.tail(200))}",
                                     {"engine.log.tail": self.proc.tail(120), "client_error.txt": exc.message}) from None
+            if self.proc is not None and exc.failure_class == "hang":
+                exc.evidence.setdefault("stacks.txt", self.proc.dump_stacks())
+                exc.evidence.setdefault("engine.log.tail", self.proc.tail(120))
             if self.proc is not None and exc.failure_class == "runtime-crash":
                 # the server is up but its engine failed: name the root cause from its log
                 cause = last_error_line(self.proc.tail(300))

@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -68,10 +69,10 @@ class ManagedProcess:
         self.cmd = list(cmd)
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab", buffering=0)
+        self._log = open(self.log_path, "a", encoding="utf-8", buffering=1)
         self.popen = subprocess.Popen(
             self.cmd,
-            stdout=self._log,
+            stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
@@ -79,6 +80,21 @@ class ManagedProcess:
             start_new_session=True,
         )
         self.pgid = self.popen.pid
+        self.last_output_ns = time.monotonic_ns()
+        # The engine's output passes through the redaction step before it touches the disk.
+        self._pump = threading.Thread(target=self._copy_log, name=f"log-{self.pid}", daemon=True)
+        self._pump.start()
+
+    def _copy_log(self) -> None:
+        secrets_env = dict(os.environ)
+        assert self.popen.stdout is not None
+        for raw in iter(self.popen.stdout.readline, b""):
+            self.last_output_ns = time.monotonic_ns()
+            try:
+                self._log.write(redact(raw.decode("utf-8", "replace"), secrets_env))
+            except (ValueError, OSError):  # log closed or disk full: keep draining the pipe
+                pass
+        self.popen.stdout.close()
 
     @property
     def pid(self) -> int:
@@ -103,6 +119,40 @@ class ManagedProcess:
         except PermissionError:
             return True
 
+    def members(self) -> list[int]:
+        """PIDs of the live processes of this process group (the engine and its children)."""
+        import psutil
+
+        pids = []
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if os.getpgid(p.pid) == self.pgid:
+                    pids.append(p.pid)
+            except (ProcessLookupError, PermissionError):
+                continue
+        return pids
+
+    def dump_stacks(self, timeout_s: float = 20.0) -> str:
+        """Stacks of every thread of every Python process of the group, via ``py-spy dump``.
+
+        Used as evidence of a ``hang`` (e.g. workers stuck in a futex). Returns what could
+        be collected; never raises.
+        """
+        import shutil
+        import sys
+
+        exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        if not Path(exe).exists():
+            return "py-spy not installed: no stacks collected"
+        out = []
+        for pid in self.members():
+            try:
+                res = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=timeout_s)
+                out.append(f"=== pid {pid} ===\n{res.stdout or res.stderr}")
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                out.append(f"=== pid {pid} === py-spy failed: {exc}")
+        return redact("\n".join(out) or "no live process in the group")
+
     def stop(self, grace_s: float = 10.0) -> int | None:
         """SIGTERM the whole process group, then SIGKILL after ``grace_s``. Idempotent.
 
@@ -126,6 +176,7 @@ class ManagedProcess:
             self.popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        self._pump.join(timeout=5)
         if not self._log.closed:
             self._log.close()
         return self.popen.returncode

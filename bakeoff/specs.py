@@ -121,6 +121,7 @@ class BackendConfig(Spec):
             scalars where they parse, strings otherwise).
         workdir: a folder the backend may write logs and scratch files into.
         start_timeout_s: deadline for ``start()``.
+        progress_timeout_s: a request with no byte for this long ends as ``hang``.
     """
 
     backend: str
@@ -129,6 +130,7 @@ class BackendConfig(Spec):
     options: dict[str, OptionValue | dict | list] = Field(default_factory=dict)
     workdir: str
     start_timeout_s: float = Field(300.0, gt=0)
+    progress_timeout_s: float = Field(120.0, gt=0)
 
 
 @dataclass

@@ -49,6 +49,7 @@ class Settings:
     reference_model: ResolvedModel
     min_probe_accuracy: float | None
     start_timeout_s: float
+    progress_timeout_s: float
     requests_log: bool
     backend_cls: type = field(repr=False, default=None)
 
@@ -69,6 +70,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--min-probe-accuracy", type=float, default=None,
                 help="known-answer accuracy required (default 0.8 on fixture probes, 0.6 on generic probes)")
     g.addoption("--start-timeout", type=float, default=420.0, help="seconds allowed for the engine to start")
+    g.addoption("--progress-timeout", type=float, default=120.0,
+                help="seconds without a byte from the engine before a request is a hang")
     g.addoption("--requests-log", action="store_true", help="write every request to requests.jsonl")
     g.addoption("--repeats", type=int, default=1, help="measure each sweep point this many times (noise estimate)")
 
@@ -91,7 +94,7 @@ def _settings(config: pytest.Config) -> Settings:
         raise UserError("--min-probe-accuracy must be between 0 and 1")
     return Settings(backend=name, model=model, options=options, artifacts=Path(o("--artifacts")), profile=profile,
                     profile_cfg=PROFILES[profile], reference_model=ref, min_probe_accuracy=mpa,
-                    start_timeout_s=o("--start-timeout"), requests_log=o("--requests-log"), backend_cls=cls)
+                    start_timeout_s=o("--start-timeout"), progress_timeout_s=o("--progress-timeout"), requests_log=o("--requests-log"), backend_cls=cls)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -239,7 +242,7 @@ def engine_state(request, pytestconfig, settings, run) -> dict:
             request.getfixturevalue("reference")  # the reference runs first, alone
         cfg = BackendConfig(backend=settings.backend, model=settings.model.path, model_label=settings.model.label,
                             options=settings.options, workdir=str(run.dir.path / "engine"),
-                            start_timeout_s=settings.start_timeout_s)
+                            start_timeout_s=settings.start_timeout_s, progress_timeout_s=settings.progress_timeout_s)
         backend = settings.backend_cls(cfg)
         state["backend"] = backend
         with _quiet(run.check("load", "load-failure")) as c:
@@ -308,3 +311,12 @@ def _versions(backend) -> dict[str, str]:
 
     allv = freeze(python)
     return {k: v for k, v in allv.items() if k.lower() in RELEVANT_PACKAGES}
+
+
+def attach_engine_evidence(scope, engine, failure_class: str | None) -> None:
+    """Write what a maintainer needs when requests failed: the engine log tail, and for a
+    ``hang`` the stacks of every thread of the engine's processes (py-spy)."""
+    scope.evidence("engine.log.tail", engine.log_tail(150))
+    proc = getattr(engine, "proc", None)
+    if failure_class == "hang" and proc is not None:
+        scope.evidence("stacks.txt", proc.dump_stacks())

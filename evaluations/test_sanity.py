@@ -9,6 +9,7 @@ import pytest
 from bakeoff.loadgen.sweep import run_request
 from bakeoff.sanity import agreement, detectors, probe_correct
 from bakeoff.specs import GenerationRequest
+from evaluations.plugin import attach_engine_evidence
 from evaluations.probing import run_probes
 
 # Known-answer thresholds: fixture probes are trained to >= 90% (fixture.json); generic probes
@@ -50,7 +51,7 @@ def test_known_answers(run, settings, engine, probes, probe_outputs):
                          "threshold": threshold, "errors": len(errors),
                          "accuracy_by_task": {k: round(sum(v) / len(v), 3) for k, v in per_task.items()}})
         if errors:
-            c.evidence("engine.log.tail", engine.log_tail(150))
+            attach_engine_evidence(c, engine, errors[0].get("error_class"))
             c.fail(f"{len(errors)}/{len(rows)} probe requests failed: {errors[0]['error']}",
                    errors[0].get("error_class") or "runtime-crash")
         bad = [r for r in rows if not r["correct"]][:3]

@@ -7,6 +7,7 @@ import pytest
 from bakeoff.loadgen.stats import per_request, summarize
 from bakeoff.loadgen.sweep import run_sweep
 from bakeoff.specs import GenerationRequest
+from evaluations.plugin import attach_engine_evidence
 from evaluations.probing import throughput_prompt
 
 POINT_KEYS = ("sessions", "requests", "ok", "errors", "output_tokens_per_s", "per_session_output_tokens_per_s",
@@ -69,7 +70,7 @@ def test_sweep(run, settings, engine, pytestconfig):
                 for k, v in p["errors_by_class"].items():
                     classes[k] = classes.get(k, 0) + v
             worst = max(classes, key=classes.get)
-            c.evidence("engine.log.tail", engine.log_tail(150))
+            attach_engine_evidence(c, engine, worst)
             first_err = next((e for e in c.values.get("first_errors", [])), None)
             c.fail(f"{sum(classes.values())} requests failed across {len(errs)} sweep points "
                    f"(first at {errs[0]['sessions']} sessions): {first_err or worst}", worst)
