@@ -1,0 +1,120 @@
+"""ORT GenAI decode speed: INT4 vs fp32 export, and the worker's overhead over a bare loop.
+
+Prints figures; asserts nothing about speed. Target (issue 3): the worker keeps >= 97% of a
+bare ``og.Generator`` loop's tokens/s, measured on the same export, same prompt, one request
+at a time, ``ignore_eos`` so every run decodes exactly ``--tokens`` tokens.
+
+Usage:
+    .venv/bin/python benchmarks/bench_ort_genai.py [--model FOLDER] [--tokens 256] [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from adapters.ort_genai_export import ExportOptions, env_spec, export  # noqa: E402
+from bakeoff import envs  # noqa: E402
+
+BARE_LOOP = r"""
+import json, sys, time
+import onnxruntime_genai as og
+model_dir, prompt, n_tok, runs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+model = og.Model(model_dir)
+tok = og.Tokenizer(model)
+ids = tok.encode(prompt)
+rates = []
+for r in range(runs + 1):
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + n_tok, min_length=len(ids) + n_tok, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(ids)
+    t0 = time.perf_counter(); first = None; n = 0
+    while not gen.is_done():
+        gen.generate_next_token()
+        gen.get_next_tokens()
+        n += 1
+        if first is None:
+            first = time.perf_counter()
+    t1 = time.perf_counter()
+    if r:  # run 0 is warm-up
+        rates.append((n - 1) / (t1 - first))
+print(json.dumps({"decode_tok_s": rates, "tokens": n}))
+"""
+
+
+def bare_loop(python: Path, model_dir: str, prompt: str, tokens: int, runs: int) -> list[float]:
+    """Decode tokens/s (after the first token) of a bare og.Generator loop, per run."""
+    out = subprocess.run([str(python), "-c", BARE_LOOP, model_dir, prompt, str(tokens), str(runs)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["decode_tok_s"]
+
+
+def worker_rates(model: Path, precision: str, batching: str, prompt: str, tokens: int, runs: int) -> list[float]:
+    """Decode tokens/s (after the first token, client timestamps) through the worker's HTTP stream."""
+    from backends import resolve
+    from bakeoff.specs import BackendConfig, GenerationRequest
+
+    with tempfile.TemporaryDirectory() as wd:
+        b = resolve("ort-genai")(BackendConfig(backend="ort-genai", model=str(model), workdir=wd,
+                                               options={"precision": precision, "batching": batching}))
+        try:
+            b.start()
+
+            async def go() -> list[float]:
+                rates = []
+                for r in range(runs + 1):
+                    times = []
+                    req = GenerationRequest(request_id=str(r), prompt=prompt, max_tokens=tokens, ignore_eos=True)
+                    async for ev in b.stream(req):
+                        if ev.token_ids:
+                            times.append(ev.t_ns)
+                    if r:
+                        rates.append((len(times) - 1) / ((times[-1] - times[0]) / 1e9))
+                await b.aclose()
+                return rates
+
+            return asyncio.run(go())
+        finally:
+            b.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="checkpoint folder (default: the tiny-qwen3 fixture)")
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--prompt", default="count: 15 16 17 18")
+    args = ap.parse_args()
+    if args.model:
+        model = Path(args.model)
+    else:
+        from bakeoff.fixtures import build
+
+        model = Path(build("tiny-qwen3"))
+    python = envs.ensure(env_spec(), print)
+    print(f"model {model}, {args.tokens} tokens/run, {args.runs} runs (+1 warm-up), median decode tok/s")
+    for precision in ("int4", "fp32"):
+        res = export(model, ExportOptions(precision=precision), log=lambda s: None)
+        bare = statistics.median(bare_loop(python, res.output_dir, args.prompt, args.tokens, args.runs))
+        line = (f"{precision:5s} export {res.duration_s:6.1f} s {res.output_bytes / 1e6:7.2f} MB | "
+                f"bare og.Generator {bare:8.1f} tok/s")
+        for batching in ("generator", "engine"):
+            w = statistics.median(worker_rates(model, precision, batching, args.prompt, args.tokens, args.runs))
+            line += f" | worker[{batching}] {w:8.1f} tok/s ({100 * w / bare:5.1f}% of bare)"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    t0 = time.monotonic()
+    main()
+    print(f"total {time.monotonic() - t0:.0f} s")

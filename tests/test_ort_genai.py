@@ -1,0 +1,194 @@
+"""ONNX Runtime GenAI: the export adapter and the ort-genai backend, with the real engine.
+
+The first run creates the ``ort-genai`` environment (~4 min on 2 cores) and builds the
+``tiny-qwen3`` fixture (~2-3 min); both are cached. Exports are cached by checkpoint hash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from adapters.ort_genai_export import ExportOptions, env_spec, export, inspect_graph, raise_for_problems
+from bakeoff import envs
+from bakeoff.errors import EngineFailure
+
+PROMPTS_FALLBACK = ["abc ab", "count: 1 2 3", "copy: ab =>", "kv a=1 b=2"]
+
+
+def _tiny_checkpoint(folder: Path, arch: str, vocab: int = 96, hidden: int = 64) -> Path:
+    """A random tiny checkpoint with a character tokenizer (architectures the fixtures lack)."""
+    import torch
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    chars = ["<|endoftext|>"] + list("abcdefghijklmnopqrstuvwxyz0123456789 :=>.,")
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE({c: i for i, c in enumerate(chars)}, [])),
+                                  eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    torch.manual_seed(0)
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                  eos_token_id=0, pad_token_id=0, bos_token_id=0, tie_word_embeddings=False)
+    if arch == "Qwen3MoeForCausalLM":
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2,
+                                                   moe_intermediate_size=32))
+    else:
+        model = Qwen3ForCausalLM(Qwen3Config(**common))
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def ort_python() -> Path:
+    return envs.ensure(env_spec(), print)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory) -> Path:
+    """The trained ``tiny-qwen3`` fixture; a random tiny Qwen3 when the fixture builder is absent."""
+    try:
+        from bakeoff.fixtures import build
+    except ImportError:
+        return _tiny_checkpoint(tmp_path_factory.mktemp("q3") / "tiny-qwen3-random", "Qwen3ForCausalLM")
+    return Path(build("tiny-qwen3"))
+
+
+def _prompts(model: Path) -> list[str]:
+    probes = model / "probes.jsonl"
+    if not probes.is_file():
+        return PROMPTS_FALLBACK
+    rows = [json.loads(line) for line in probes.read_text().splitlines() if line.strip()]
+    by_task: dict[str, str] = {}
+    for r in rows:
+        by_task.setdefault(r["task"], r["prompt"])
+    return list(by_task.values())[:4]
+
+
+def test_int4_export_is_inspected_and_cached(tiny_qwen3, ort_python):
+    res = export(tiny_qwen3, ExportOptions(precision="int4", block_size=32, accuracy_level=4), log=print)
+    g = res.graph
+    assert g.op_counts.get("com.microsoft.MatMulNBits", 0) >= 7 * 3  # 7 linears x 3 layers (+ lm_head)
+    assert g.matmulnbits_bits.get("4") == g.op_counts["com.microsoft.MatMulNBits"]
+    assert g.precision_observed == "int4" and not g.has_moe
+    assert g.checker_ok and g.shape_inference_ok and g.forward_ok and g.og_load_ok and not g.problems
+    assert g.logits_shape and g.logits_shape[-1] == json.loads((tiny_qwen3 / "config.json").read_text())["vocab_size"]
+    assert res.output_bytes > 0 and "model.onnx" in res.files and res.duration_s > 0
+    assert res.command[1:4] == ["-m", "onnxruntime_genai.models.builder", "-i"] and "int4" in res.command
+    assert res.versions.get("onnxruntime-genai", res.versions.get("onnxruntime_genai")) == "0.18.0"
+    again = export(tiny_qwen3, ExportOptions(precision="int4", block_size=32, accuracy_level=4), log=print)
+    assert again.cached and again.cache_key == res.cache_key and again.output_dir == res.output_dir
+
+
+def test_broken_graph_is_an_export_defect_naming_the_node(tiny_qwen3, ort_python, tmp_path):
+    res = export(tiny_qwen3, ExportOptions(precision="fp32"), log=print)
+    broken = tmp_path / "broken"
+    shutil.copytree(res.output_dir, broken)
+    # Give the LM head MatMul a weight whose inner dimension disagrees with hidden_size.
+    script = (
+        "import onnx, numpy as np, sys\n"
+        "from onnx import numpy_helper\n"
+        "p = sys.argv[1] + '/model.onnx'\n"
+        "m = onnx.load(p, load_external_data=False)\n"
+        "n = next(n for n in m.graph.node if n.name == '/lm_head/MatMul')\n"
+        "m.graph.initializer.append(numpy_helper.from_array(np.zeros((7, 5), np.float32), 'bakeoff_bad_w'))\n"
+        "n.input[1] = 'bakeoff_bad_w'\n"
+        "onnx.save(m, p)\n")
+    subprocess.run([str(ort_python), "-c", script, str(broken)], check=True)
+    report = inspect_graph(broken, ExportOptions(precision="fp32"))
+    assert not report.forward_ok
+    with pytest.raises(EngineFailure) as ei:
+        raise_for_problems(report)
+    assert ei.value.failure_class == "export-defect"
+    assert "/lm_head/MatMul" in ei.value.message and "MatMul" in ei.value.message
+    problems = json.loads(ei.value.evidence["graph_problems.json"])
+    assert any(p["node"] == "/lm_head/MatMul" for p in problems)
+
+
+def test_refused_architecture_is_unsupported(tmp_path, ort_python):
+    moe = _tiny_checkpoint(tmp_path / "tiny-qwen3-moe", "Qwen3MoeForCausalLM")
+    with pytest.raises(EngineFailure) as ei:
+        export(moe, ExportOptions(precision="int4", moe_quant_type="int4"), log=print)
+    assert ei.value.failure_class == "unsupported-architecture"
+    assert "Qwen3MoeForCausalLM" in ei.value.message and "not currently supported" in ei.value.message
+    assert "NotImplementedError" in ei.value.evidence["builder.log.tail"]
+
+
+def test_builder_lm_head_heuristic_is_caught(tmp_path, ort_python):
+    """vocab_size == hidden_size: the 0.18.0 builder takes in-layer projections for the LM head."""
+    ckpt = _tiny_checkpoint(tmp_path / "vocab-eq-hidden", "Qwen3ForCausalLM", vocab=64, hidden=64)
+    with pytest.raises(EngineFailure) as ei:
+        export(ckpt, ExportOptions(precision="fp32"), log=print)
+    assert ei.value.failure_class == "export-defect"
+    problems = json.loads(ei.value.evidence["graph_problems.json"])
+    assert {p["stage"] for p in problems} >= {"builder", "graph"}  # and the bypassed final norm is a dead node
+
+
+def _reference_greedy(model: Path, prompts: list[str], max_new: int) -> list[list[int]]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    out = []
+    for p in prompts:
+        enc = tok(p, return_tensors="pt")
+        with torch.inference_mode():
+            ids = m.generate(**enc, max_new_tokens=max_new, do_sample=False, temperature=None, top_p=None,
+                             top_k=None, pad_token_id=tok.pad_token_id or tok.eos_token_id)
+        out.append([int(x) for x in ids[0, enc["input_ids"].shape[1]:]])
+    return out
+
+
+async def _collect(backend, **kw):
+    from bakeoff.specs import GenerationRequest
+
+    ids, text, times, finish = [], "", [], None
+    async for ev in backend.stream(GenerationRequest(request_id="t", **kw)):
+        if ev.token_ids:
+            ids += ev.token_ids
+            times.append(ev.t_ns)
+        text += ev.text
+        finish = ev.finish_reason or finish
+    return ids, text, times, finish
+
+
+@pytest.mark.parametrize("batching", ["engine", "generator"])
+def test_backend_streams_and_matches_reference(tiny_qwen3, ort_python, tmp_path, batching):
+    from backends import resolve
+    from bakeoff.specs import BackendConfig
+
+    prompts = _prompts(tiny_qwen3)
+    max_new = 8
+    cls = resolve("ort-genai")
+    b = cls(BackendConfig(backend="ort-genai", model=str(tiny_qwen3), workdir=str(tmp_path),
+                          options={"precision": "fp32", "batching": batching}))
+    try:
+        info = b.start()
+        assert info.engine == "onnxruntime-genai" and info.engine_version == "0.18.0"
+        assert "MatMul" in info.notes["export_ops"] and info.notes["export_command"]
+        assert b.export_result is not None
+        assert json.loads((tmp_path / "export.json").read_text())["cache_key"] == b.export_result.cache_key
+
+        async def run_all():
+            greedy = await asyncio.gather(*[_collect(b, prompt=p, max_tokens=max_new) for p in prompts])
+            sampled = await _collect(b, prompt=prompts[0], max_tokens=max_new, temperature=0.9, top_p=0.9, seed=3)
+            forced = await _collect(b, prompt=prompts[0], max_tokens=24, ignore_eos=True)
+            await b.aclose()
+            return greedy, sampled, forced
+
+        greedy, sampled, forced = asyncio.run(run_all())
+        ref = _reference_greedy(tiny_qwen3, prompts, max_new)
+        for (ids, _text, times, _fin), want in zip(greedy, ref):
+            assert ids == want[:len(ids)] and len(ids) == len(want)
+            assert times == sorted(times)
+        assert sampled[0] and sampled[3] in ("stop", "length")
+        assert len(forced[0]) == 24 and forced[3] == "length"
+    finally:
+        b.stop()
+    assert b.proc is not None and not b.proc.group_alive()
