@@ -194,7 +194,7 @@ def run_task(task_data: dict[str, Any], argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     record["duration_s"] = round(time.monotonic() - t0, 1)
-    record["files"] = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    record["files"] = sorted({str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()} | {JOB_FILE})
     atomic_write_json(out / JOB_FILE, record)
     _log(f"{record['status']} in {record['duration_s']} s" + (f": {record.get('message')}" if record.get("message") else ""))
     try:
