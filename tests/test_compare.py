@@ -84,6 +84,7 @@ def test_same_config_within_noise_and_clear_difference_real(tmp_path):
     assert "real" in cells[3] and "+" in cells[3], rows[0]
     assert "largest KV capacity" in md and "fp8" in md.split("largest KV capacity")[1].splitlines()[0]
     assert "highest aggregate at 8 sessions" in md
+    assert "kv_cache_dtype auto -> fp8: 100,000 -> 200,000 KV tokens (2.00x the KV tokens)" in md
     # the verdict table links each check to its evidence file, relative to the report
     assert "(../art/runs/" in md and "evidence/spec_decode.acceptance/counters.json" in md
     assert "ineffective-option" in md
@@ -92,11 +93,18 @@ def test_same_config_within_noise_and_clear_difference_real(tmp_path):
         assert p.is_file() and p.stat().st_size > 0
 
 
+def test_kv_dtype_with_unchanged_capacity_is_ineffective(tmp_path):
+    a = make_run(tmp_path, "vllm", {"kv_cache_dtype": "auto"}, 1.0, 0.05, seed=1)
+    b = make_run(tmp_path, "vllm", {"kv_cache_dtype": "fp8"}, 1.0, 0.05, seed=2)
+    md = write_compare([a, b], tmp_path / "r")["markdown"].read_text()
+    assert "**ineffective-option**: same KV capacity" in md
+
+
 def test_columns_get_fingerprint_and_distinct_labels(tmp_path):
     a = make_run(tmp_path, "vllm", {}, 1.0, 0.05, seed=1, cpu="CPU A")
     b = make_run(tmp_path, "vllm", {}, 1.0, 0.05, seed=2, cpu="CPU B")
     cols = load_columns([tmp_path / "runs"])
-    assert [c.machine["cpu"] for c in cols] == ["CPU A (2 cores)", "CPU B (2 cores)"]
+    assert sorted(c.machine["cpu"] for c in cols) == ["CPU A (2 cores)", "CPU B (2 cores)"]
     assert len({c.label for c in cols}) == 2
     assert {a, b} == {c.path for c in cols}
 
