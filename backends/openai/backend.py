@@ -136,11 +136,11 @@ class OpenAIBackend(Backend):
                                      "api_key_env": self.options.api_key_env}.items() if v})
         return self.info
 
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+    def stream(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        """The client's own event stream (no extra generator layer on the per-event path)."""
         if self.client is None:
-            raise EngineFailure("load-failure", "openai backend is not started")
-        async for ev in self.client.stream(request):
-            yield ev
+            return _not_started()
+        return self.client.stream(request)
 
     async def aclose(self) -> None:
         if self.client is not None:
@@ -157,6 +157,11 @@ class OpenAIBackend(Backend):
 
     def stop(self) -> None:
         """Nothing to stop: the server is not ours (connections close with their event loop)."""
+
+
+async def _not_started() -> AsyncIterator[TokenEvent]:
+    raise EngineFailure("load-failure", "openai backend is not started")
+    yield  # pragma: no cover - makes this an async generator
 
 
 def load_token_counter(path: str) -> Callable[[str], int]:

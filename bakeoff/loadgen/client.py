@@ -26,6 +26,7 @@ Api = Literal["completions", "chat", "messages"]
 # run_request puts a one-item list here; stream() stores the time its request bytes were written
 # (after the connection was ready), so "TTFT from send" excludes the client's own preparation.
 SENT_NS: contextvars.ContextVar[list | None] = contextvars.ContextVar("bakeoff_sent_ns", default=None)
+_loads = json.JSONDecoder().decode  # str in: skips json.loads' per-call encoding detection
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "messages": "/v1/messages"}
 
 
@@ -158,6 +159,7 @@ class OpenAIClient:
                 raise EngineFailure(cls, f"HTTP {resp.status} from {path}: {text.strip()[:300]}",
                                     {"response.txt": text})
             buf = b""
+            api_is_messages, is_chat = self.api == "messages", self.api == "chat"
             async for t, piece in resp.chunks(self.read_timeout_s):
                 buf = buf + piece if buf else piece
                 if b"\r" in piece:
@@ -176,15 +178,36 @@ class OpenAIClient:
                         done = True
                         continue
                     try:
-                        obj = json.loads(data)
+                        obj = _loads(data.decode("utf-8", "replace"))
                     except ValueError:
                         malformed.append(data[:200].decode("utf-8", "replace"))
                         continue
-                    for ev in self._parse(obj, name, t):
-                        if ev is _STOP:
-                            done = True
+                    if api_is_messages:
+                        for ev in _parse_messages(obj, name, t):
+                            if ev is _STOP:
+                                done = True
+                            else:
+                                yield ev
+                        continue
+                    choices = obj.get("choices")
+                    if choices and len(choices) == 1 and not obj.get("usage"):  # the common case, inline
+                        ch = choices[0]
+                        ids = ch.get("token_ids")
+                        fr = ch.get("finish_reason")
+                        if is_chat:
+                            delta = ch.get("delta") or {}
+                            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                            if reasoning:
+                                yield TokenEvent(t, reasoning, ids, "reasoning")
+                                ids = None
+                            text = delta.get("content") or ""
                         else:
-                            yield ev
+                            text = ch.get("text") or ""
+                        if text or ids or fr:
+                            yield TokenEvent(t, text, ids, "text", fr)
+                        continue
+                    for ev in self._parse(obj, name, t):
+                        yield ev
                 if done:
                     break
         except TransportError as exc:

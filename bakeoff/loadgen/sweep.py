@@ -20,19 +20,11 @@ from bakeoff.loadgen.stats import summarize
 from bakeoff.specs import GenerationRequest, RequestRecord
 
 
-def _spread(n_tokens: int, weights: list[int]) -> list[int]:
-    """Split ``n_tokens`` over events in proportion to ``weights`` (largest remainder, >= 1 each)."""
-    e = len(weights)
-    if n_tokens <= e:
-        return [1] * e
-    w = np.maximum(np.asarray(weights, dtype=np.float64), 1.0)
-    base = np.ones(e, dtype=np.int64)
-    share = (n_tokens - e) * w / w.sum()
-    base += np.floor(share).astype(np.int64)
-    rest = n_tokens - int(base.sum())
-    if rest:
-        base[np.argsort(-(share - np.floor(share)), kind="stable")[:rest]] += 1
-    return base.tolist()
+def _spread(n_tokens: int, n_events: int) -> list[int]:
+    """Split ``n_tokens`` evenly over ``n_events`` events (servers that batch tokens send a fixed
+    number per event: vLLM's ``stream_interval``); the remainder goes to the first events."""
+    base, rest = divmod(n_tokens, n_events)
+    return [base + (1 if i < rest else 0) for i in range(n_events)]
 
 
 async def run_request(backend, req: GenerationRequest, session: int = 0, scheduled_ns: int | None = None,
@@ -48,8 +40,7 @@ async def run_request(backend, req: GenerationRequest, session: int = 0, schedul
     Per-token times: an event carrying k tokens (k from its token ids, else from
     ``count_tokens`` on its text) contributes k entries to ``token_times_ns`` with its arrival
     time, so ITL is per token (k - 1 zero gaps). When neither is known and usage reports more
-    tokens than events, usage's count is spread over the events in proportion to their text
-    length. Reasoning (thinking) events are output tokens too, counted apart in
+    tokens than events, usage's count is spread evenly over the events. Reasoning (thinking) events are output tokens too, counted apart in
     ``reasoning_tokens``; their text is not in ``output_text``.
 
     Args:
@@ -102,7 +93,7 @@ def _account(rec: RequestRecord, evs: list, usage_p, usage_c, count_tokens) -> N
     elif count_tokens is not None:
         ks = [max(1, count_tokens(ev.text)) for ev in evs]
     elif usage_c is not None and usage_c > len(evs) and rec.status == "ok":
-        ks = _spread(usage_c, [len(ev.text) for ev in evs])
+        ks = _spread(usage_c, len(evs))
     else:
         ks = [1] * len(evs)
     times: list[int] = []
