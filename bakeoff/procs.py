@@ -22,6 +22,17 @@ SIGNAL_MEANING = {
 }
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM when the parent dies (Linux PR_SET_PDEATHSIG), so
+    an engine does not outlive a bakeoff that was SIGKILLed."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:
@@ -78,6 +89,7 @@ class ManagedProcess:
             env=env,
             cwd=cwd,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         self.pgid = self.popen.pid
         self.last_output_ns = time.monotonic_ns()

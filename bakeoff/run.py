@@ -70,6 +70,8 @@ class CheckScope:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is not None and not isinstance(exc, Exception):
+            return False  # Ctrl-C / SIGTERM: the check did not complete; a resumed run redoes it
         status, fclass, summary = "pass", None, self.summary or "ok"
         if isinstance(exc, CheckFailed):
             status, fclass, summary = "fail", exc.failure_class, exc.summary

@@ -92,6 +92,7 @@ class Verdict(Spec):
     fingerprint: dict[str, Any] = Field(default_factory=dict)
     started_at: str = Field(default_factory=utc_now)
     finished_at: str | None = None
+    resumed: int = 0
 
 
 def decide(checks: list[Check], finished: bool) -> tuple[RunStatus, list[str]]:

@@ -72,6 +72,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--start-timeout", type=float, default=420.0, help="seconds allowed for the engine to start")
     g.addoption("--progress-timeout", type=float, default=120.0,
                 help="seconds without a byte from the engine before a request is a hang")
+    g.addoption("--resume", default=None, metavar="RUN_DIR",
+                help="continue a cut-off run: same backend, model and options; completed checks are kept")
     g.addoption("--requests-log", action="store_true", help="write every request to requests.jsonl")
     g.addoption("--repeats", type=int, default=1, help="measure each sweep point this many times (noise estimate)")
 
@@ -97,15 +99,51 @@ def _settings(config: pytest.Config) -> Settings:
                     start_timeout_s=o("--start-timeout"), progress_timeout_s=o("--progress-timeout"), requests_log=o("--requests-log"), backend_cls=cls)
 
 
+def _load_resume(config: pytest.Config) -> tuple[RunDir, Verdict]:
+    """Read a cut-off run and make its settings this session's.
+
+    Raises:
+        UserError: not a run directory, unreadable, or already finished.
+    """
+    path = Path(config.getoption("--resume"))
+    try:
+        meta = json.loads((path / "run.json").read_text())
+        verdict = Verdict.model_validate_json((path / "verdict.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot resume {path}: {exc.__class__.__name__}: {str(exc)[:120]}; pass a run directory "
+                        "written by bakeoff (it holds run.json and verdict.json)") from None
+    if verdict.finished_at is not None:
+        raise UserError(f"run {path.name} finished ({verdict.status}); nothing to resume")
+    config.option.backend = meta["backend"]
+    config.option.model = meta["model"]
+    config.option.backend_opt = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in meta["options"].items()]
+    config.option.profile = meta["profile"]
+    config.option.artifacts = str(path.parent.parent)
+    verdict.checks = [c for c in verdict.checks if c.status != "error" and c.name != "load"]
+    verdict.resumed = (verdict.resumed or 0) + 1
+    return RunDir(path), verdict
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "check(name): the verdict check this test records")
     if not hasattr(config.option, "backend") or config.option.help or config.option.collectonly:
         return
     try:
-        s = _settings(config)
-        rundir = RunDir.create(s.artifacts, s.backend, s.model.label)
+        if config.getoption("--resume"):
+            rundir, verdict = _load_resume(config)
+            s = _settings(config)
+        else:
+            s = _settings(config)
+            rundir = RunDir.create(s.artifacts, s.backend, s.model.label)
+            verdict = None
     except UserError as exc:
         raise pytest.UsageError(str(exc)) from None
+    _sigterm_as_interrupt()
+    if verdict is not None:
+        config.stash[KEY_SETTINGS] = s
+        config.stash[KEY_RUN] = RunContext(rundir, verdict)
+        config.stash[KEY_ENGINE] = {}
+        return
     verdict = Verdict(run_id=rundir.run_id, backend=s.backend, model=s.model.label, model_path=s.model.path,
                       options=s.options, profile=s.profile, fingerprint=fingerprint(argv=sys.argv))
     rundir.write_json("run.json", {"run_id": rundir.run_id, "backend": s.backend, "model": s.model.label,
@@ -119,6 +157,19 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[KEY_ENGINE] = {}
 
 
+def _sigterm_as_interrupt() -> None:
+    """SIGTERM (CI timeout, machine shutdown) ends the session like Ctrl-C: engines are
+    stopped and the verdict says ``incomplete`` with everything measured so far."""
+    import signal
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (pytester in-process): leave it
+        pass
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     run = config.stash.get(KEY_RUN, None)
     return [f"bakeoff run: {run.dir.path}"] if run else []
@@ -129,6 +180,13 @@ def pytest_collection_modifyitems(session, config, items) -> None:
         mod = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
         return MODULE_ORDER.index(mod) if mod in MODULE_ORDER else len(MODULE_ORDER)
     items.sort(key=key)
+    run = config.stash.get(KEY_RUN, None)
+    if run is not None and config.getoption("--resume"):
+        for item in items:
+            marker = item.get_closest_marker("check")
+            done = run.get(marker.args[0]) if marker else None
+            if done is not None:
+                item.add_marker(pytest.mark.skip(reason=f"completed before the resume: {done.status}"))
 
 
 @pytest.hookimpl(wrapper=True)
