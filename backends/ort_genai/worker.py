@@ -65,18 +65,21 @@ class OrtGenaiEngine:
             config.append_provider(ep)
         self.model = og.Model(config)
         self.notes: dict[str, str] = {}
+        src = options.get("source_model") or model_dir
+        reason = None
         try:
             self.tokenizer = og.Tokenizer(self.model)
-            self.og_tokenizer = True
-            self.tokenizer_source = "og.Tokenizer (export folder)"
+            reason = self._tokenizer_disagreement(os.path.join(src, "tokenizer.json"))
         except Exception as exc:  # noqa: BLE001 - e.g. "Unsupported tokenizer class: Qwen3_5Tokenizer"
+            reason = f"og.Tokenizer refused the export's tokenizer: {exc}"
+        self.og_tokenizer = reason is None
+        self.tokenizer_source = "og.Tokenizer (export folder)"
+        if reason is not None:
             from tokenizers import Tokenizer
 
-            src = options.get("source_model") or model_dir
             self.tokenizer = Tokenizer.from_file(os.path.join(src, "tokenizer.json"))
-            self.og_tokenizer = False
             self.tokenizer_source = f"tokenizers ({src}/tokenizer.json)"
-            self.notes["tokenizer_fallback"] = f"og.Tokenizer refused the export's tokenizer: {exc}"
+            self.notes["tokenizer_fallback"] = reason
         import json
 
         with open(os.path.join(model_dir, "genai_config.json")) as fh:
@@ -109,6 +112,26 @@ class OrtGenaiEngine:
         }
         if self.engine is not None:
             self._info["engine_max_batch_size"] = self._caps
+
+    PROBE_TEXTS = ("count: 15 16 17 18", "copy: hgd hcd =>", "Hello, world! 123", "a=1; b=2\nc")
+
+    def _tokenizer_disagreement(self, hf_path: str) -> str | None:
+        """Why og.Tokenizer cannot be trusted, or None: it must encode like the checkpoint's tokenizer.json.
+
+        Seen on 0.18.0: a character-level BPE ``tokenizer.json`` without pre-tokenizer encodes
+        " " to id -1 in og.Tokenizer while ``tokenizers`` gives its vocabulary id.
+        """
+        if not os.path.isfile(hf_path):
+            return None
+        from tokenizers import Tokenizer
+
+        hf = Tokenizer.from_file(hf_path)
+        for text in self.PROBE_TEXTS:
+            a = [int(t) for t in self.tokenizer.encode(text)]
+            b = list(hf.encode(text).ids)
+            if a != b:
+                return f"og.Tokenizer encodes {text!r} as {a[:16]} but tokenizer.json as {b[:16]}"
+        return None
 
     # -- WorkerEngine protocol -----------------------------------------------------------
     def info(self) -> dict[str, Any]:
