@@ -28,7 +28,12 @@ SWEEP_METRICS = [  # (title, point key, higher is better, digits)
     ("Per-session output tok/s", "per_session_output_tokens_per_s", True, 1),
     ("TTFT p50 ms", "ttft_p50_ms", False, 1),
     ("TTFT p99 ms", "ttft_p99_ms", False, 1),
+    # GPU runs only (bakeoff/roofline.py, bakeoff/telemetry.py); tables with no value are left out
+    ("% of the decode roofline (bound kind)", "pct_of_bound", True, 1),
+    ("Energy per output token J", "joules_per_output_token", False, 4),
+    ("GPU mean power W", "gpu_power_mean_w", False, 0),
 ]
+OPTIONAL_SWEEP_KEYS = {"pct_of_bound", "joules_per_output_token", "gpu_power_mean_w"}
 MEASUREMENTS = [  # (row title, check, value key, higher is better, digits)
     ("KV cache tokens", "capacity.kv_cache", "kv_cache_tokens", True, 0),
     ("stated max concurrency (x)", "capacity.kv_cache", "max_concurrency", True, 1),
@@ -43,6 +48,9 @@ MEASUREMENTS = [  # (row title, check, value key, higher is better, digits)
     ("agents TTFT warm p50 ms", "agents.multiturn", "ttft_warm_p50_ms", False, 1),
     ("agents prefix-cache hit rate", "agents.multiturn", "prefix_cache_hit_rate", True, 3),
     ("needles found", "needles.retrieval", "found", True, 0),
+    ("energy per output token J (sweep)", "throughput.sweep", "joules_per_output_token", False, 4),
+    ("GPU mean power W (sweep)", "telemetry.gpu", "power_mean_w", False, 0),
+    ("GPU SM utilisation % (sweep)", "telemetry.gpu", "sm_util_mean_pct", True, 0),
 ]
 
 
@@ -71,6 +79,7 @@ class Column:
             "gpu": ", ".join(g.get("name", "?") for g in gpus) or "none",
             "memory": f"{fp.get('memory_gib')} GiB" if fp.get("memory_gib") else "?",
             "driver": fp.get("cuda_driver") or "–",
+            "cuda": fp.get("cuda_version") or "–",
             "host": fp.get("hostname") or "?",
         }
         ev = fp.get("engine_versions") or {}
@@ -160,6 +169,7 @@ def fingerprint_table(cols: list[Column]) -> dict[str, Any]:
         [cell("GPU")] + [cell(c.machine["gpu"]) for c in cols],
         [cell("memory")] + [cell(c.machine["memory"]) for c in cols],
         [cell("driver")] + [cell(c.machine["driver"]) for c in cols],
+        [cell("CUDA")] + [cell(c.machine["cuda"]) for c in cols],
         [cell("engine")] + [cell(c.engine) for c in cols],
         [cell("engine packages")] + [cell(c.engine_versions or "–") for c in cols],
         [cell("options")] + [cell(", ".join(f"{k}={json.dumps(v) if isinstance(v, dict) else v}"
@@ -197,6 +207,8 @@ def sweep_tables(cols: list[Column], base: int) -> list[dict[str, Any]]:
     sessions = sorted({n for c in cols for n in c.points})
     out = []
     for title, key, higher, digits in SWEEP_METRICS:
+        if key in OPTIONAL_SWEEP_KEYS and not any(p.get(key) is not None for c in cols for p in c.points.values()):
+            continue
         rows = []
         for n in sessions:
             row = [cell(str(n))]
@@ -206,7 +218,7 @@ def sweep_tables(cols: list[Column], base: int) -> list[dict[str, Any]]:
                 if p is None or p.get(key) is None:
                     row.append(cell("–"))
                     continue
-                val = fmt(p[key], digits)
+                val = fmt(p[key], digits) + (f" ({p['bound_kind']})" if key == "pct_of_bound" and p.get("bound_kind") else "")
                 if i == base:
                     row.append(cell(f"{val} (baseline)"))
                     continue
@@ -264,7 +276,7 @@ def recommendations(cols: list[Column]) -> list[dict[str, str]]:
     note = "" if any(c.status == "qualified" for c in cols) else " (no run qualified: among all runs)"
     recs = []
 
-    def best(objective: str, key_fn, unit: str, higher: bool = True, tie_vals=None):
+    def best(objective: str, key_fn, unit: str, higher: bool = True, tie_vals=None, digits: int = 1):
         scored = [(key_fn(c), c) for c in pool]
         scored = [(s, c) for s, c in scored if s is not None]
         if not scored:
@@ -272,7 +284,7 @@ def recommendations(cols: list[Column]) -> list[dict[str, str]]:
             return
         scored.sort(key=lambda t: t[0], reverse=higher)
         s, c = scored[0]
-        why = f"{fmt(s, 1)} {unit}{note}"
+        why = f"{fmt(s, digits)} {unit}{note}"
         if len(scored) > 1 and tie_vals is not None:
             d = noise_compare(tie_vals(scored[1][1]), tie_vals(c))
             if d is not None and d.call == "within noise":
@@ -281,7 +293,8 @@ def recommendations(cols: list[Column]) -> list[dict[str, str]]:
 
     best("fastest single session", lambda c: (c.points.get(1) or {}).get("output_tokens_per_s"),
          "output tok/s at 1 session", tie_vals=lambda c: c.repeats(1, "output_tokens_per_s"))
-    common = set.intersection(*(set(c.points) for c in pool)) if pool else set()
+    measured = [c for c in pool if c.points]  # a run refused at start has no sweep
+    common = set.intersection(*(set(c.points) for c in measured)) if measured else set()
     if common:
         n = max(common)
         best(f"highest aggregate at {n} sessions (largest common)",
@@ -290,7 +303,7 @@ def recommendations(cols: list[Column]) -> list[dict[str, str]]:
     else:
         recs.append({"objective": "highest aggregate at the largest common session count", "run": "–",
                      "why": "the runs share no session count"})
-    best("largest KV capacity", lambda c: c.info.get("kv_cache_tokens"), "KV cache tokens")
+    best("largest KV capacity", lambda c: c.info.get("kv_cache_tokens"), "KV cache tokens", digits=0)
     return recs
 
 
@@ -325,7 +338,12 @@ def findings(cols: list[Column]) -> list[str]:
                                f"{ka:,} -> {kb:,} KV tokens ({verdict}) [{a.run_id} vs {b.run_id}]")
             elif key == "speculative_config":
                 off, on = (a, b) if not a.options.get(key) else (b, a)
-                if on.options.get(key) and not off.options.get(key):
+                refused = (on.checks.get("load") or {}).get("status") not in (None, "pass")
+                if refused:
+                    ld = on.checks["load"]
+                    out.append(f"speculative decoding {_short(on.options[key])}: refused at start "
+                               f"({ld.get('failure_class')}: {(ld.get('summary') or '')[:160]}) [{on.run_id}]")
+                elif on.options.get(key) and not off.options.get(key):
                     dt, _ = delta_text(off.repeats(1, "output_tokens_per_s"), on.repeats(1, "output_tokens_per_s"), True)
                     acc = on.value("spec_decode.acceptance", "mean_acceptance_length")
                     out.append(f"speculative decoding {_short(on.options[key])}: single-session output tok/s "
@@ -366,7 +384,7 @@ def render_markdown(data: dict[str, Any], out_dir: Path, images: dict[str, str])
     parts += [f"| {r['objective']} | {r['run']} | {r['why']} |" for r in data["recommendations"]]
     if data["findings"]:
         parts.append("\n## Option effects (runs one option apart)\n")
-        parts += [f"- {f}" for f in data["findings"]]
+        parts += [f"- {f}" for f in data["findings"]] + [""]
     parts.append("\n## Machines and configs\n\n" + md_table(data["fingerprint"], out_dir))
     parts.append("## Verdicts\n\n" + md_table(data["verdicts"], out_dir))
     parts.append("## Throughput and latency\n")

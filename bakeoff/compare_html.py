@@ -77,6 +77,15 @@ def _series(col, key: str) -> tuple[list[int], list[float], list[float], list[fl
     return xs, ys, lo, hi
 
 
+def _session_ticks(ax, cols) -> None:
+    """Session counts as plain tick labels on a log axis (no minor labels)."""
+    from matplotlib.ticker import NullFormatter
+
+    ns = sorted({n for c in cols for n in c.points})
+    ax.set_xticks(ns, labels=[str(n) for n in ns])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def write_plots(cols, out_dir: Path) -> dict[str, str]:
     """Write the PNG plots; returns ``{name: file name}`` (empty without matplotlib or data).
 
@@ -98,7 +107,7 @@ def write_plots(cols, out_dir: Path) -> dict[str, str]:
                 ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=c.label)
         ax.set(xscale="log", xlabel="concurrent sessions", ylabel="aggregate output tok/s",
                title="Aggregate output throughput vs sessions")
-        ax.set_xticks(sorted({n for c in cols for n in c.points}), labels=[str(n) for n in sorted({n for c in cols for n in c.points})])
+        _session_ticks(ax, cols)
         ax.grid(alpha=.3)
         ax.legend(fontsize=7)
         fig.tight_layout()
@@ -112,6 +121,7 @@ def write_plots(cols, out_dir: Path) -> dict[str, str]:
                 if xs:
                     ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=c.label)
             ax.set(xscale="log", xlabel="concurrent sessions", ylabel="ms", title=f"{title} vs sessions")
+            _session_ticks(ax, cols)
             ax.grid(alpha=.3)
         axes[0].legend(fontsize=7)
         fig.tight_layout()
