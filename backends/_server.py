@@ -110,9 +110,9 @@ class ChildServerBackend(Backend):
         while True:
             code = self.proc.poll()
             if code is not None:
-                raise EngineFailure("load-failure", f"{self.name} {describe_exit(code)} during start: "
-                                    f"{last_error_line(self.proc.tail(200))}",
-                                    {"engine.log.tail": self.proc.tail(120), "command.txt": " ".join(cmd)})
+                raise cuda_evidence(EngineFailure(
+                    "load-failure", f"{self.name} {describe_exit(code)} during start: {last_error_line(self.proc.tail(200))}",
+                    {"engine.log.tail": self.proc.tail(120), "command.txt": " ".join(cmd)}), self.proc.tail(300), "start")
             if self._is_ready():
                 break
             if time.monotonic() > deadline:
@@ -145,9 +145,11 @@ class ChildServerBackend(Backend):
                 yield ev
         except EngineFailure as exc:
             if self.proc is not None and not self.proc.alive():
-                raise EngineFailure("runtime-crash", f"{self.name} {describe_exit(self.proc.poll())} while serving: "
-                                    f"{last_error_line(self.proc.tail(200))}",
-                                    {"engine.log.tail": self.proc.tail(120), "client_error.txt": exc.message}) from None
+                raise cuda_evidence(EngineFailure(
+                    "runtime-crash", f"{self.name} {describe_exit(self.proc.poll())} while serving: "
+                    f"{last_error_line(self.proc.tail(200))}",
+                    {"engine.log.tail": self.proc.tail(120), "client_error.txt": exc.message}),
+                    exc.message + "\n" + self.proc.tail(300), "serving") from None
             if self.proc is not None and exc.failure_class == "hang":
                 exc.evidence.setdefault("stacks.txt", self.proc.dump_stacks())
                 exc.evidence.setdefault("engine.log.tail", self.proc.tail(120))
@@ -156,6 +158,7 @@ class ChildServerBackend(Backend):
                 cause = last_error_line(self.proc.tail(300))
                 exc.message = f"{exc.message} | engine log: {cause}"
                 exc.evidence.setdefault("engine.log.tail", self.proc.tail(120))
+                cuda_evidence(exc, exc.message + "\n" + self.proc.tail(300), "serving")
             raise
 
     async def aclose(self) -> None:
@@ -182,6 +185,22 @@ WRAPPER_HINTS = ("See stack trace", "check the stack trace", "EngineDeadError", 
 OTHER_MARKERS = ("CUDA error", "out of memory", "Killed", "Segmentation fault", "core dumped")
 
 
+def cuda_evidence(exc: EngineFailure, text: str, phase: str) -> EngineFailure:
+    """Attach a CUDA failure named in ``text`` (:mod:`bakeoff.cuda_errors`) to ``exc``: its class
+    for the phase (``load-failure`` at start, ``runtime-crash`` while serving) unless ``exc``
+    already names a hang, and ``cuda_error.json`` with the line as evidence. Returns ``exc``."""
+    from bakeoff.cuda_errors import classify, describe
+
+    err = classify(text, "start" if phase == "start" else "serving")
+    if err is not None:
+        if exc.failure_class != "hang":
+            exc.failure_class = err.failure_class
+        if err.line not in exc.message:
+            exc.message = f"{exc.message} | {describe(err)}"
+        exc.evidence["cuda_error.json"] = err.model_dump_json(indent=2)
+    return exc
+
+
 def last_error_line(log: str) -> str:
     """The root cause in a log tail.
 
@@ -191,6 +210,11 @@ def last_error_line(log: str) -> str:
     the last line. The engine's log prefix (``(Worker pid=1) ERROR 11-30 ... [file.py:12]``)
     is kept: it says which process failed.
     """
+    from bakeoff.cuda_errors import classify
+
+    cuda = classify(log)
+    if cuda is not None and cuda.kind != "cuda-error":  # OOM, illegal access, assert, NCCL: the root cause
+        return cuda.line
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
     exc = [ln for ln in lines if EXC_LINE.search(ln) and "Traceback" not in ln]
     root = [ln for ln in exc if not any(h in ln for h in WRAPPER_HINTS)]

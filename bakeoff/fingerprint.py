@@ -47,6 +47,16 @@ def gpus() -> list[dict[str, str]]:
     return rows
 
 
+def _gpu_details() -> dict[str, Any]:
+    """NVML's view (CUDA version, power limit, clocks, links) and ``nvidia-smi topo -m``; {} without a GPU."""
+    from bakeoff.telemetry import static_info, topology
+
+    info = static_info()
+    if "unavailable" in info:
+        return {}
+    return {"cuda_version": info.get("cuda_version"), "gpu_nvml": info, "gpu_topology": topology()}
+
+
 def git_sha(repo: Path) -> str:
     return _cmd(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"]) or "unknown"
 
@@ -78,6 +88,7 @@ def fingerprint(engine_versions: dict[str, str] | None = None, argv: list[str] |
         "memory_gib": mem_gib,
         "gpus": gpus(),
         "cuda_driver": (gpus() or [{}])[0].get("driver"),
+        **_gpu_details(),
         "python": sys.version.split()[0],
         "bakeoff_git_sha": git_sha(REPO_ROOT),
         "engine_versions": dict(sorted((engine_versions or {}).items())),

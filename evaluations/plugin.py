@@ -57,6 +57,7 @@ class Settings:
 KEY_SETTINGS = pytest.StashKey[Settings]()
 KEY_RUN = pytest.StashKey[RunContext]()
 KEY_ENGINE = pytest.StashKey[dict]()
+KEY_TELEMETRY = pytest.StashKey[object]()  # a started bakeoff.telemetry.GpuSampler, or the reason there is none
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -139,6 +140,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except UserError as exc:
         raise pytest.UsageError(str(exc)) from None
     _sigterm_as_interrupt()
+    config.stash[KEY_TELEMETRY] = _start_telemetry(rundir)
     if verdict is not None:
         config.stash[KEY_SETTINGS] = s
         config.stash[KEY_RUN] = RunContext(rundir, verdict)
@@ -155,6 +157,39 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("BAKEOFF_RUN_FILE"):  # tells `bakeoff qualify` where this run is
         Path(os.environ["BAKEOFF_RUN_FILE"]).write_text(str(rundir.path.resolve()))
     config.stash[KEY_ENGINE] = {}
+
+
+def _start_telemetry(rundir: RunDir):
+    """GPU sampler (200 ms) writing ``evidence/telemetry/gpu.jsonl`` on CUDA hosts, else the reason."""
+    from bakeoff.telemetry import GpuSampler, load_nvml
+
+    nvml, reason = load_nvml()
+    if nvml is None:
+        return reason
+    return GpuSampler(rundir.path / "evidence" / "telemetry" / "gpu.jsonl", nvml=nvml).start()
+
+
+def _record_telemetry(config: pytest.Config, run: RunContext) -> None:
+    """The ``telemetry.gpu`` check: the session's GPU summary and the sweep's (skip on CPU hosts)."""
+    from bakeoff.verdict import Check
+
+    sampler = config.stash.get(KEY_TELEMETRY, None)
+    if sampler is None or isinstance(sampler, str):
+        run.record(Check(name="telemetry.gpu", status="skip", summary=sampler or "no NVIDIA GPU"))
+        return
+    sampler.stop()
+    values = {"session": sampler.summary(), "interval_s": sampler.interval_s}
+    sweep = run.get("throughput.sweep")
+    win = (sweep.values.get("gpu") or {}) if sweep else {}
+    values.update({k: win.get(k) for k in ("energy_j", "joules_per_output_token", "power_mean_w", "sm_util_mean_pct")
+                   if win.get(k) is not None})
+    s = values["session"]
+    run.record(Check(name="telemetry.gpu", status="pass", values=values, evidence=["evidence/telemetry/gpu.jsonl"],
+                     summary=f"{s.get('samples')} samples: SM {s.get('sm_util_mean_pct')}% mean, power "
+                             f"{s.get('power_mean_w')} W mean / {s.get('power_max_w')} W max, memory "
+                             f"{s.get('mem_used_max_mib')} MiB max"
+                             + (f"; {win['joules_per_output_token']} J/token over the sweep"
+                                if win.get("joules_per_output_token") else "")))
 
 
 def _sigterm_as_interrupt() -> None:
@@ -215,6 +250,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     if backend is not None:
         backend.stop()
     interrupted = exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR) or session.shouldstop
+    _record_telemetry(config, run)
     verdict = run.finish(finished=not interrupted and bool(run.verdict.checks))
     line = f"bakeoff verdict: {verdict.status} ({verdict.backend} on {verdict.model}) -> {run.dir.path}/verdict.json"
     tr = config.pluginmanager.get_plugin("terminalreporter")
@@ -236,6 +272,13 @@ def settings(pytestconfig) -> Settings:
 @pytest.fixture(scope="session")
 def run(pytestconfig, settings) -> RunContext:
     return pytestconfig.stash[KEY_RUN]
+
+
+@pytest.fixture(scope="session")
+def gpu_telemetry(pytestconfig):
+    """The session's GPU sampler (:class:`bakeoff.telemetry.GpuSampler`), None on hosts without one."""
+    sampler = pytestconfig.stash.get(KEY_TELEMETRY, None)
+    return None if sampler is None or isinstance(sampler, str) else sampler
 
 
 @pytest.fixture(scope="session")

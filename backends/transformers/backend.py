@@ -6,6 +6,8 @@ import json
 import sys
 from typing import Literal
 
+from pydantic import Field
+
 from backends._server import ChildServerBackend
 from bakeoff.envs import child_env
 from bakeoff.procs import free_port
@@ -19,11 +21,23 @@ class TransformersOptions(Spec):
         device: ``auto`` picks CUDA when present, else CPU.
         dtype: weights dtype; ``auto`` keeps the checkpoint's.
         trust_remote_code: off unless the user turns it on (recorded in the verdict).
+        batching: ``none`` serves one ``generate`` at a time (the reference); ``continuous``
+            serves concurrent requests through transformers' ContinuousBatchingManager
+            (paged KV cache, greedy requests only). When it is unavailable or fails its
+            warm-up the worker falls back to ``none`` and records why (``batching_fallback``).
+        kv_memory_fraction: continuous batching: share of free GPU memory for the paged KV
+            cache (transformers' ``max_memory_percent``; default its own, 0.9).
+        gpu_headroom_gib: testing: once the model is loaded, the worker holds all free GPU
+            memory but this many GiB (emulates a co-tenant; ``0`` provokes CUDA out-of-memory
+            while serving). Ignored on CPU.
     """
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     trust_remote_code: bool = False
+    batching: Literal["none", "continuous"] = "none"
+    kv_memory_fraction: float | None = Field(None, gt=0, le=0.95)
+    gpu_headroom_gib: float | None = Field(None, ge=0)
 
 
 class TransformersBackend(ChildServerBackend):
@@ -53,8 +67,13 @@ class TransformersBackend(ChildServerBackend):
             device=info.get("device", "cpu"), max_model_len=info.get("max_model_len"),
             launch_command=self.launch_cmd, base_url=self.base_url, served_model=self.config.model,
             startup_s=round(startup_s, 2),
+            kv_cache_tokens=info.get("kv_cache_tokens"),
             notes={"dtype": str(info.get("dtype")), "torch": str(info.get("torch_version")),
                    "trust_remote_code": str(info.get("trust_remote_code")),
-                   "scheduling": "one request at a time (reference, not a batching server)"},
+                   "scheduling": ("continuous batching (transformers ContinuousBatchingManager, paged KV cache)"
+                                  if info.get("batching") == "continuous"
+                                  else "one request at a time (reference, not a batching server)"),
+                   **{k: str(info[k]) for k in ("batching", "batching_fallback", "attn_implementation",
+                                                "gpu_headroom_held_gib") if info.get(k) is not None}},
         )
         return self.info

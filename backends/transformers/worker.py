@@ -1,7 +1,9 @@
 """Worker process: transformers ``generate`` behind the OpenAI completions API.
 
-Runs in bakeoff's own environment (torch + transformers). One generation at a time: the
-reference is for correctness; its throughput is measured and reported as what it is.
+Runs in bakeoff's own environment (torch + transformers). By default one generation at a
+time: the reference is for correctness; its throughput is measured and reported as what it
+is. With ``batching=continuous`` concurrent requests share transformers' continuous batching
+manager (:mod:`backends.transformers.batching`), the serving-style mode.
 Run as ``python -m backends.transformers.worker --model M --port P --ready-file F``.
 """
 
@@ -39,14 +41,27 @@ class TransformersEngine:
         self.model.to(device).eval()
         self.device = device
         self.lock = threading.Lock()
+        self.held: list = []  # gpu_headroom_gib: memory held to emulate a co-tenant
+        headroom = options.get("gpu_headroom_gib")
+        held_gib = hold_gpu_memory(torch, float(headroom), self.held) if headroom is not None and device == "cuda" else None
         self._info = {
             "engine": "transformers", "engine_version": transformers.__version__,
             "torch_version": torch.__version__, "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
             "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
             "max_model_len": getattr(self.model.config, "max_position_embeddings", None),
-            "trust_remote_code": trust,
+            "trust_remote_code": trust, "batching": "none", "gpu_headroom_held_gib": held_gib,
+            "attn_implementation": getattr(self.model.config, "_attn_implementation", None),
         }
         self.n_generated = 0
+        self.batcher = None
+        if options.get("batching") == "continuous":
+            from backends.transformers.batching import start_batcher
+
+            self.batcher, reason = start_batcher(self, options)
+            if self.batcher is not None:
+                self._info.update(self.batcher.info())
+            else:
+                self._info["batching_fallback"] = reason
 
     def info(self) -> dict[str, Any]:
         return self._info
@@ -58,6 +73,10 @@ class TransformersEngine:
         return len(self.tokenizer(prompt)["input_ids"])
 
     async def generate(self, body: dict[str, Any]):
+        if self.batcher is not None:
+            async for item in self.batcher.generate(body):
+                yield item
+            return
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         thread = threading.Thread(target=self._run, args=(body, loop, queue), daemon=True)
@@ -122,6 +141,28 @@ class TransformersEngine:
             put(None)
         except BaseException as exc:  # surfaced to the client as an error event
             put(exc)
+
+
+def hold_gpu_memory(torch, headroom_gib: float, held: list) -> float:
+    """Allocate free GPU memory into ``held`` until only ``headroom_gib`` GiB stay free.
+
+    Chunks of 1 GiB, then halves down to 2 MiB, so that fragmentation does not stop early.
+
+    Returns:
+        GiB held.
+    """
+    free, _ = torch.cuda.mem_get_info()
+    target = free - int(headroom_gib * 2**30)
+    chunk, got = 2**30, 0
+    while target - got > 0 and chunk >= 2**21:
+        n = min(chunk, target - got)
+        try:
+            held.append(torch.empty(n, dtype=torch.uint8, device="cuda"))
+            got += n
+        except torch.OutOfMemoryError:
+            chunk //= 2
+    print(f"gpu_headroom_gib={headroom_gib}: holding {got / 2**30:.2f} GiB of GPU memory", flush=True)
+    return round(got / 2**30, 2)
 
 
 def main() -> None:
