@@ -73,13 +73,14 @@ def worker_rates(model: Path, precision: str, batching: str, prompt: str, tokens
             async def go() -> list[float]:
                 rates = []
                 for r in range(runs + 1):
-                    times = []
+                    times, counts = [], []
                     req = GenerationRequest(request_id=str(r), prompt=prompt, max_tokens=tokens, ignore_eos=True)
                     async for ev in b.stream(req):
-                        if ev.token_ids:
+                        if ev.token_ids:  # an event may carry several tokens (coalesced)
                             times.append(ev.t_ns)
+                            counts.append(len(ev.token_ids))
                     if r:
-                        rates.append((len(times) - 1) / ((times[-1] - times[0]) / 1e9))
+                        rates.append((sum(counts) - counts[0]) / ((times[-1] - times[0]) / 1e9))
                 await b.aclose()
                 return rates
 

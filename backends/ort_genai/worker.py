@@ -161,13 +161,25 @@ class OrtGenaiEngine:
             self.wake.set()
         else:
             threading.Thread(target=self._run_generator, args=(body, put), daemon=True).start()
+        pending = None
         while True:
-            item = await out.get()
+            item = pending if pending is not None else await out.get()
+            pending = None
             if isinstance(item, BaseException):
                 raise item
             if item is None:
                 break
-            yield item
+            # Coalesce tokens that arrived while the previous event was being written: one
+            # SSE event per batch, token_ids listing each token (the engine outruns HTTP on
+            # tiny models; counts stay exact, timestamps are delivery times).
+            ids, text, finish = item
+            while finish is None and not out.empty():
+                nxt = out.get_nowait()
+                if isinstance(nxt, BaseException) or nxt is None or nxt[2] is not None:
+                    pending = nxt
+                    break
+                ids, text = ids + nxt[0], text + nxt[1]
+            yield (ids, text, finish)
 
     # -- generator scheduler -------------------------------------------------------------
     def _run_generator(self, body: dict[str, Any], put) -> None:
