@@ -20,7 +20,7 @@ from typing import Any
 
 from bakeoff.artifacts import atomic_write_text, list_runs
 from bakeoff.errors import UserError
-from bakeoff.noise import compare as noise_compare
+from bakeoff.noise import bootstrap_mean, compare as noise_compare
 from bakeoff.report import fmt, load_run
 
 SWEEP_METRICS = [  # (title, point key, higher is better, digits)
@@ -219,6 +219,9 @@ def sweep_tables(cols: list[Column], base: int) -> list[dict[str, Any]]:
                     row.append(cell("–"))
                     continue
                 val = fmt(p[key], digits) + (f" ({p['bound_kind']})" if key == "pct_of_bound" and p.get("bound_kind") else "")
+                ci = bootstrap_mean(c.repeats(n, key))
+                if ci is not None and ci.n > 1:  # the 95% interval of the mean over repeats
+                    val += f" [{fmt(ci.low, digits)}–{fmt(ci.high, digits)}]"
                 if i == base:
                     row.append(cell(f"{val} (baseline)"))
                     continue
