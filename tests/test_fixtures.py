@@ -1,0 +1,148 @@
+"""Fixture builder: real builds (shared cache), real loads, real greedy decoding.
+
+The first run builds ``tiny-qwen3`` (a few minutes on 2 CPU cores); later runs reuse the
+cache under ``$BAKEOFF_CACHE`` (or ``~/.cache/bakeoff``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bakeoff import fixtures
+from bakeoff.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def trained():
+    return fixtures.build("tiny-qwen3")
+
+
+@pytest.fixture(scope="module")
+def untrained():
+    return fixtures.build("tiny-qwen3-untrained")
+
+
+def _greedy_accuracy(folder) -> float:
+    """Greedy-decodes every probe with transformers; returns the exact-match fraction."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    assert model.dtype == torch.bfloat16
+    probes = [json.loads(line) for line in (folder / "probes.jsonl").read_text().splitlines()]
+    good = 0
+    with torch.no_grad():
+        for p in probes:
+            ids = tok(p["prompt"], return_tensors="pt")
+            n = len(tok(p["expected"])["input_ids"]) + 2
+            out = model.generate(**ids, max_new_tokens=n, do_sample=False)
+            text = tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+            good += text == p["expected"]
+    return good / len(probes)
+
+
+def test_import_is_light():
+    code = "import sys, bakeoff.fixtures; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_names_and_hash():
+    names = fixtures.names()
+    assert {"tiny-qwen3", "tiny-qwen3-untrained"} <= set(names)
+    h = fixtures.recipe_hash("tiny-qwen3")
+    assert h == fixtures.recipe_hash("tiny-qwen3") and len(h) == 64
+    assert h != fixtures.recipe_hash("tiny-qwen3-untrained")
+
+
+def test_unknown_name_lists_valid_names():
+    with pytest.raises(UserError) as e:
+        fixtures.build("no-such-fixture")
+    msg = str(e.value)
+    assert "\n" not in msg and "no-such-fixture" in msg
+    assert all(n in msg for n in fixtures.names())
+    with pytest.raises(UserError):
+        fixtures.is_built("no-such-fixture")
+
+
+def test_folder_has_every_file(trained):
+    for f in fixtures.REQUIRED_FILES:
+        assert (trained / f).is_file(), f
+    cfg = json.loads((trained / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3ForCausalLM"]
+    assert cfg.get("dtype", cfg.get("torch_dtype")) == "bfloat16"
+    assert cfg["max_position_embeddings"] >= 1024
+    for key in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        assert isinstance(cfg[key], int)
+    tcfg = json.loads((trained / "tokenizer_config.json").read_text())
+    assert tcfg["eos_token"] and tcfg["pad_token"] and tcfg["bos_token"] and tcfg["chat_template"]
+    meta = json.loads((trained / "fixture.json").read_text())
+    assert meta["name"] == "tiny-qwen3" and meta["recipe_hash"] == fixtures.recipe_hash("tiny-qwen3")
+    assert meta["steps"] > 0 and meta["probe_results"]["accuracy"] >= 0.9
+    assert set(meta["versions"]) == {"torch", "transformers", "tokenizers"}
+    probes = [json.loads(line) for line in (trained / "probes.jsonl").read_text().splitlines()]
+    assert 40 <= len(probes) <= 60
+    assert {p["task"] for p in probes} == set(meta["recipe"]["corpus"]["tasks"])
+    assert all(set(p) == {"id", "task", "prompt", "expected"} for p in probes)
+
+
+def test_tokenizer_round_trip(trained):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(trained)
+    for text in ["count: 33 34 35", " 37 38 39", "copy: hgd hcd hjc =>", "  two  spaces ", "héllo ☃"]:
+        ids = tok(text)["input_ids"]
+        assert tok.decode(ids) == text
+    assert tok("count: 33")["input_ids"][0] != tok.bos_token_id  # no BOS added on encode
+    eos = tok.eos_token_id
+    assert tok.decode([eos], skip_special_tokens=True) == ""
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert chat.endswith("<|im_start|>assistant\n")
+
+
+def test_trained_beats_untrained(trained, untrained):
+    assert _greedy_accuracy(trained) >= 0.9
+    assert _greedy_accuracy(untrained) < 0.2
+
+
+def test_untrained_twin_shares_tokenizer_and_probes(trained, untrained):
+    for f in ("tokenizer.json", "probes.jsonl", "tokenizer_config.json"):
+        assert (trained / f).read_bytes() == (untrained / f).read_bytes(), f
+    assert json.loads((untrained / "fixture.json").read_text())["steps"] == 0
+
+
+def test_cache_reuse(trained):
+    assert fixtures.is_built("tiny-qwen3")
+    stamp = (trained / "fixture.json").stat().st_mtime_ns
+    lines: list[str] = []
+    t0 = time.monotonic()
+    again = fixtures.build("tiny-qwen3", log=lines.append)
+    assert again == trained and time.monotonic() - t0 < 2.0
+    assert lines == [] and (trained / "fixture.json").stat().st_mtime_ns == stamp
+
+
+def test_concurrent_builds_share_one_result(tmp_path):
+    code = (
+        "import sys; from bakeoff.fixtures import build; "
+        "print('PATH', build('tiny-qwen3-untrained', log=lambda m: print('LOG', m)))"
+    )
+    env = {**__import__("os").environ, "BAKEOFF_CACHE": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    paths = {line for o in outs for line in o[0].splitlines() if line.startswith("PATH")}
+    assert len(paths) == 1
+    built = sum("building into" in o[0] for o in outs)
+    assert built == 1, outs
+    root = tmp_path / "fixtures"
+    assert [p.name for p in root.iterdir() if not p.name.startswith(".")] == [
+        fixtures.folder_for("tiny-qwen3-untrained").name]
+    assert not list(root.glob(".tmp-*"))
