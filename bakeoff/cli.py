@@ -13,6 +13,7 @@ from pathlib import Path
 from bakeoff.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = "fixture:tiny-qwen3"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,6 +47,9 @@ def cmd_qualify(args) -> int:
     from bakeoff.options import parse_kv, parse_options
     from bakeoff.report import write_report
 
+    if args.resume:
+        return _resume(args)
+    args.model = args.model or DEFAULT_MODEL
     names = [b.strip() for b in (args.backends or ",".join(backends.DEFAULT_QUALIFY)).split(",") if b.strip()]
     for n in names:
         backends.validate(n)
@@ -75,6 +79,8 @@ def cmd_qualify(args) -> int:
             cmd += ["--backend-opt", o]
         if args.reference_model:
             cmd += ["--reference-model", args.reference_model]
+        if args.no_preflight:
+            cmd.append("--no-preflight")
         env = dict(os.environ, BAKEOFF_RUN_FILE=run_file)
         print(f"\n=== {n}{' [' + cell.label + ']' if cell.label else ''} ===\n$ {' '.join(cmd)}", flush=True)
         proc = subprocess.run(cmd, env=env, cwd=str(REPO))
@@ -89,6 +95,32 @@ def cmd_qualify(args) -> int:
         raise UserError("no run was written; see the errors above")
     report = write_report(runs, artifacts / "reports" / args.report)
     _print_summary(runs)
+    print(f"\nreport: {report}")
+    return 0
+
+
+def _resume(args) -> int:
+    """``bakeoff qualify --resume RUN_DIR``: finish a cut-off run (completed checks are kept),
+    then re-write the report. The run's own backend, model and options apply, so options that
+    choose them conflict."""
+    from bakeoff.report import write_report
+
+    given = [f for f, v in (("--backends", args.backends), ("--model", args.model), ("--backend-opt", args.backend_opt),
+                            ("--matrix", args.matrix), ("--reference-model", args.reference_model)) if v]
+    if given:
+        raise UserError(f"--resume continues a run with its own settings; drop {', '.join(given)}")
+    run_dir = Path(args.resume).resolve()
+    if not ((run_dir / "run.json").is_file() and (run_dir / "verdict.json").is_file()):
+        raise UserError(f"--resume {args.resume}: not a run directory (it needs run.json and verdict.json); "
+                        "pass a folder under artifacts/runs/")
+    cmd = [sys.executable, "-m", "pytest", str(REPO / "evaluations"), "--resume", str(run_dir), "-p", "no:cacheprovider",
+           "-q", "--rootdir", str(REPO), "-o", "console_output_style=classic", "--repeats", str(args.repeats)]
+    print(f"resuming {run_dir.name}\n$ {' '.join(cmd)}", flush=True)
+    proc = subprocess.run(cmd, cwd=str(REPO))
+    if proc.returncode in (3, 4):
+        raise UserError(f"could not resume {run_dir.name} (pytest exit {proc.returncode}; see the error above)")
+    report = write_report([run_dir], run_dir.parent.parent / "reports" / args.report)
+    _print_summary([run_dir])
     print(f"\nreport: {report}")
     return 0
 
@@ -160,16 +192,20 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("qualify", help="run the evaluations once per backend, then write a report")
     q.add_argument("--backends", help=f"comma-separated, from: {', '.join(backends.names())} "
                    f"(default: {','.join(backends.DEFAULT_QUALIFY)})")
-    q.add_argument("--model", default="fixture:tiny-qwen3", help="checkpoint folder, hub id, or fixture:NAME")
+    q.add_argument("--model", default=None, help=f"checkpoint folder, hub id, or fixture:NAME (default: {DEFAULT_MODEL})")
     q.add_argument("--backend-opt", action="append", default=[], metavar="[BACKEND:]KEY=VALUE")
     q.add_argument("--profile", default="quick", help="quick | full")
     q.add_argument("--artifacts", default=str(REPO / "artifacts"))
     q.add_argument("--report", default="latest", help="report name under artifacts/reports/")
     q.add_argument("--reference-model", default=None)
+    q.add_argument("--no-preflight", action="store_true", help="let each engine decide whether it loads the checkpoint")
     q.add_argument("--matrix", action="append", default=[], metavar="KEY=V1,V2",
                    help="run every combination (repeatable): a backend option or a preset "
                         "(speculative=none,ngram,mtp; prefix_cache=on,off)")
     q.add_argument("--repeats", type=int, default=1, help="measure each sweep point R times (noise estimate)")
+    q.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="finish a cut-off run (its verdict says incomplete): completed checks are kept, then the report "
+                        "is re-written; the run's own backend, model and options apply")
     q.set_defaults(func=cmd_qualify)
     c = sub.add_parser("compare", help="compare runs side by side (Markdown + HTML + plots)")
     c.add_argument("runs", nargs="+", help="run directories or folders of them")
@@ -190,11 +226,17 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("envs", help="list engine environments")
     e.set_defaults(func=cmd_envs)
     from bakeoff.jobs.cli import add_jobs_parser; add_jobs_parser(sub)
+    from bakeoff.cli_tools import add_tool_parsers; add_tool_parsers(sub)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        if argv[:1] == ["calibrate"]:  # its own parser (bakeoff.loadgen.calibrate)
+            from bakeoff.loadgen.calibrate import cli_calibrate
+
+            return cli_calibrate(argv[1:])
         ap = build_parser()
         args = ap.parse_args(argv)
         if not getattr(args, "func", None):

@@ -51,6 +51,8 @@ class Settings:
     start_timeout_s: float
     progress_timeout_s: float
     requests_log: bool
+    preflight: bool = True
+    memory_limit_gib: float | None = None
     backend_cls: type = field(repr=False, default=None)
 
 
@@ -73,6 +75,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--start-timeout", type=float, default=420.0, help="seconds allowed for the engine to start")
     g.addoption("--progress-timeout", type=float, default=120.0,
                 help="seconds without a byte from the engine before a request is a hang")
+    g.addoption("--memory-limit-gib", type=float, default=None,
+                help="cap the engine child's address space (RLIMIT_AS) in GiB; for Python workers "
+                     "(transformers, ort-genai), not vLLM whose virtual size is huge")
+    g.addoption("--no-preflight", action="store_true",
+                help="do not predict the loader's verdict from config.json; let the engine decide")
     g.addoption("--resume", default=None, metavar="RUN_DIR",
                 help="continue a cut-off run: same backend, model and options; completed checks are kept")
     g.addoption("--requests-log", action="store_true", help="write every request to requests.jsonl")
@@ -92,12 +99,16 @@ def _settings(config: pytest.Config) -> Settings:
     parse_options(name, cls.Options, options)  # fail fast, before anything is written
     model = resolve(o("--model"))
     ref = resolve(o("--reference-model")) if o("--reference-model") else model
+    mem = o("--memory-limit-gib")
+    if mem is not None and mem <= 0:
+        raise UserError(f"--memory-limit-gib must be a positive number of GiB, got {mem}")
     mpa = o("--min-probe-accuracy")
     if mpa is not None and not 0 <= mpa <= 1:
         raise UserError("--min-probe-accuracy must be between 0 and 1")
     return Settings(backend=name, model=model, options=options, artifacts=Path(o("--artifacts")), profile=profile,
                     profile_cfg=PROFILES[profile], reference_model=ref, min_probe_accuracy=mpa,
-                    start_timeout_s=o("--start-timeout"), progress_timeout_s=o("--progress-timeout"), requests_log=o("--requests-log"), backend_cls=cls)
+                    start_timeout_s=o("--start-timeout"), progress_timeout_s=o("--progress-timeout"), requests_log=o("--requests-log"),
+                    memory_limit_gib=mem, backend_cls=cls)
 
 
 def _load_resume(config: pytest.Config) -> tuple[RunDir, Verdict]:
@@ -167,6 +178,12 @@ def _start_telemetry(rundir: RunDir):
     if nvml is None:
         return reason
     return GpuSampler(rundir.path / "evidence" / "telemetry" / "gpu.jsonl", nvml=nvml).start()
+
+
+def gpu_sampler(config: pytest.Config):
+    """The session's GPU sampler (:class:`bakeoff.telemetry.GpuSampler`), None on hosts without one."""
+    sampler = config.stash.get(KEY_TELEMETRY, None)
+    return None if sampler is None or isinstance(sampler, str) else sampler
 
 
 def _record_telemetry(config: pytest.Config, run: RunContext) -> None:
@@ -275,13 +292,6 @@ def run(pytestconfig, settings) -> RunContext:
 
 
 @pytest.fixture(scope="session")
-def gpu_telemetry(pytestconfig):
-    """The session's GPU sampler (:class:`bakeoff.telemetry.GpuSampler`), None on hosts without one."""
-    sampler = pytestconfig.stash.get(KEY_TELEMETRY, None)
-    return None if sampler is None or isinstance(sampler, str) else sampler
-
-
-@pytest.fixture(scope="session")
 def probes(settings):
     """Probes shipped with the model, else bakeoff's generic probes."""
     from bakeoff.models import Probe
@@ -343,11 +353,13 @@ def engine_state(request, pytestconfig, settings, run) -> dict:
             request.getfixturevalue("reference")  # the reference runs first, alone
         cfg = BackendConfig(backend=settings.backend, model=settings.model.path, model_label=settings.model.label,
                             options=settings.options, workdir=str(run.dir.path / "engine"),
-                            start_timeout_s=settings.start_timeout_s, progress_timeout_s=settings.progress_timeout_s)
+                            start_timeout_s=settings.start_timeout_s, progress_timeout_s=settings.progress_timeout_s,
+                            memory_limit_gib=settings.memory_limit_gib)
         backend = settings.backend_cls(cfg)
         state["backend"] = backend
         with _quiet(run.check("load", "load-failure")) as c:
             try:
+                _preflight(settings, c)
                 info = backend.start()
             except EngineFailure as exc:
                 state["error"] = f"{exc.failure_class}: {exc.message}"
@@ -391,6 +403,23 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+def _preflight(settings: Settings, scope) -> None:
+    """Predict from config.json whether the engine's loader accepts this checkpoint
+    (bakeoff.preflight, rules cite the engine's documented support). A predicted refusal ends
+    the load check before minutes are spent launching; ``--no-preflight`` lets the engine decide
+    (the prediction is still recorded as evidence)."""
+    if not settings.model.local:
+        return
+    from bakeoff.preflight import preflight
+
+    result = preflight(settings.model.path, settings.backend)
+    scope.values["preflight"] = {"accepted": result.accepted, "reason": result.reason, "enforced": settings.preflight}
+    scope.evidence("preflight.json", result.model_dump())
+    if result.accepted is False and settings.preflight:
+        raise EngineFailure(result.failure_class or "config-rejected", f"preflight: {result.reason} "
+                            f"(source: {result.rule_source}; --no-preflight lets the engine decide)")
+
+
 class _quiet:
     """Run a check scope but swallow its failure (the load check's outcome is reported by
     ``test_load``; fixtures must not error)."""
@@ -417,7 +446,14 @@ def _versions(backend) -> dict[str, str]:
 def attach_engine_evidence(scope, engine, failure_class: str | None) -> None:
     """Write what a maintainer needs when requests failed: the engine log tail, and for a
     ``hang`` the stacks of every thread of the engine's processes (py-spy)."""
-    scope.evidence("engine.log.tail", engine.log_tail(150))
+    tail = engine.log_tail(150)
+    scope.evidence("engine.log.tail", tail)
+    from bakeoff.cuda_errors import classify
+
+    cuda = classify("\n".join(scope.values.get("first_errors") or []) + "\n" + tail)
+    if cuda is not None:  # OOM, illegal access, NCCL...: the line is the evidence (bakeoff/cuda_errors.py)
+        scope.evidence("cuda_error.json", cuda.model_dump())
+        scope.values["cuda_error"] = cuda.kind
     proc = getattr(engine, "proc", None)
     if failure_class == "hang" and proc is not None:
         scope.evidence("stacks.txt", proc.dump_stacks())
