@@ -20,7 +20,8 @@ from typing import Any, AsyncIterator
 from backends.base import Backend
 from bakeoff.errors import EngineFailure
 from bakeoff.loadgen.client import OpenAIClient
-from bakeoff.procs import ManagedProcess, describe_exit
+from bakeoff.failures import classify_start, missing_tokenizer
+from bakeoff.procs import ManagedProcess, describe_exit, died_by_signal
 from bakeoff.specs import GenerationRequest, TokenEvent
 
 
@@ -76,6 +77,8 @@ class ChildServerBackend(Backend):
         self.ready_file = self.workdir / f"{self.name}.ready.json"
         self.log_path = self.workdir / f"{self.name}.log"
         self.ready_payload: dict[str, Any] = {}
+        self.failed: EngineFailure | None = None  # a hang: later requests fail fast instead of waiting again
+        self._stacks: str | None = None
 
     # -- to implement -----------------------------------------------------------------
     def command(self, port: int) -> tuple[list[str], dict[str, str]]:
@@ -94,9 +97,15 @@ class ChildServerBackend(Backend):
         """Start the child and wait until it serves. Returns startup seconds.
 
         Raises:
-            EngineFailure: ``load-failure`` when the child exits first, ``hang`` when the
-                start deadline passes, each with the log tail as evidence.
+            EngineFailure: when the child exits first: ``unsupported-architecture`` or
+                ``load-failure`` by the engine's words (:mod:`bakeoff.failures`),
+                ``runtime-crash`` when a signal killed it; ``hang`` when the start deadline
+                passes; each with the log tail as evidence.
         """
+        no_tokenizer = missing_tokenizer(self.config.model)
+        if no_tokenizer:
+            raise EngineFailure("load-failure", no_tokenizer, {"checkpoint_files.txt": "\n".join(
+                sorted(p.name for p in Path(self.config.model).iterdir()))})
         cmd, env = self.command(port)
         # Every process the engine starts inherits this: it finds strays even once reparented.
         env = dict(env or {}, BAKEOFF_ENGINE_WORKDIR=str(self.workdir.resolve()))
@@ -105,23 +114,36 @@ class ChildServerBackend(Backend):
         if self.ready_file.exists():
             self.ready_file.unlink()
         t0 = time.monotonic()
-        self.proc = ManagedProcess(cmd, self.log_path, env=env)
+        self.proc = ManagedProcess(cmd, self.log_path, env=env,
+                                   memory_limit_gib=getattr(self.config, "memory_limit_gib", None))
         deadline = t0 + self.config.start_timeout_s
         while True:
             code = self.proc.poll()
             if code is not None:
-                raise cuda_evidence(EngineFailure(
-                    "load-failure", f"{self.name} {describe_exit(code)} during start: {last_error_line(self.proc.tail(200))}",
-                    {"engine.log.tail": self.proc.tail(120), "command.txt": " ".join(cmd)}), self.proc.tail(300), "start")
+                self.proc.stop()  # reap the rest of the group (and flush the log)
+                raise cuda_evidence(self._start_failure(code, cmd), self.proc.tail(300), "start")
             if self._is_ready():
                 break
             if time.monotonic() > deadline:
-                tail_text = self.proc.tail(120)
+                tail_text, stacks = self.proc.tail(120), self.proc.dump_stacks()
                 self.stop()
                 raise EngineFailure("hang", f"{self.name} not ready within {self.config.start_timeout_s:.0f} s",
-                                    {"engine.log.tail": tail_text, "command.txt": " ".join(cmd)})
+                                    {"engine.log.tail": tail_text, "stacks.txt": stacks, "command.txt": " ".join(cmd)})
             time.sleep(0.25)
         return time.monotonic() - t0
+
+    def _start_failure(self, code: int, cmd: list[str]) -> EngineFailure:
+        """The failure of a child that exited during start: killed by a signal -> ``runtime-crash``;
+        else the class the engine's words name (:func:`bakeoff.failures.classify_start`), by
+        default ``load-failure``; the summary is the engine's line."""
+        log = self.proc.tail(300)
+        known = classify_start(log)
+        fclass = "runtime-crash" if died_by_signal(code) else (known.failure_class if known else "load-failure")
+        cause = known.line if known else last_error_line(log)
+        return EngineFailure(fclass, f"{self.name} {describe_exit(code, log)} during start: {cause}",
+                             {"engine.log.tail": self.proc.tail(120), "command.txt": " ".join(cmd),
+                              "exit.txt": f"return code {code}: {describe_exit(code, log)}"
+                                          + (f"\nrecognised: {known.kind} -> {known.failure_class}" if known else "")})
 
     def _is_ready(self) -> bool:
         if self.ready_mode == "file":
@@ -140,19 +162,28 @@ class ChildServerBackend(Backend):
     async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         if self.client is None:
             raise EngineFailure("load-failure", f"{self.name} is not started")
+        if self.failed is not None:  # hung before: fail fast, do not wait the progress deadline again
+            raise EngineFailure(self.failed.failure_class, f"engine hung earlier: {self.failed.message}")
         try:
             async for ev in self.client.stream(request):
                 yield ev
         except EngineFailure as exc:
             if self.proc is not None and not self.proc.alive():
+                log = self.proc.tail(300)
                 raise cuda_evidence(EngineFailure(
-                    "runtime-crash", f"{self.name} {describe_exit(self.proc.poll())} while serving: "
-                    f"{last_error_line(self.proc.tail(200))}",
+                    "runtime-crash", f"{self.name} {describe_exit(self.proc.poll(), log)} while serving: "
+                    f"{last_error_line(log)}",
                     {"engine.log.tail": self.proc.tail(120), "client_error.txt": exc.message}),
                     exc.message + "\n" + self.proc.tail(300), "serving") from None
             if self.proc is not None and exc.failure_class == "hang":
-                exc.evidence.setdefault("stacks.txt", self.proc.dump_stacks())
+                if self._stacks is None:  # once: concurrent requests hang together
+                    self._stacks = self.proc.dump_stacks()
+                stopped = _stopped_members(self.proc)
+                if stopped:
+                    exc.message = f"{exc.message}; engine process {', '.join(map(str, stopped))} is stopped (SIGSTOP)"
+                exc.evidence.setdefault("stacks.txt", self._stacks)
                 exc.evidence.setdefault("engine.log.tail", self.proc.tail(120))
+                self.failed = exc
             if self.proc is not None and exc.failure_class == "runtime-crash":
                 # the server is up but its engine failed: name the root cause from its log
                 cause = last_error_line(self.proc.tail(300))
@@ -177,6 +208,20 @@ class ChildServerBackend(Backend):
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.stop()
+
+
+def _stopped_members(proc: ManagedProcess) -> list[int]:
+    """PIDs of the engine's processes that are stopped (SIGSTOP / SIGTSTP, a debugger)."""
+    import psutil
+
+    out = []
+    for pid in proc.members():
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_STOPPED:
+                out.append(pid)
+        except psutil.Error:
+            continue
+    return out
 
 
 EXC_LINE = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception|Exit)):\s*(.+)")

@@ -22,6 +22,10 @@ SIGNAL_MEANING = {
 }
 
 
+# Log lines the kernel's OOM killer or an exhausted address space leave behind.
+OOM_MARKERS = ("Killed", "out of memory", "Out of memory", "MemoryError", "std::bad_alloc", "Cannot allocate memory")
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: get SIGTERM when the parent dies (Linux PR_SET_PDEATHSIG), so
     an engine does not outlive a bakeoff that was SIGKILLed."""
@@ -33,6 +37,27 @@ def _die_with_parent() -> None:
         pass
 
 
+def child_preexec(memory_limit_gib: float | None = None):
+    """The ``preexec_fn`` of an engine child: die with the parent, and optionally cap its
+    address space (``RLIMIT_AS``) at ``memory_limit_gib`` GiB.
+
+    The cap is meant for Python workers (transformers, ORT GenAI): past it, allocations fail
+    with ``MemoryError`` / ``std::bad_alloc`` instead of the host's OOM killer picking a
+    victim. It does not suit vLLM or TensorRT-LLM, whose virtual size (reserved, not resident)
+    is many times their memory use. Children of the child inherit the cap.
+    """
+    if not memory_limit_gib:
+        return _die_with_parent
+    limit = int(memory_limit_gib * 2**30)
+
+    def preexec() -> None:
+        _die_with_parent()
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return preexec
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:
@@ -40,8 +65,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def describe_exit(code: int | None) -> str:
-    """Human text for a ``Popen.returncode`` (negative = killed by signal)."""
+def oom_suspected(code: int | None, log: str = "") -> bool:
+    """Whether an exit looks like memory exhaustion: SIGKILL (exit -9, or 137 through a shell)
+    with the OOM killer's or the allocator's words in the log, or those words alone."""
+    return code != 0 and any(m in (log or "") for m in OOM_MARKERS)
+
+
+def describe_exit(code: int | None, log: str = "") -> str:
+    """Human text for a ``Popen.returncode`` (negative = killed by signal).
+
+    Args:
+        code: the return code.
+        log: the child's log tail; when it shows memory exhaustion, the text says so.
+    """
     if code is None:
         return "still running"
     if code < 0:
@@ -49,8 +85,18 @@ def describe_exit(code: int | None) -> str:
             sig = signal.Signals(-code)
         except ValueError:
             return f"killed by signal {-code}"
-        return SIGNAL_MEANING.get(sig, f"killed by {sig.name}")
+        text = SIGNAL_MEANING.get(sig, f"killed by {sig.name}")
+        if sig == signal.SIGKILL and oom_suspected(code, log):
+            text = "killed (SIGKILL) after running out of memory (OOM killer; the log says so)"
+        return text
+    if code == 128 + signal.SIGKILL and oom_suspected(code, log):
+        return "exited with code 137 (SIGKILL through a shell: OOM killer or external kill)"
     return f"exited with code {code}"
+
+
+def died_by_signal(code: int | None) -> bool:
+    """Whether a return code means the child was killed by a signal (also 128+N through a shell)."""
+    return code is not None and (code < 0 or code in (128 + signal.SIGKILL, 128 + signal.SIGSEGV))
 
 
 def tail(path: Path | str, lines: int = 80, max_bytes: int = 256_000) -> str:
@@ -74,9 +120,12 @@ class ManagedProcess:
         log_path: stdout and stderr go here.
         env: full environment for the child.
         cwd: working directory.
+        memory_limit_gib: cap on the child's address space in GiB (``RLIMIT_AS``), for
+            Python workers only (see :func:`child_preexec`); None = no cap.
     """
 
-    def __init__(self, cmd: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: str | None = None):
+    def __init__(self, cmd: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: str | None = None,
+                 memory_limit_gib: float | None = None):
         self.cmd = list(cmd)
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,7 +138,7 @@ class ManagedProcess:
             env=env,
             cwd=cwd,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=child_preexec(memory_limit_gib),
         )
         self.pgid = self.popen.pid
         self.last_output_ns = time.monotonic_ns()
@@ -156,13 +205,23 @@ class ManagedProcess:
         exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
         if not Path(exe).exists():
             return "py-spy not installed: no stacks collected"
+        import psutil
+
         out = []
         for pid in self.members():
             try:
+                state = psutil.Process(pid).status()
+            except psutil.Error:
+                state = "gone"
+            try:
                 res = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=timeout_s)
-                out.append(f"=== pid {pid} ===\n{res.stdout or res.stderr}")
+                if res.returncode != 0 or "Failed to get stack traces" in res.stdout + res.stderr:
+                    # a stopped (SIGSTOP) or wedged process cannot be paused: read its memory as it is
+                    res = subprocess.run([exe, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True,
+                                         text=True, timeout=timeout_s)
+                out.append(f"=== pid {pid} (state: {state}) ===\n{res.stdout or res.stderr}")
             except (OSError, subprocess.TimeoutExpired) as exc:
-                out.append(f"=== pid {pid} === py-spy failed: {exc}")
+                out.append(f"=== pid {pid} (state: {state}) === py-spy failed: {exc}")
         return redact("\n".join(out) or "no live process in the group")
 
     def stop(self, grace_s: float = 10.0) -> int | None:
@@ -176,6 +235,8 @@ class ManagedProcess:
                 break
             try:
                 os.killpg(self.pgid, sig)
+                if sig == signal.SIGTERM:  # a stopped (SIGSTOP) process handles SIGTERM only once continued
+                    os.killpg(self.pgid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
             deadline = time.monotonic() + wait_s

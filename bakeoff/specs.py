@@ -122,6 +122,9 @@ class BackendConfig(Spec):
         workdir: a folder the backend may write logs and scratch files into.
         start_timeout_s: deadline for ``start()``.
         progress_timeout_s: a request with no byte for this long ends as ``hang``.
+        memory_limit_gib: cap on the engine child's address space in GiB (``RLIMIT_AS``);
+            for Python workers (transformers, ORT GenAI), not vLLM, whose virtual size is
+            many times what it uses. None = no cap.
     """
 
     backend: str
@@ -131,6 +134,7 @@ class BackendConfig(Spec):
     workdir: str
     start_timeout_s: float = Field(300.0, gt=0)
     progress_timeout_s: float = Field(120.0, gt=0)
+    memory_limit_gib: float | None = Field(None, gt=0)
 
 
 @dataclass
