@@ -44,10 +44,10 @@ TEMPLATE = """# bakeoff report
 {% for r in runs if r.points -%}
 ### {{ r.backend }} on {{ r.model }}{% if r.options %} ({{ r.options }}){% endif %}
 
-| sessions | aggregate output tok/s | per-session tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | ITL p50 ms | errors |
-|---|---|---|---|---|---|---|---|
+| sessions | aggregate output tok/s | per-session tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | ITL p50 ms | errors | valid |
+|---|---|---|---|---|---|---|---|---|
 {% for p in r.points -%}
-| {{ p.sessions }} | {{ fmt(p.output_tokens_per_s, 1) }} | {{ fmt(p.per_session_output_tokens_per_s, 1) }} | {{ fmt(p.ttft_p50_ms, 1) }} | {{ fmt(p.ttft_p99_ms, 1) }} | {{ fmt(p.tpot_p50_ms, 2) }} | {{ fmt(p.itl_p50_ms, 2) }} | {{ p.errors }} |
+| {{ p.sessions }} | {{ fmt(p.output_tokens_per_s, 1) }} | {{ fmt(p.per_session_output_tokens_per_s, 1) }} | {{ fmt(p.ttft_p50_ms, 1) }} | {{ fmt(p.ttft_p99_ms, 1) }} | {{ fmt(p.tpot_p50_ms, 2) }} | {{ fmt(p.itl_p50_ms, 2) }} | {{ p.errors }} | {{ "no: " ~ p.invalid_reason if p.valid is false else "yes" }} |
 {% endfor %}
 {% if r.warmup %}Warm-up (reported apart): first request TTFT {{ fmt(r.warmup.first_request_ttft_ms, 1) }} ms.{% endif %}
 

@@ -9,12 +9,12 @@ import pytest
 from bakeoff.loadgen.stats import per_request, summarize
 from bakeoff.loadgen.sweep import run_sweep
 from bakeoff.specs import GenerationRequest
-from evaluations.plugin import attach_engine_evidence
+from evaluations.plugin import attach_engine_evidence, gpu_sampler
 from evaluations.probing import throughput_prompt
 
 POINT_KEYS = ("sessions", "requests", "ok", "errors", "output_tokens_per_s", "per_session_output_tokens_per_s",
               "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms",
-              "accounting_mismatches")
+              "accounting_mismatches", "valid", "invalid_reason")
 # Per-repeat figures kept for the noise estimate of `bakeoff compare` (bakeoff/noise.py).
 REPEAT_KEYS = ("output_tokens_per_s", "per_session_output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms")
 # GPU hosts: telemetry per point (bakeoff/telemetry.py) and the roofline (bakeoff/roofline.py).
@@ -55,10 +55,11 @@ def _roofline(points: list[dict], engine, settings, max_tokens: int) -> dict:
 
 
 @pytest.mark.check("throughput.sweep")
-def test_sweep(run, settings, engine, pytestconfig, gpu_telemetry):
+def test_sweep(run, settings, engine, pytestconfig):
     cfg = settings.profile_cfg
     repeats = max(1, int(pytestconfig.getoption("--repeats", 1) or 1))
     fixture = settings.model.fixture is not None
+    gpu_telemetry = gpu_sampler(pytestconfig)
 
     def make(session: int, turn: int) -> GenerationRequest:
         return GenerationRequest(request_id=f"s{session}-t{turn}", prompt=throughput_prompt(session, turn, fixture),
@@ -85,13 +86,19 @@ def test_sweep(run, settings, engine, pytestconfig, gpu_telemetry):
                 run.dir.append_jsonl("requests.jsonl", [{**per_request(r), "output_text": r.output_text} for r in recs])
 
         counts = [n for n in cfg["sessions"] for _ in range(repeats)]  # each point R times, back to back
-        result = run_sweep(engine, make, counts, cfg["requests_per_session"], cfg["warmup"], on_point=on_point)
+        cal = run.get("loadgen.calibration")
+        calibrated = cal.values.get("calibrated_concurrency") if cal is not None and cal.status == "pass" else None
+        result = run_sweep(engine, make, counts, cfg["requests_per_session"], cfg["warmup"], on_point=on_point,
+                           calibrated_concurrency=calibrated)
         if repeats > 1:  # one point per session count: the repeats pooled, each repeat kept for noise
             pooled = []
             for n in dict.fromkeys(p["sessions"] for p in result["points"]):
                 reps = [p for p in result["points"] if p["sessions"] == n]
                 pt = summarize(recs_by_n[n], sum(p["wall_s"] for p in reps), n)
                 pt["repeats"] = [{k: p.get(k) for k in REPEAT_KEYS} for p in reps]
+                if any("valid" in p for p in reps):
+                    pt["valid"] = all(p.get("valid", True) for p in reps)
+                    pt["invalid_reason"] = next((p["invalid_reason"] for p in reps if p.get("invalid_reason")), None)
                 ws = windows.get(n) or []
                 if gpu_telemetry and ws and all(w[3] is not None for w in ws):
                     energy = sum(w[3] for w in ws)
