@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -110,9 +111,14 @@ def _resume(args) -> int:
     if given:
         raise UserError(f"--resume continues a run with its own settings; drop {', '.join(given)}")
     run_dir = Path(args.resume).resolve()
-    if not ((run_dir / "run.json").is_file() and (run_dir / "verdict.json").is_file()):
-        raise UserError(f"--resume {args.resume}: not a run directory (it needs run.json and verdict.json); "
-                        "pass a folder under artifacts/runs/")
+    try:
+        json.loads((run_dir / "run.json").read_text())
+        verdict = json.loads((run_dir / "verdict.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--resume {args.resume}: not a readable run directory ({exc.__class__.__name__}: "
+                        f"{str(exc)[:100]}); pass a folder under artifacts/runs/ that holds run.json and verdict.json") from None
+    if verdict.get("finished_at"):
+        raise UserError(f"run {run_dir.name} finished ({verdict.get('status')}); nothing to resume: start a new run")
     cmd = [sys.executable, "-m", "pytest", str(REPO / "evaluations"), "--resume", str(run_dir), "-p", "no:cacheprovider",
            "-q", "--rootdir", str(REPO), "-o", "console_output_style=classic", "--repeats", str(args.repeats)]
     print(f"resuming {run_dir.name}\n$ {' '.join(cmd)}", flush=True)

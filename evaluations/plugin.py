@@ -122,7 +122,7 @@ def _load_resume(config: pytest.Config) -> tuple[RunDir, Verdict]:
         meta = json.loads((path / "run.json").read_text())
         verdict = Verdict.model_validate_json((path / "verdict.json").read_text())
     except (OSError, ValueError) as exc:
-        raise UserError(f"cannot resume {path}: {exc.__class__.__name__}: {str(exc)[:120]}; pass a run directory "
+        raise UserError(f"cannot resume {path}: {exc.__class__.__name__}: {' '.join(str(exc).split())[:120]}; pass a run directory "
                         "written by bakeoff (it holds run.json and verdict.json)") from None
     if verdict.finished_at is not None:
         raise UserError(f"run {path.name} finished ({verdict.status}); nothing to resume")
@@ -267,10 +267,21 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     if backend is not None:
         backend.stop()
     interrupted = exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR) or session.shouldstop
-    _record_telemetry(config, run)
-    verdict = run.finish(finished=not interrupted and bool(run.verdict.checks))
-    line = f"bakeoff verdict: {verdict.status} ({verdict.backend} on {verdict.model}) -> {run.dir.path}/verdict.json"
     tr = config.pluginmanager.get_plugin("terminalreporter")
+    try:
+        _record_telemetry(config, run)
+        verdict = run.finish(finished=not interrupted and bool(run.verdict.checks))
+    except OSError as exc:  # disk full, folder gone: atomic writes left the earlier files whole
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        msg = (f"bakeoff: error: cannot write to the run directory {run.dir.path}: {exc.strerror or exc}; the files "
+               "written before are intact (verdict.json holds the checks recorded so far); free space or pass --artifacts DIR")
+        if tr is not None:
+            tr.ensure_newline()
+            tr.write_line(msg, red=True)
+        else:
+            print(msg, file=sys.stderr)
+        return
+    line = f"bakeoff verdict: {verdict.status} ({verdict.backend} on {verdict.model}) -> {run.dir.path}/verdict.json"
     if tr is not None:
         tr.write_line(line)
         for r in verdict.reasons:
