@@ -128,6 +128,7 @@ class ManagedProcess:
                  memory_limit_gib: float | None = None):
         self.cmd = list(cmd)
         self.log_path = Path(log_path)
+        self._env = env
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "a", encoding="utf-8", buffering=1)
         self.popen = subprocess.Popen(
@@ -147,7 +148,7 @@ class ManagedProcess:
         self._pump.start()
 
     def _copy_log(self) -> None:
-        secrets_env = dict(os.environ)
+        secrets_env = {**os.environ, **(self._env or {})}  # secrets given to the child alone are masked too
         assert self.popen.stdout is not None
         for raw in iter(self.popen.stdout.readline, b""):
             self.last_output_ns = time.monotonic_ns()

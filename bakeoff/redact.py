@@ -9,8 +9,9 @@ SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_K
 PATTERNS = [
     re.compile(r"\bhf_[A-Za-z0-9]{20,}\b"),
     re.compile(r"\bsk-(?:ant-)?[A-Za-z0-9_\-]{16,}\b"),
-    re.compile(r"(?i)(authorization\s*[:=]\s*[\"']?)(bearer\s+)?[^\s\"',}]+"),
-    re.compile(r"(?i)(x-api-key\s*[:=]\s*[\"']?)[^\s\"',}]+"),
+    # header forms: `Authorization: Bearer x`, `authorization=x`, JSON/dict `"Authorization": "Bearer x"`
+    re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)(bearer\s+)?[^\s\"',}]+"),
+    re.compile(r"(?i)(x-api-key[\"']?\s*[:=]\s*[\"']?)[^\s\"',}]+"),
 ]
 MASK = "***REDACTED***"
 
