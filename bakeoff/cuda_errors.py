@@ -45,6 +45,9 @@ PATTERNS: list[tuple[Kind, re.Pattern[str], str]] = [
 ]
 
 
+EXC_LINE = re.compile(r"\b[A-Za-z_.]*(?:Error|Exception)\b:")
+
+
 class CudaError(BaseModel):
     """A CUDA failure found in a text.
 
@@ -81,6 +84,9 @@ def classify(text: str, phase: Literal["start", "serving"] = "serving") -> CudaE
              if ln.strip() and not ln.lstrip().startswith('File "')]
     for kind, rx, hint in PATTERNS:
         hits = [ln for ln in lines if rx.search(ln)]
+        # an exception line (``torch.AcceleratorError: CUDA error: out of memory``) over advice
+        # lines that name the error code (``Search for `cudaErrorMemoryAllocation' in ...``)
+        hits = [ln for ln in hits if EXC_LINE.search(ln)] or hits
         if hits:
             return CudaError(kind=kind, failure_class="load-failure" if phase == "start" else "runtime-crash",
                              line=hits[-1][:400], hint=hint)

@@ -247,7 +247,7 @@ def sweep_roofline(points: list[dict[str, Any]], shape: ModelShape | None, devic
         b = decode_bound(shape, gpu, int(p["sessions"]), inp + outp / 2)
         measured = p.get("output_tokens_per_s")
         out.append({"sessions": p["sessions"], **b.model_dump(exclude={"batch"}),
-                    "pct_of_bound": round(100 * measured / b.bound_tokens_per_s, 2) if measured else None})
+                    "pct_of_bound": round(100 * measured / b.bound_tokens_per_s, 4) if measured else None})
     return {"available": True, "gpu": gpu.name, "source": gpu.source,
             "mem_bandwidth_gb_s": gpu.mem_bandwidth_gb_s, "bf16_dense_tflops": gpu.bf16_dense_tflops,
             "model": {"total_params": shape.total_params, "active_params_per_token": shape.active_params_per_token,

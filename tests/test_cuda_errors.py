@@ -27,6 +27,11 @@ ncclUnhandledCudaError: Call to CUDA function failed.
 ARCH = "RuntimeError: CUDA error: no kernel image is available for execution on the device\n"
 CPU_WARNING = ("UserWarning: CUDA initialization: Found no NVIDIA driver on your system.\n"
                "ValueError: unsupported quantization method awq\n")
+ACCEL_OOM = """server error event: AcceleratorError: CUDA error: out of memory
+Search for `cudaErrorMemoryAllocation' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.
+CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.
+For debugging consider passing CUDA_LAUNCH_BLOCKING=1
+"""  # torch 2.11 on the H200 (examples/h200/), the worker holding all memory (gpu_headroom_gib=0)
 HOST_OOM = "Out of memory: Killed process 1234 (python) total-vm:1234kB\n"
 
 
@@ -35,6 +40,12 @@ def test_torch_oom_is_runtime_crash_while_serving_and_load_failure_at_start():
     assert err.kind == "out-of-memory" and err.failure_class == "runtime-crash"
     assert err.line.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 594.00 MiB")
     assert classify(TORCH_OOM, phase="start").failure_class == "load-failure"
+
+
+def test_exception_line_preferred_over_advice_lines():
+    err = classify(ACCEL_OOM)
+    assert err.kind == "out-of-memory"
+    assert err.line == "server error event: AcceleratorError: CUDA error: out of memory"
 
 
 def test_illegal_access_found_behind_engine_wrappers():
