@@ -29,7 +29,7 @@ SWEEP_METRICS = [  # (title, point key, higher is better, digits)
     ("TTFT p50 ms", "ttft_p50_ms", False, 1),
     ("TTFT p99 ms", "ttft_p99_ms", False, 1),
     # GPU runs only (bakeoff/roofline.py, bakeoff/telemetry.py); tables with no value are left out
-    ("% of the decode roofline (bound kind)", "pct_of_bound", True, 1),
+    ("% of the decode roofline (bound kind)", "pct_of_bound", True, 2),
     ("Energy per output token J", "joules_per_output_token", False, 4),
     ("GPU mean power W", "gpu_power_mean_w", False, 0),
 ]
