@@ -168,6 +168,8 @@ class ChildServerBackend(Backend):
             async for ev in self.client.stream(request):
                 yield ev
         except EngineFailure as exc:
+            if self.proc is not None and exc.failure_class in ("transport-distortion", "runtime-crash"):
+                await self._settle()
             if self.proc is not None and not self.proc.alive():
                 log = self.proc.tail(300)
                 raise cuda_evidence(EngineFailure(
@@ -191,6 +193,15 @@ class ChildServerBackend(Backend):
                 exc.evidence.setdefault("engine.log.tail", self.proc.tail(120))
                 cuda_evidence(exc, exc.message + "\n" + self.proc.tail(300), "serving")
             raise
+
+    async def _settle(self, wait_s: float = 1.0) -> None:
+        """A connection cut by a dying engine is seen before its exit: give the exit ``wait_s`` seconds
+        (without blocking other requests) so the failure is named as the crash it is."""
+        import asyncio
+
+        deadline = time.monotonic() + wait_s
+        while self.proc.alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
 
     async def aclose(self) -> None:
         if self.client is not None:

@@ -383,7 +383,8 @@ def test_vllm_killed_mid_sweep_keeps_first_points(vllm_killed):
     assert checks["sanity.known_answers"]["failure_class"] == "garbage-output"  # untrained: intact, not a crash
     sweep = checks["throughput.sweep"]
     assert sweep["status"] == "fail" and sweep["failure_class"] == "runtime-crash", sweep
-    assert "killed (SIGKILL" in sweep["summary"] or "runtime-crash" in sweep["summary"], sweep["summary"]
+    assert "runtime-crash: vllm killed (SIGKILL: OOM killer or external kill) while serving" in sweep["summary"], sweep
+    assert all(e.startswith("runtime-crash: ") for e in sweep["values"]["first_errors"]), sweep["values"]["first_errors"]
     first = sweep["values"]["points"][0]
     assert first["ok"] > 0 and first["errors"] == 0 and first["output_tokens_per_s"] > 0
     assert first["sessions"] == state["first_points"][0]["sessions"]
