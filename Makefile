@@ -8,7 +8,7 @@ STAMP := $(VENV)/.bakeoff-installed
 BACKENDS ?= transformers,vllm,ort-genai,trtllm
 MODEL ?= fixture:tiny-qwen3
 
-.PHONY: qualify test install clean-venv
+.PHONY: qualify test install clean-venv chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,15 @@ install: $(STAMP)
 qualify: $(STAMP)
 	$(VENV)/bin/bakeoff qualify --model $(MODEL) --backends $(BACKENDS)
 
-test: $(STAMP)
-	$(VENV)/bin/python -m pytest tests/ -q -ra
+test: $(STAMP) chromium
+	$(VENV)/bin/python -m pytest tests/ -q -ra --durations=15
+
+# Headless Chromium renders the HTML report in a test; installed from Debian's packages when
+# this user may (root), else that test skips and says why.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
+	  echo "chromium not installed: the HTML rendering test will skip"
 
 clean-venv:
 	rm -rf $(VENV)

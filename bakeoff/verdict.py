@@ -95,12 +95,19 @@ class Verdict(Spec):
     resumed: int = 0
 
 
+# A run qualifies only if these passed: a selection of modules that leaves them out (e.g.
+# ``pytest evaluations/test_throughput.py``) measures, but does not qualify.
+REQUIRED_CHECKS = ("load", "sanity.known_answers")
+
+
 def decide(checks: list[Check], finished: bool) -> tuple[RunStatus, list[str]]:
     """Compute a run's status from its checks.
 
     Rules: a run that did not finish is ``incomplete``; a run whose only failures are of
     class ``unavailable`` is ``unavailable``; any other failed or errored check makes it
-    ``disqualified``; otherwise ``qualified`` (skips do not disqualify, they are reported).
+    ``disqualified``; a run without a passed ``load`` and ``sanity.known_answers`` is
+    ``incomplete`` (it measured, it did not qualify); otherwise ``qualified`` (skips do not
+    disqualify, they are reported).
 
     Args:
         checks: the run's checks.
@@ -119,4 +126,8 @@ def decide(checks: list[Check], finished: bool) -> tuple[RunStatus, list[str]]:
         return "disqualified", reasons
     if not checks:
         return "incomplete", ["no check ran"]
+    passed = {c.name for c in checks if c.status == "pass"}
+    missing = [name for name in REQUIRED_CHECKS if name not in passed]
+    if missing:
+        return "incomplete", [f"{name}: required to qualify, did not run" for name in missing]
     return "qualified", reasons

@@ -23,7 +23,9 @@ def _check(name, status, fc=None):
 
 
 def test_decide_rules():
-    assert decide([_check("a", "pass"), _check("b", "skip")], True)[0] == "qualified"
+    assert decide([_check("load", "pass"), _check("sanity.known_answers", "pass"), _check("b", "skip")], True)[0] == "qualified"
+    status, reasons = decide([_check("load", "pass"), _check("throughput.sweep", "pass")], True)
+    assert status == "incomplete" and reasons == ["sanity.known_answers: required to qualify, did not run"]
     assert decide([_check("a", "pass"), _check("b", "fail", "garbage-output")], True)[0] == "disqualified"
     assert decide([_check("load", "fail", "unavailable")], True)[0] == "unavailable"
     assert decide([_check("a", "pass")], False)[0] == "incomplete"
