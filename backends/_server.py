@@ -139,7 +139,7 @@ class ChildServerBackend(Backend):
         log = self.proc.tail(300)
         known = classify_start(log)
         fclass = "runtime-crash" if died_by_signal(code) else (known.failure_class if known else "load-failure")
-        cause = known.line if known else last_error_line(log)
+        cause = known.line if known else death_cause(code, log)
         return EngineFailure(fclass, f"{self.name} {describe_exit(code, log)} during start: {cause}",
                              {"engine.log.tail": self.proc.tail(120), "command.txt": " ".join(cmd),
                               "exit.txt": f"return code {code}: {describe_exit(code, log)}"
@@ -174,7 +174,7 @@ class ChildServerBackend(Backend):
                 log = self.proc.tail(300)
                 raise cuda_evidence(EngineFailure(
                     "runtime-crash", f"{self.name} {describe_exit(self.proc.poll(), log)} while serving: "
-                    f"{last_error_line(log)}",
+                    f"{death_cause(self.proc.poll(), log)}",
                     {"engine.log.tail": self.proc.tail(120), "client_error.txt": exc.message}),
                     exc.message + "\n" + self.proc.tail(300), "serving") from None
             if self.proc is not None and exc.failure_class == "hang":
@@ -255,6 +255,17 @@ def cuda_evidence(exc: EngineFailure, text: str, phase: str) -> EngineFailure:
             exc.message = f"{exc.message} | {describe(err)}"
         exc.evidence["cuda_error.json"] = err.model_dump_json(indent=2)
     return exc
+
+
+def death_cause(code: int | None, log: str) -> str:
+    """What the log says about an exit: its root-cause line (:func:`last_error_line`); for a death
+    by signal only when the log names a crash (segfault, OOM, CUDA), since the last warning
+    before an outside kill is not its cause."""
+    from bakeoff.cuda_errors import classify
+
+    if died_by_signal(code) and classify(log) is None and not any(m in log for m in OTHER_MARKERS):
+        return "no error in its log before the signal (killed from outside, or by the OOM killer: see dmesg)"
+    return last_error_line(log)
 
 
 def last_error_line(log: str) -> str:
