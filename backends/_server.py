@@ -264,7 +264,8 @@ def death_cause(code: int | None, log: str) -> str:
     from bakeoff.cuda_errors import classify
 
     if died_by_signal(code) and classify(log) is None and not any(m in log for m in OTHER_MARKERS):
-        return "no error in its log before the signal (killed from outside, or by the OOM killer: see dmesg)"
+        hint = " (an outside kill, or the OOM killer: see dmesg)" if code in (-9, 137) else ""
+        return f"its log names no error before the signal{hint}"
     return last_error_line(log)
 
 
