@@ -74,7 +74,10 @@ def wait_counter(engine, key: str, base: float, expect_at_least: float, timeout_
 
 
 def is_fixture(settings) -> bool:
-    return settings.model.fixture is not None
+    """A bakeoff fixture: named ``fixture:NAME``, or a folder its builder wrote (``fixture.json``)."""
+    from pathlib import Path
+
+    return settings.model.fixture is not None or (settings.model.local and (Path(settings.model.path) / "fixture.json").is_file())
 
 
 def serves_one_at_a_time(engine) -> bool:

