@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['threads']} threads, {len(r['left'])} processes left", file=sys.stderr, flush=True)
     s = summary(rows)
     print(table(rows))
-    print(f"\nRSS growth 2nd -> {len(rows)}th run: {s['rss_growth_mib_2nd_to_last']} MiB; fds {s['fd_growth_2nd_to_last']:+d}; "
+    print(f"\nRSS growth run 2 -> run {len(rows)}: {s['rss_growth_mib_2nd_to_last']} MiB; fds {s['fd_growth_2nd_to_last']:+d}; "
           f"threads {s['thread_growth_2nd_to_last']:+d}; processes left: {len(s['processes_left'])}")
     for p in s["processes_left"]:
         print(f"  left: pid {p['pid']} {p['name']}: {p['cmd']}")
