@@ -58,7 +58,11 @@ def test_refused_cell_is_incompatible_features_with_engine_message(matrix_runs):
 def test_other_cell_qualifies_with_measurements(matrix_runs):
     r = matrix_runs["ngram"]
     checks = r["checks"]
-    assert r["verdict"]["status"] == "qualified", r["verdict"]["reasons"]
+    if "BAKEOFF_TEST_MODEL" in os.environ:  # another checkpoint: its sanity is its own business
+        bad = [c for n, c in checks.items() if c["status"] in ("fail", "error") and not n.startswith("sanity.")]
+        assert not bad, bad
+    else:
+        assert r["verdict"]["status"] == "qualified", r["verdict"]["reasons"]
     pc = checks["prefix_cache.prefill"]["values"]
     assert checks["prefix_cache.prefill"]["status"] == "pass"
     assert pc["counters"] == "available" and min(pc["warm_hits_tokens"]) > 0
