@@ -341,8 +341,10 @@ def findings(cols: list[Column]) -> list[str]:
                                f"{ka:,} -> {kb:,} KV tokens ({verdict}) [{a.run_id} vs {b.run_id}]")
             elif key == "speculative_config":
                 off, on = (a, b) if not a.options.get(key) else (b, a)
+                if (off.checks.get("load") or {}).get("status") not in (None, "pass"):
+                    off, on = on, off  # report the refused one
                 refused = (on.checks.get("load") or {}).get("status") not in (None, "pass")
-                if refused:
+                if refused and on.options.get(key):
                     ld = on.checks["load"]
                     out.append(f"speculative decoding {_short(on.options[key])}: refused at start "
                                f"({ld.get('failure_class')}: {(ld.get('summary') or '')[:160]}) [{on.run_id}]")
