@@ -102,11 +102,11 @@ class ChildServerBackend(Backend):
                 ``runtime-crash`` when a signal killed it; ``hang`` when the start deadline
                 passes; each with the log tail as evidence.
         """
-        no_tokenizer = missing_tokenizer(self.config.model)
-        if no_tokenizer:
+        cmd, env = self.command(port)
+        no_tokenizer = None if any(a.startswith("--tokenizer") for a in cmd) else missing_tokenizer(self.config.model)
+        if no_tokenizer:  # a tokenizer given apart (vLLM --tokenizer) is the engine's to check
             raise EngineFailure("load-failure", no_tokenizer, {"checkpoint_files.txt": "\n".join(
                 sorted(p.name for p in Path(self.config.model).iterdir()))})
-        cmd, env = self.command(port)
         # Every process the engine starts inherits this: it finds strays even once reparented.
         env = dict(env or {}, BAKEOFF_ENGINE_WORKDIR=str(self.workdir.resolve()))
         self.launch_cmd = cmd
