@@ -396,7 +396,9 @@ def test_sigterm_then_qualify_resume(tmp_path):
                           capture_output=True, text=True, cwd=REPO, timeout=300, env=dict(os.environ, PYTEST_ADDOPTS=f"-k '{fast}'"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     v = suite.verdict()
-    assert v["finished_at"] is not None and v["resumed"] == 1 and v["status"] != "incomplete"
+    assert v["finished_at"] is not None and v["resumed"] == 1
+    # -k left sanity out, so the finished run cannot qualify (bakeoff.verdict.decide): that is the only reason
+    assert v["status"] == "qualified" or v["reasons"] == ["sanity.known_answers: required to qualify, did not run"], v
     after = {c["name"]: c for c in v["checks"]}
     for name in ("capacity.kv_cache", "capacity.warmup", "spec_decode.acceptance"):
         assert after[name] == done[name], name  # kept as recorded before the cut
