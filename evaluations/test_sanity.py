@@ -15,6 +15,8 @@ from evaluations.probing import run_probes
 # Known-answer thresholds: fixture probes are trained to >= 90% (fixture.json); generic probes
 # are easy for any instruction-free LM but not all of them, so 3 of 5.
 DEFAULT_MIN_ACCURACY = {"model": 0.8, "generic": 0.6}
+# On a bakeoff fixture: at least 90% of what its builder measured (the untrained twin scores ~0).
+FIXTURE_RATIO = 0.9
 # MLPerf closed-division rule: a quantized / other-engine result must reach at least 99% of
 # the reference's accuracy (mlcommons inference rules, "accuracy target 99% of FP32").
 REFERENCE_ACCURACY_RATIO = 0.99
@@ -31,6 +33,21 @@ def probe_outputs(engine, probes, run):
     return outs
 
 
+def _default_threshold(settings, source: str) -> float:
+    """Known-answer threshold: for a bakeoff fixture, FIXTURE_RATIO of the accuracy its builder
+    measured with transformers on the saved weights (``fixture.json``), so the bar follows the
+    fixture actually built; otherwise the fixed default of the probe source."""
+    import json
+    from pathlib import Path
+
+    meta = Path(settings.model.path) / "fixture.json" if settings.model.local else None
+    if source == "model" and meta is not None and meta.is_file():
+        built = (json.loads(meta.read_text()).get("probe_results") or {}).get("prefix_accuracy")
+        if built:
+            return round(FIXTURE_RATIO * built, 3)
+    return DEFAULT_MIN_ACCURACY[source]
+
+
 def _accuracy(outs: list[dict]) -> float:
     return sum(probe_correct(o["text"], o["expected"]) for o in outs) / len(outs) if outs else 0.0
 
@@ -43,7 +60,7 @@ def test_known_answers(run, settings, engine, probes, probe_outputs):
         rows = [{**o, "correct": probe_correct(o["text"], o["expected"])} for o in probe_outputs]
         c.evidence("probes.json", rows)
         acc = _accuracy(probe_outputs)
-        threshold = settings.min_probe_accuracy if settings.min_probe_accuracy is not None else DEFAULT_MIN_ACCURACY[source]
+        threshold = settings.min_probe_accuracy if settings.min_probe_accuracy is not None else _default_threshold(settings, source)
         per_task: dict[str, list[bool]] = {}
         for r in rows:
             per_task.setdefault(r["task"], []).append(r["correct"])
