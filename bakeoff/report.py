@@ -63,6 +63,18 @@ def fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
+def _recomputed(v: dict[str, Any]) -> tuple[str, list[str]]:
+    """The status as today's rules decide it from the run's checks (a report recomputes what it
+    shows from the run directory; a run written under older rules is judged by the current ones)."""
+    from bakeoff.verdict import Check, decide
+
+    try:
+        checks = [Check.model_validate(c) for c in v.get("checks", [])]
+    except ValueError:
+        return v.get("status"), v.get("reasons", [])
+    return decide(checks, finished=v.get("finished_at") is not None)
+
+
 def load_run(path: Path) -> dict[str, Any]:
     """Read one run directory into the fields the report shows.
 
@@ -74,6 +86,7 @@ def load_run(path: Path) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError) as exc:
         raise UserError(f"cannot read run directory {path}: {exc}; pass folders that hold a verdict.json") from None
     checks = {c["name"]: c for c in v.get("checks", [])}
+    v["status"], v["reasons"] = _recomputed(v)
     fails = [f"{c['name']}: {c.get('failure_class') or 'error'}: {c.get('summary', '')[:160]}"
              for c in v.get("checks", []) if c["status"] in ("fail", "error")]
     sweep = checks.get("throughput.sweep", {}).get("values", {})

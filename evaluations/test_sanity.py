@@ -98,6 +98,11 @@ def test_degeneration(run, engine, probes, probe_outputs):
             d = detectors(o["text"], o["token_ids"], o["max_tokens"], o["finish_reason"])
             rows.append({"id": o["id"], "text": o["text"], "finish_reason": o["finish_reason"], "status": o["status"], **d})
         c.evidence("detectors.json", rows)
+        failed = [r for r in recs if r.status != "ok"]
+        if failed:  # an output that never came is not "not degenerate"
+            attach_engine_evidence(c, engine, failed[0].error_class)
+            c.fail(f"{len(failed)}/{len(recs)} open-ended requests failed: {failed[0].error}",
+                   failed[0].error_class or "runtime-crash")
         flagged = [r for r in rows if r["flags"]]
         frac = len(flagged) / len(rows) if rows else 0.0
         counts: dict[str, int] = {}

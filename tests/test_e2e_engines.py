@@ -102,9 +102,9 @@ def test_vllm_launch_failure_is_load_failure_with_log_tail(tmp_path):
     tail = (run / "evidence" / "load" / "engine.log.tail").read_text()
     assert "memory" in tail.lower()
     assert "memory" in load["summary"].lower()
-    skipped = [c for c in v["checks"] if c["status"] == "skip"]
-    assert skipped and all("backend did not load" in c["summary"] for c in skipped)
-    assert elapsed < 400
+    needs_engine = [c for c in v["checks"] if c["name"].startswith(("sanity.", "throughput."))]
+    assert needs_engine and all(c["status"] == "skip" and "backend did not load" in c["summary"] for c in needs_engine)
+    assert elapsed < 900  # bounded: the start deadline (300 s) plus the reference run, on a busy 2-core host
     assert not _engine_processes(tmp_path)
 
 
