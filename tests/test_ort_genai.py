@@ -146,7 +146,12 @@ def _reference_greedy(model: Path, prompts: list[str], max_new: int) -> list[lis
         with torch.inference_mode():
             ids = m.generate(**enc, max_new_tokens=max_new, do_sample=False, temperature=None, top_p=None,
                              top_k=None, pad_token_id=tok.pad_token_id or tok.eos_token_id)
-        out.append([int(x) for x in ids[0, enc["input_ids"].shape[1]:]])
+        new = [int(x) for x in ids[0, enc["input_ids"].shape[1]:]]
+        eos = m.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, list) else [eos])
+        if new and new[-1] in eos:  # generate() returns the EOS id; ORT GenAI does not stream it
+            new = new[:-1]
+        out.append(new)
     return out
 
 
