@@ -98,6 +98,7 @@ def test_folder_has_every_file(trained):
 def test_tokenizer_round_trip(trained):
     from transformers import AutoTokenizer
 
+    _assert_loader_tokenizes_as_trained(trained)
     tok = AutoTokenizer.from_pretrained(trained)
     for text in ["count: 33 34 35", " 37 38 39", "copy: hgd hcd hjc =>", "  two  spaces ", "héllo ☃"]:
         ids = tok(text)["input_ids"]
@@ -149,3 +150,68 @@ def test_concurrent_builds_share_one_result(tmp_path):
     assert [p.name for p in root.iterdir() if not p.name.startswith(".")] == [
         fixtures.folder_for("tiny-qwen3-untrained").name]
     assert not list(root.glob(".tmp-*"))
+
+
+def _assert_loader_tokenizes_as_trained(folder):
+    """AutoTokenizer (which for some model types swaps in its own class and pipeline) must
+    tokenize exactly as the trained ``tokenizer.json`` does."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    auto = AutoTokenizer.from_pretrained(folder)
+    raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    probes = [json.loads(line) for line in (folder / "probes.jsonl").read_text().splitlines()]
+    for text in [p["prompt"] for p in probes] + [p["expected"] for p in probes] + ["héllo ☃  x "]:
+        assert auto(text)["input_ids"] == raw.encode(text).ids, (type(auto).__name__, text)
+
+
+def _safetensor_keys(folder) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        return list(f.keys())
+
+
+@pytest.mark.slow
+def test_qwen3_moe_fixture():
+    folder = fixtures.build("tiny-qwen3-moe")
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3MoeForCausalLM"] and cfg["num_experts"] == 8
+    keys = _safetensor_keys(folder)
+    assert "model.layers.0.mlp.experts.7.gate_proj.weight" in keys  # per-expert layout (vLLM, HF hub)
+    _assert_loader_tokenizes_as_trained(folder)
+    meta = json.loads((folder / "fixture.json").read_text())
+    assert meta["steps"] > 0 and meta["probe_results"]["prefix_accuracy"] >= 0.5
+
+
+@pytest.mark.slow
+def test_qwen3_5_moe_two_layouts_same_weights():
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3_5MoeForConditionalGeneration
+
+    text = fixtures.build("tiny-qwen3.5-moe")
+    cg = fixtures.build("tiny-qwen3.5-moe-cg")
+    tcfg = json.loads((text / "config.json").read_text())
+    ccfg = json.loads((cg / "config.json").read_text())
+    assert tcfg["architectures"] == ["Qwen3_5MoeForCausalLM"]
+    assert set(tcfg["layer_types"]) == {"linear_attention", "full_attention"}
+    assert ccfg["architectures"] == ["Qwen3_5MoeForConditionalGeneration"]
+    assert ccfg["text_config"]["layer_types"] == tcfg["layer_types"]
+    tkeys, ckeys = _safetensor_keys(text), _safetensor_keys(cg)
+    assert all(k.startswith(("model.layers.", "model.embed_tokens.", "model.norm.", "lm_head."))
+               for k in tkeys)
+    assert any(k.startswith("model.language_model.layers.") for k in ckeys)
+    assert any(k.startswith("model.visual.") for k in ckeys)
+    meta = json.loads((cg / "fixture.json").read_text())
+    assert meta["layout"] == "conditional_generation"
+    assert meta["sibling"]["name"] == "tiny-qwen3.5-moe"
+    assert meta["sibling"]["recipe_hash"] == fixtures.recipe_hash("tiny-qwen3.5-moe")
+    for f in ("tokenizer.json", "probes.jsonl"):
+        assert (text / f).read_bytes() == (cg / f).read_bytes()
+    _assert_loader_tokenizes_as_trained(text)
+    _assert_loader_tokenizes_as_trained(cg)
+    a = AutoModelForCausalLM.from_pretrained(text).eval()
+    b = Qwen3_5MoeForConditionalGeneration.from_pretrained(cg).eval()
+    ids = torch.tensor([[5, 17, 42, 99, 7, 300, 12]])
+    with torch.no_grad():
+        assert torch.equal(a(input_ids=ids).logits, b(input_ids=ids).logits)
