@@ -195,7 +195,8 @@ def test_backend_streams_and_matches_reference(tiny_qwen3, ort_python, tmp_path,
         greedy, sampled, forced = asyncio.run(run_all())
         ref = _reference_greedy(tiny_qwen3, prompts, max_new)
         for (ids, _text, times, _fin), want in zip(greedy, ref):
-            assert ids == want[:len(ids)] and len(ids) == len(want)
+            # generator mode streams the final EOS id, engine mode does not; the reference drops it
+            assert ids[:len(want)] == want and len(ids) - len(want) in (0, 1)
             assert times == sorted(times)
         assert sampled[0] and sampled[3] in ("stop", "length")
         assert len(forced[0]) == 24 and forced[3] == "length"
