@@ -184,7 +184,7 @@ def test_qwen3_moe_fixture():
     folder = fixtures.build("tiny-qwen3-moe")
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["architectures"] == ["Qwen3MoeForCausalLM"]
-    assert cfg.get("num_experts", cfg.get("num_local_experts")) == 8
+    assert cfg["num_experts"] == cfg["num_local_experts"] == 8  # both spellings (older loaders)
     keys = _safetensor_keys(folder)
     assert "model.layers.0.mlp.experts.7.gate_proj.weight" in keys  # per-expert layout (vLLM, HF hub)
     _assert_loader_tokenizes_as_trained(folder)
