@@ -6,7 +6,8 @@ request with the server's own record of when it received the request and wrote e
 (``time.monotonic_ns()``; vLLM's ``perf_counter`` is the same CLOCK_MONOTONIC on Linux).
 Requests are matched by ``X-Request-Id`` (vLLM sends ``--request-id-prefix`` + index).
 
-Part 2: a real vLLM CPU server on a tiny Qwen3: output tokens/s of both tools, same
+Part 2: a real vLLM CPU server on a tiny Qwen3: output tokens/s of both tools on the same prompts
+(sampled by vLLM's own ``get_samples``, random dataset, seed 0), the same request body, same
 concurrency, same request count, 64 output tokens with ``ignore_eos``.
 
 ``vllm bench serve`` runs through its module in vLLM's environment (FIELD-NOTES.md): a
@@ -43,6 +44,31 @@ def vllm_child(args_json: str, out_path: str) -> None:
     args = parser.parse_args(json.loads(args_json))
     res = serve.main(args)
     Path(out_path).write_text(json.dumps(res, default=str))
+
+
+def vllm_samples_child(args_json: str, out_path: str) -> None:
+    """Runs inside vLLM's environment: the prompts ``vllm bench serve`` would send for these
+    arguments (its own ``get_samples`` with the same seed), as JSON, to ``out_path``."""
+    from vllm.benchmarks import serve
+    from vllm.benchmarks.datasets import get_samples
+    from vllm.tokenizers import get_tokenizer
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    serve.add_cli_args(parser)
+    args = parser.parse_args(json.loads(args_json))
+    samples = get_samples(args, get_tokenizer(args.tokenizer, tokenizer_mode=args.tokenizer_mode))
+    Path(out_path).write_text(json.dumps([s.prompt for s in samples]))
+
+
+def vllm_prompts(python: str, argv: list[str], timeout_s: float = 300) -> list:
+    """The prompts vLLM's benchmark samples for ``argv`` (same order)."""
+    out = tempfile.mktemp(suffix=".json")
+    p = subprocess.run([python, __file__, "--vllm-samples", json.dumps(argv), out], capture_output=True, text=True,
+                       timeout=timeout_s, env=dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false"))
+    if p.returncode != 0 or not Path(out).exists():
+        raise RuntimeError(f"vLLM's get_samples failed ({p.returncode}): {p.stderr[-3000:]}")
+    return json.loads(Path(out).read_text())
 
 
 def run_vllm_bench(python: str, argv: list[str], timeout_s: float = 900) -> dict:
@@ -150,10 +176,10 @@ def synthetic_once(vpy: str, tok: Path, c: int, turns: int, output_tokens: int, 
 
 def real_server(vpy: str, model: Path, levels: list[int], requests_per_session: int, output_tokens: int,
                 reps: int = 3) -> list[dict]:
-    import asyncio
     import random
 
     from backends._server import http_get
+    from bakeoff.loadgen import run_loop
     from bakeoff.loadgen.calibrate import _backend
     from bakeoff.loadgen.sweep import closed_loop
     from bakeoff.procs import ManagedProcess, free_port
@@ -175,32 +201,33 @@ def real_server(vpy: str, model: Path, levels: list[int], requests_per_session: 
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("vLLM server did not start:\n" + proc.tail(60))
             time.sleep(1)
-        words = [f"w{i}" for i in range(300)]
         for c in levels:
-            rng = random.Random(c)
             n = c * requests_per_session
-
-            def make(i, t):
-                return GenerationRequest(request_id=f"bk{c}-{i}-{t}-{rng.random():.6f}",
-                                         prompt=" ".join(rng.choice(words) for _ in range(48)),
-                                         max_tokens=output_tokens, ignore_eos=True)
-
             argv = ["--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions", "--model", "model",
                     "--tokenizer", str(model), "--dataset-name", "random", "--random-input-len", "64",
                     "--random-output-len", str(output_tokens), "--num-prompts", str(n), "--max-concurrency", str(c),
                     "--request-rate", "inf", "--ignore-eos", "--num-warmups", str(c), "--disable-tqdm",
                     "--seed", "0", "--ready-check-timeout-sec", "0", "--temperature", "0"]
+            # The same prompts for both tools: vLLM's own sampler with the same seed. Its warm-up
+            # repeats the first prompt c times; bakeoff's warm-up does the same.
+            prompts = vllm_prompts(vpy, argv)
+
+            def make(i, t, warm=False):
+                return GenerationRequest(request_id=f"bk{c}-{i}-{t}-{warm}", max_tokens=output_tokens, ignore_eos=True,
+                                         prompt=prompts[0] if warm else prompts[i * requests_per_session + t])
+
             result = {"concurrency": c, "requests": n}
             for rep in range(reps):  # alternate the tools so drift of a shared box hits both
-                b = _backend(url, {"ignore_eos": True, "return_token_ids": True})
+                # the body vllm bench serve sends (no return_token_ids: same server work)
+                b = _backend(url, {"ignore_eos": True})
 
                 async def main():
                     try:
-                        await closed_loop(b, make, c, 1)  # warm-up: opens connections
+                        await closed_loop(b, lambda i, t: make(i, t, warm=True), c, 1)  # warm-up: opens connections
                         return await closed_loop(b, make, c, requests_per_session)
                     finally:
                         await b.aclose()
-                recs, wall = asyncio.run(main())
+                recs, wall = run_loop(main())
                 toks = sum(r.output_tokens or 0 for r in recs if r.status == "ok")
                 result.setdefault("bakeoff_tokens_per_s", []).append(toks / wall)
                 result.setdefault("bakeoff_errors", []).append(sum(r.status != "ok" for r in recs))
@@ -253,6 +280,9 @@ def main() -> None:
     ap.add_argument("--processes-at", type=int, default=256, help="use 2 client processes from this concurrency")
     ap.add_argument("--server-workers-at", type=int, default=256, help="use 2 server processes from here")
     ap.add_argument("--reps", type=int, default=3, help="repetitions per level (tools alternate)")
+    ap.add_argument("--real-requests-per-session", type=int, default=8,
+                    help="requests per session against vLLM (longer runs: less run-to-run noise)")
+    ap.add_argument("--real-reps", type=int, default=5, help="repetitions per level against vLLM (0: --reps)")
     ap.add_argument("--skip-real", action="store_true")
     ap.add_argument("--skip-synthetic", action="store_true")
     ap.add_argument("--out", default=None)
@@ -265,8 +295,8 @@ def main() -> None:
     tok = tokenizer_path()
     syn = [] if a.skip_synthetic else synthetic(vpy, tok, [int(x) for x in a.concurrency.split(",")], a.turns,
                                                 a.output_tokens, a.processes_at, a.server_workers_at, a.reps)
-    real = [] if a.skip_real else real_server(vpy, tok, [int(x) for x in a.real_concurrency.split(",")], 4,
-                                              a.output_tokens, a.reps)
+    real = [] if a.skip_real else real_server(vpy, tok, [int(x) for x in a.real_concurrency.split(",")],
+                                              a.real_requests_per_session, a.output_tokens, a.real_reps or a.reps)
     print(table(syn, real))
     if a.out:
         Path(a.out).write_text(json.dumps({"synthetic": syn, "real": real, "model": str(tok)}, indent=1, default=str))
@@ -275,5 +305,7 @@ def main() -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--vllm-child":
         vllm_child(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) > 1 and sys.argv[1] == "--vllm-samples":
+        vllm_samples_child(sys.argv[2], sys.argv[3])
     else:
         main()

@@ -11,3 +11,32 @@ Modules:
         and a record of what it really sent; ``SynthServer`` runs it as a child process.
     calibrate: ``calibrate``, ``calibrate_sweep``, ``cli_calibrate``: the generator's own error.
 """
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def run_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` on uvloop's event loop when uvloop is installed, else asyncio's own.
+
+    The load generator and the synthetic server run hundreds of streams on one loop; uvloop's
+    libuv loop costs less CPU per I/O callback, which on a small host is CPU the other side
+    of the measurement gets back (``benchmarks/bench_loadgen.py`` measures both loops).
+    ``BAKEOFF_LOOP=asyncio`` forces asyncio's loop.
+    """
+    import os
+
+    if os.environ.get("BAKEOFF_LOOP", "uvloop") != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                return runner.run(coro)
+    return asyncio.run(coro)

@@ -17,7 +17,6 @@ Entry points:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import tempfile
 import time
@@ -28,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 from bakeoff.loadgen.synth_launch import SynthServer
 from bakeoff.specs import BackendConfig, GenerationRequest, RequestRecord
+from bakeoff.loadgen import run_loop
 
 
 class ErrorBudget(BaseModel):
@@ -157,7 +157,7 @@ def _run_load(url: str, concurrency: int, requests_per_session: int, max_tokens:
             finally:
                 await backend.aclose()
 
-        recs = asyncio.run(main())
+        recs = run_loop(main())
     # turn 0 of every session opens its connection: reported apart, like a warm-up
     measured = [r for r in recs if not r.request_id.endswith("-0")]
     sent_ns = [r.sent_ns for r in measured]

@@ -14,13 +14,13 @@ parent's engine).
 
 from __future__ import annotations
 
-import asyncio
 import multiprocessing as mp
 import time
 import traceback
 from typing import Any, Callable
 
 from bakeoff.specs import GenerationRequest, RequestRecord
+from bakeoff.loadgen import run_loop
 
 
 def _child(conn, backend_factory, mode: str, kwargs: dict[str, Any]) -> None:
@@ -38,7 +38,7 @@ def _child(conn, backend_factory, mode: str, kwargs: dict[str, Any]) -> None:
             finally:
                 await backend.aclose()
 
-        conn.send(("ok", asyncio.run(main())))
+        conn.send(("ok", run_loop(main())))
     except BaseException:  # the parent turns this into data
         conn.send(("error", traceback.format_exc()))
     finally:

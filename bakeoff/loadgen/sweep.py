@@ -18,6 +18,7 @@ from bakeoff.errors import EngineFailure
 from bakeoff.loadgen.client import SENT_NS
 from bakeoff.loadgen.stats import summarize
 from bakeoff.specs import GenerationRequest, RequestRecord
+from bakeoff.loadgen import run_loop
 
 
 def _spread(n_tokens: int, n_events: int) -> list[int]:
@@ -316,7 +317,7 @@ def run_sweep(backend, make_request: Callable[[int, int], GenerationRequest], se
             await backend.aclose()
         return out
 
-    return asyncio.run(main())
+    return run_loop(main())
 
 
 def _unwarm(r: RequestRecord) -> RequestRecord:

@@ -46,6 +46,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from bakeoff.loadgen import synth_protocol as sp
+from bakeoff.loadgen import run_loop
 
 
 class Dist(BaseModel):
@@ -399,7 +400,7 @@ def main(argv: list[str] | None = None) -> None:
                                               str(a.workers), "--worker-index", str(i)]
                                              + (["--log-dir", a.log_dir] if a.log_dir else [])))
     try:
-        asyncio.run(serve(a.port, config, a.host, a.workers > 1, a.log_dir, a.worker_index,
+        run_loop(serve(a.port, config, a.host, a.workers > 1, a.log_dir, a.worker_index,
                           ready_fd=True))
     finally:
         for c in children:
