@@ -87,10 +87,38 @@ def resolve(spec: str, build: bool = True, log=print) -> ResolvedModel:
             raise UserError(f"model path {spec} has no config.json; pass a Hugging Face checkpoint folder")
         try:
             json.loads((path / "config.json").read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError):
             # Not a user-input error in the CLI sense: the engine's reaction is evidence.
             return ResolvedModel(label=spec, path=str(path.resolve()), local=True)
         return ResolvedModel(label=spec, path=str(path.resolve()), local=True)
     if spec.startswith((".", "/", "~")) or not HUB_ID.match(spec):
         raise UserError(f"model path {spec} does not exist; pass a checkpoint folder, a hub id (org/name) or fixture:NAME")
     return ResolvedModel(label=spec, path=spec, local=False)
+
+
+QUANTIZATION_RECORD = "bakeoff-quantization.json"  # written by adapters.awq_int4 and adapters.trtllm_build
+
+
+def default_reference(model: ResolvedModel) -> tuple[ResolvedModel, str]:
+    """The model the transformers reference runs when ``--reference-model`` is not given.
+
+    A checkpoint that ``bakeoff quantize`` wrote records its unquantized source in
+    ``bakeoff-quantization.json``; the reference is that source (bf16), so a W4A16 checkpoint is
+    compared with the model it came from, as the INT4 tolerance rule intends. Any other model
+    is its own reference.
+
+    Returns:
+        ``(reference, reason)``: the model and one line saying why it was chosen.
+    """
+    record = Path(model.path) / QUANTIZATION_RECORD if model.local else None
+    if record is not None and record.is_file():
+        try:
+            source = json.loads(record.read_text()).get("source")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            source = None
+        if source and (Path(source) / "config.json").is_file():
+            return (ResolvedModel(label=source, path=str(Path(source).resolve()), local=True),
+                    f"the unquantized source named in {QUANTIZATION_RECORD}")
+        if source:
+            return model, f"{QUANTIZATION_RECORD} names source {source}, which is not here: the model is its own reference"
+    return model, "the model under test"

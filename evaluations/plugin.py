@@ -18,7 +18,7 @@ from bakeoff import envs
 from bakeoff.artifacts import RunDir
 from bakeoff.errors import EngineFailure, UserError
 from bakeoff.fingerprint import fingerprint
-from bakeoff.models import ResolvedModel, resolve
+from bakeoff.models import ResolvedModel, default_reference, resolve
 from bakeoff.options import parse_kv
 from bakeoff.run import CheckFailed, CheckSkipped, RunContext
 from bakeoff.specs import BackendConfig
@@ -47,6 +47,7 @@ class Settings:
     profile: str
     profile_cfg: dict[str, Any]
     reference_model: ResolvedModel
+    reference_reason: str
     min_probe_accuracy: float | None
     start_timeout_s: float
     progress_timeout_s: float
@@ -98,7 +99,10 @@ def _settings(config: pytest.Config) -> Settings:
 
     parse_options(name, cls.Options, options)  # fail fast, before anything is written
     model = resolve(o("--model"))
-    ref = resolve(o("--reference-model")) if o("--reference-model") else model
+    if o("--reference-model"):
+        ref, ref_reason = resolve(o("--reference-model")), "--reference-model"
+    else:
+        ref, ref_reason = default_reference(model)
     mem = o("--memory-limit-gib")
     if mem is not None and mem <= 0:
         raise UserError(f"--memory-limit-gib must be a positive number of GiB, got {mem}")
@@ -106,7 +110,7 @@ def _settings(config: pytest.Config) -> Settings:
     if mpa is not None and not 0 <= mpa <= 1:
         raise UserError("--min-probe-accuracy must be between 0 and 1")
     return Settings(backend=name, model=model, options=options, artifacts=Path(o("--artifacts")), profile=profile,
-                    profile_cfg=PROFILES[profile], reference_model=ref, min_probe_accuracy=mpa,
+                    profile_cfg=PROFILES[profile], reference_model=ref, reference_reason=ref_reason, min_probe_accuracy=mpa,
                     start_timeout_s=o("--start-timeout"), progress_timeout_s=o("--progress-timeout"), requests_log=o("--requests-log"),
                     memory_limit_gib=mem, backend_cls=cls)
 
@@ -130,6 +134,8 @@ def _load_resume(config: pytest.Config) -> tuple[RunDir, Verdict]:
     config.option.model = meta["model"]
     config.option.backend_opt = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in meta["options"].items()]
     config.option.profile = meta["profile"]
+    if meta.get("reference_reason") == "--reference-model":
+        config.option.reference_model = meta["reference_model"]
     config.option.artifacts = str(path.parent.parent)
     verdict.checks = [c for c in verdict.checks if c.status != "error" and c.name != "load"]
     verdict.resumed = (verdict.resumed or 0) + 1
@@ -162,6 +168,7 @@ def pytest_configure(config: pytest.Config) -> None:
     rundir.write_json("run.json", {"run_id": rundir.run_id, "backend": s.backend, "model": s.model.label,
                                    "model_path": s.model.path, "options": s.options, "profile": s.profile,
                                    "profile_settings": s.profile_cfg, "reference_model": s.reference_model.label,
+                                   "reference_reason": s.reference_reason,
                                    "command": sys.argv, "cwd": os.getcwd()})
     config.stash[KEY_SETTINGS] = s
     config.stash[KEY_RUN] = RunContext(rundir, verdict)
