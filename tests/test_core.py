@@ -131,3 +131,41 @@ def test_sanity_detectors_and_agreement():
     agr = agreement([{"id": "a", "text": "x", "token_ids": [1, 2, 3]}, {"id": "b", "text": "y", "token_ids": [1, 5]}],
                     [{"id": "a", "text": "x", "token_ids": [1, 2, 3]}, {"id": "b", "text": "y", "token_ids": [1, 2]}])
     assert agr["exact_match_rate"] == 0.5 and agr["rows"][1]["first_divergence"] == 1
+
+
+def test_token_channel_keeps_order_and_batches_without_a_wake_per_item():
+    import asyncio
+    import threading
+
+    from bakeoff.worker_server import TokenChannel
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        chan = TokenChannel(loop)
+        wakes = 0
+        orig = loop.call_soon_threadsafe
+
+        def counting(*a):
+            nonlocal wakes
+            wakes += 1
+            return orig(*a)
+
+        loop.call_soon_threadsafe = counting
+        n = 5000
+        t = threading.Thread(target=lambda: [chan.put(i) for i in range(n)] + [chan.put(None)])
+        t.start()
+        got, batches = [], 0
+        while True:
+            batch = await chan.get_batch()
+            batches += 1
+            await asyncio.sleep(0)  # the consumer's own work between batches
+            if batch[-1] is None:
+                got += batch[:-1]
+                break
+            got += batch
+        t.join()
+        return got, batches, wakes
+
+    got, batches, wakes = asyncio.run(main())
+    assert got == list(range(5000))
+    assert wakes <= batches < 5000  # a wake only when the consumer was parked

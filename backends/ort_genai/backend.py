@@ -20,36 +20,21 @@ from backends._server import ChildServerBackend
 from bakeoff import envs
 from bakeoff.errors import EngineFailure
 from bakeoff.procs import free_port
-from bakeoff.specs import BackendInfo, Spec
+from bakeoff.specs import BackendInfo
 
 
-class OrtGenaiOptions(Spec):
-    """``--backend-opt`` keys of the ort-genai backend.
+class OrtGenaiOptions(ExportOptions):
+    """``--backend-opt`` keys of the ort-genai backend: the export's (:class:`ExportOptions`:
+    ``precision``, ``execution_provider``, ``block_size``, ``accuracy_level``, ``int4_algo``,
+    ``moe_quant_type``, ``qmoe_block_size``, ``extra_options``) and these.
 
     Attributes:
-        precision: builder ``-p`` (int4 quantizes linears to ``MatMulNBits``).
-        execution_provider: builder ``-e`` and the runtime provider (``cpu`` here; ``cuda``
-            needs the onnxruntime-genai-cuda wheel).
-        block_size: INT4/INT8 block size (builder ``block_size``).
-        accuracy_level: ``MatMulNBits`` accuracy level 1..4 (builder ``accuracy_level``).
-        int4_algo: builder ``algo_config`` (``default``, ``rtn``, ``k_quant``...).
-        moe_quant_type: ``QMoE`` expert precision (builder ``moe_quant_type``).
-        qmoe_block_size: ``QMoE`` block size (builder ``qmoe_block_size``).
-        extra_options: more builder ``--extra_options`` as a dict.
         batching: ``engine`` (``og.Engine`` schedules several requests per step) or
             ``generator`` (one ``og.Generator`` at a time).
         reuse_export: reuse a cached export of the same checkpoint and options.
         export_timeout_s: builder deadline in seconds.
     """
 
-    precision: Literal["fp32", "fp16", "bf16", "int8", "int4"] = "int4"
-    execution_provider: Literal["cpu", "cuda", "dml", "webgpu", "NvTensorRtRtx"] = "cpu"
-    block_size: int | None = Field(None, gt=0)
-    accuracy_level: int | None = Field(None, ge=0, le=4)
-    int4_algo: str | None = None
-    moe_quant_type: Literal["int2", "int4", "int8", "mxfp4", "nvfp4"] | None = None
-    qmoe_block_size: int | None = None
-    extra_options: dict[str, str] = Field(default_factory=dict)
     batching: Literal["engine", "generator"] = "engine"
     reuse_export: bool = True
     export_timeout_s: float = Field(3600.0, gt=0)

@@ -18,7 +18,6 @@ import asyncio
 import os
 import queue
 import threading
-import time
 from typing import Any
 
 
@@ -150,9 +149,10 @@ class OrtGenaiEngine:
         return len(self.encode(prompt))
 
     async def generate(self, body: dict[str, Any]):
-        loop = asyncio.get_running_loop()
-        out: asyncio.Queue = asyncio.Queue()
-        put = lambda item: loop.call_soon_threadsafe(out.put_nowait, item)  # noqa: E731
+        from bakeoff.worker_server import TokenChannel
+
+        chan = TokenChannel(asyncio.get_running_loop())
+        put = chan.put
         self.n_requests += 1
         if self.engine is not None:
             if self.engine_error is not None:
@@ -161,25 +161,31 @@ class OrtGenaiEngine:
             self.wake.set()
         else:
             threading.Thread(target=self._run_generator, args=(body, put), daemon=True).start()
-        pending = None
         while True:
-            item = pending if pending is not None else await out.get()
-            pending = None
-            if isinstance(item, BaseException):
-                raise item
-            if item is None:
-                break
-            # Coalesce tokens that arrived while the previous event was being written: one
-            # SSE event per batch, token_ids listing each token (the engine outruns HTTP on
-            # tiny models; counts stay exact, timestamps are delivery times).
-            ids, text, finish = item
-            while finish is None and not out.empty():
-                nxt = out.get_nowait()
-                if isinstance(nxt, BaseException) or nxt is None or nxt[2] is not None:
-                    pending = nxt
-                    break
-                ids, text = ids + nxt[0], text + nxt[1]
-            yield (ids, text, finish)
+            # Tokens that arrived while the previous event was being written go out as one
+            # SSE event, token_ids listing each token (the engine outruns HTTP on tiny models;
+            # counts stay exact, timestamps are delivery times).
+            ids: list[int] = []
+            text = ""
+            for item in await chan.get_batch():
+                if isinstance(item, BaseException):
+                    if ids:  # what was generated before the failure still goes out
+                        yield (ids, text, None)
+                    raise item
+                if item is None:
+                    if ids:
+                        yield (ids, text, None)
+                    return
+                if item[2] is not None:  # the finish marker: flush tokens first
+                    if ids:
+                        yield (ids, text, None)
+                        ids, text = [], ""
+                    yield item
+                    continue
+                ids += item[0]
+                text += item[1]
+            if ids:
+                yield (ids, text, None)
 
     # -- generator scheduler -------------------------------------------------------------
     def _run_generator(self, body: dict[str, Any], put) -> None:
