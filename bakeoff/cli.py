@@ -66,7 +66,7 @@ def cmd_qualify(args) -> int:
     if args.profile not in ("quick", "full"):
         raise UserError(f"unknown profile {args.profile!r}; choose quick or full")
     artifacts = check_writable(Path(args.artifacts))
-    model = resolve(args.model, log=lambda s: print(f"[fixture] {s}", flush=True))
+    resolve(args.model, log=lambda s: print(f"[fixture] {s}", flush=True))
     runs: list[Path] = []
     print(f"qualifying {', '.join(names)} on {args.model} ({args.profile} profile)", flush=True)
     for n, cell in [(n, cell) for n in names for cell in cells]:  # each matrix cell is its own run

@@ -7,7 +7,6 @@ created on first use.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time

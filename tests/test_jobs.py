@@ -7,7 +7,6 @@ import base64
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import time
