@@ -68,7 +68,10 @@ def vllm_prompts(python: str, argv: list[str], timeout_s: float = 300) -> list:
                        timeout=timeout_s, env=dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false"))
     if p.returncode != 0 or not Path(out).exists():
         raise RuntimeError(f"vLLM's get_samples failed ({p.returncode}): {p.stderr[-3000:]}")
-    return json.loads(Path(out).read_text())
+    try:
+        return json.loads(Path(out).read_text())
+    finally:
+        Path(out).unlink()
 
 
 def run_vllm_bench(python: str, argv: list[str], timeout_s: float = 900) -> dict:
@@ -78,7 +81,10 @@ def run_vllm_bench(python: str, argv: list[str], timeout_s: float = 900) -> dict
                        timeout=timeout_s, env=env)
     if p.returncode != 0 or not Path(out).exists():
         raise RuntimeError(f"vllm bench serve failed ({p.returncode}): {p.stderr[-3000:]}")
-    return json.loads(Path(out).read_text())
+    try:
+        return json.loads(Path(out).read_text())
+    finally:
+        Path(out).unlink()
 
 
 def vllm_errors(res: dict, sent: dict[str, dict]) -> dict:

@@ -5,7 +5,7 @@ bare ``og.Generator`` loop's tokens/s, measured on the same export, same prompt,
 at a time, ``ignore_eos`` so every run decodes exactly ``--tokens`` tokens.
 
 Usage:
-    .venv/bin/python benchmarks/bench_ort_genai.py [--model FOLDER] [--tokens 256] [--runs 5]
+    .venv/bin/python benchmarks/bench_ort_genai.py [--model FOLDER] [--tokens 1500] [--runs 5] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -28,8 +28,12 @@ from bakeoff import envs  # noqa: E402
 BARE_LOOP = r"""
 import json, sys, time
 import onnxruntime_genai as og
-model_dir, prompt, n_tok, runs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-model = og.Model(model_dir)
+model_dir, prompt, n_tok, runs, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+config = og.Config(model_dir)
+config.clear_providers()
+if threads:
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
+model = og.Model(config)
 tok = og.Tokenizer(model)
 ids = tok.encode(prompt)
 rates = []
@@ -52,21 +56,23 @@ print(json.dumps({"decode_tok_s": rates, "tokens": n}))
 """
 
 
-def bare_loop(python: Path, model_dir: str, prompt: str, tokens: int, runs: int) -> list[float]:
+def bare_loop(python: Path, model_dir: str, prompt: str, tokens: int, runs: int, threads: int | None) -> list[float]:
     """Decode tokens/s (after the first token) of a bare og.Generator loop, per run."""
-    out = subprocess.run([str(python), "-c", BARE_LOOP, model_dir, prompt, str(tokens), str(runs)],
+    out = subprocess.run([str(python), "-c", BARE_LOOP, model_dir, prompt, str(tokens), str(runs), str(threads or 0)],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["decode_tok_s"]
 
 
-def worker_rates(model: Path, precision: str, batching: str, prompt: str, tokens: int, runs: int) -> list[float]:
+def worker_rates(model: Path, precision: str, batching: str, prompt: str, tokens: int, runs: int,
+                 threads: int | None) -> list[float]:
     """Decode tokens/s (after the first token, client timestamps) through the worker's HTTP stream."""
     from backends import resolve
     from bakeoff.specs import BackendConfig, GenerationRequest
 
     with tempfile.TemporaryDirectory() as wd:
         b = resolve("ort-genai")(BackendConfig(backend="ort-genai", model=str(model), workdir=wd,
-                                               options={"precision": precision, "batching": batching}))
+                                               options={"precision": precision, "batching": batching,
+                                                        "intra_op_num_threads": threads}))
         try:
             b.start()
 
@@ -92,8 +98,9 @@ def worker_rates(model: Path, precision: str, batching: str, prompt: str, tokens
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="checkpoint folder (default: the tiny-qwen3 fixture)")
-    ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=1500, help="decoded tokens per run (the fixture's context is 2048)")
+    ap.add_argument("--runs", type=int, default=5, help="runs per process")
+    ap.add_argument("--rounds", type=int, default=2, help="alternations of bare loop and worker")
     ap.add_argument("--prompt", default="count: 15 16 17 18")
     args = ap.parse_args()
     if args.model:
@@ -103,16 +110,24 @@ def main() -> None:
 
         model = Path(build("tiny-qwen3"))
     python = envs.ensure(env_spec(), print)
-    print(f"model {model}, {args.tokens} tokens/run, {args.runs} runs (+1 warm-up), median decode tok/s")
+    print(f"model {model}, {args.tokens} tokens/run, {args.runs} runs (+1 warm-up), median decode tok/s; "
+          f"bare loop and worker alternate {args.rounds} times, same intra-op threads")
     for precision in ("int4", "fp32"):
         res = export(model, ExportOptions(precision=precision), log=lambda s: None)
-        bare = statistics.median(bare_loop(python, res.output_dir, args.prompt, args.tokens, args.runs))
-        line = (f"{precision:5s} export {res.duration_s:6.1f} s {res.output_bytes / 1e6:7.2f} MB | "
-                f"bare og.Generator {bare:8.1f} tok/s")
-        for batching in ("generator", "engine"):
-            w = statistics.median(worker_rates(model, precision, batching, args.prompt, args.tokens, args.runs))
-            line += f" | worker[{batching}] {w:8.1f} tok/s ({100 * w / bare:5.1f}% of bare)"
-        print(line, flush=True)
+        for threads in (None, 1):
+            bare: list[float] = []
+            work: dict[str, list[float]] = {"generator": [], "engine": []}
+            for _ in range(args.rounds):  # alternate so drift of a shared host hits both
+                bare += bare_loop(python, res.output_dir, args.prompt, args.tokens, args.runs, threads)
+                for batching in work:
+                    work[batching] += worker_rates(model, precision, batching, args.prompt, args.tokens, args.runs, threads)
+            b = statistics.median(bare)
+            line = (f"{precision:5s} export {res.duration_s:6.1f} s {res.output_bytes / 1e6:5.2f} MB | threads "
+                    f"{threads or 'ORT default':>11} | bare og.Generator {b:7.1f} tok/s")
+            for batching, rates in work.items():
+                w = statistics.median(rates)
+                line += f" | worker[{batching}] {w:7.1f} tok/s ({100 * w / b:5.1f}% of bare)"
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -95,6 +95,7 @@ def summary(rows: list[dict]) -> dict:
     base = rows[1] if len(rows) > 1 else rows[0]
     last = rows[-1]
     return {"runs": len(rows), "rss_growth_mib_2nd_to_last": round(last["rss_mib"] - base["rss_mib"], 1),
+            "rss_growth_pct_2nd_to_last": round(100 * (last["rss_mib"] - base["rss_mib"]) / base["rss_mib"], 2),
             "fd_growth_2nd_to_last": last["fds"] - base["fds"], "thread_growth_2nd_to_last": last["threads"] - base["threads"],
             "rss_mib_first": rows[0]["rss_mib"], "rss_mib_last": last["rss_mib"],
             "processes_left": last["left"], "statuses": [r["status"] for r in rows]}
@@ -125,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['threads']} threads, {len(r['left'])} processes left", file=sys.stderr, flush=True)
     s = summary(rows)
     print(table(rows))
-    print(f"\nRSS growth run 2 -> run {len(rows)}: {s['rss_growth_mib_2nd_to_last']} MiB; fds {s['fd_growth_2nd_to_last']:+d}; "
+    print(f"\nRSS growth run 2 -> run {len(rows)}: {s['rss_growth_mib_2nd_to_last']} MiB "
+          f"({s['rss_growth_pct_2nd_to_last']:+.2f}%); fds {s['fd_growth_2nd_to_last']:+d}; "
           f"threads {s['thread_growth_2nd_to_last']:+d}; processes left: {len(s['processes_left'])}")
     for p in s["processes_left"]:
         print(f"  left: pid {p['pid']} {p['name']}: {p['cmd']}")

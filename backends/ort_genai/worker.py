@@ -9,7 +9,7 @@ Runs in the ``ort-genai`` environment (``adapters.ort_genai_export.env``). Two s
 
 Run as ``python -m backends.ort_genai.worker --model EXPORT_DIR --port P --ready-file F
 --options JSON`` (options: ``batching``, ``execution_provider``, ``source_model``,
-``max_batch_events``).
+``intra_op_num_threads``, ``max_batch_events``).
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ class OrtGenaiEngine:
     Args:
         model_dir: export folder (``genai_config.json``).
         options: ``batching`` (engine|generator), ``execution_provider`` (cpu|cuda|...),
-            ``source_model`` (checkpoint folder, for the tokenizer fallback).
+            ``source_model`` (checkpoint folder, for the tokenizer fallback),
+            ``intra_op_num_threads`` (decoder session threads; None: ORT's default).
     """
 
     def __init__(self, model_dir: str, options: dict[str, Any]):
@@ -62,6 +63,11 @@ class OrtGenaiEngine:
         config.clear_providers()
         if ep != "cpu":
             config.append_provider(ep)
+        if options.get("intra_op_num_threads"):
+            import json as _json
+
+            config.overlay(_json.dumps({"model": {"decoder": {"session_options": {
+                "intra_op_num_threads": int(options["intra_op_num_threads"])}}}}))
         self.model = og.Model(config)
         self.notes: dict[str, str] = {}
         src = options.get("source_model") or model_dir
@@ -108,6 +114,7 @@ class OrtGenaiEngine:
             "engine": "onnxruntime-genai", "engine_version": og.__version__, "device": ep,
             "max_model_len": self.context_length, "batching": self.batching,
             "tokenizer": self.tokenizer_source, "notes": self.notes,
+            "intra_op_num_threads": options.get("intra_op_num_threads") or "ORT default",
         }
         if self.engine is not None:
             self._info["engine_max_batch_size"] = self._caps
