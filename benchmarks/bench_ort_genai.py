@@ -5,7 +5,7 @@ bare ``og.Generator`` loop's tokens/s, measured on the same export, same prompt,
 at a time, ``ignore_eos`` so every run decodes exactly ``--tokens`` tokens.
 
 Usage:
-    .venv/bin/python benchmarks/bench_ort_genai.py [--model FOLDER] [--tokens 1500] [--runs 5] [--rounds 2]
+    .venv/bin/python benchmarks/bench_ort_genai.py [--model FOLDER] [--tokens 1500] [--runs 3] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def bare_loop(python: Path, model_dir: str, prompt: str, tokens: int, runs: int,
 
 
 def worker_rates(model: Path, precision: str, batching: str, prompt: str, tokens: int, runs: int,
-                 threads: int | None) -> list[float]:
+                 threads: int | None, interval_ms: float) -> list[float]:
     """Decode tokens/s (after the first token, client timestamps) through the worker's HTTP stream."""
     from backends import resolve
     from bakeoff.specs import BackendConfig, GenerationRequest
@@ -72,7 +72,8 @@ def worker_rates(model: Path, precision: str, batching: str, prompt: str, tokens
     with tempfile.TemporaryDirectory() as wd:
         b = resolve("ort-genai")(BackendConfig(backend="ort-genai", model=str(model), workdir=wd,
                                                options={"precision": precision, "batching": batching,
-                                                        "intra_op_num_threads": threads}))
+                                                        "intra_op_num_threads": threads,
+                                                        "stream_interval_ms": interval_ms}))
         try:
             b.start()
 
@@ -99,9 +100,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="checkpoint folder (default: the tiny-qwen3 fixture)")
     ap.add_argument("--tokens", type=int, default=1500, help="decoded tokens per run (the fixture's context is 2048)")
-    ap.add_argument("--runs", type=int, default=5, help="runs per process")
-    ap.add_argument("--rounds", type=int, default=2, help="alternations of bare loop and worker")
+    ap.add_argument("--runs", type=int, default=3, help="runs per process (median taken)")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="alternations of bare loop and worker; each round's worker/bare ratio is one sample")
     ap.add_argument("--prompt", default="count: 15 16 17 18")
+    ap.add_argument("--threads", type=int, default=1, help="intra-op threads for both (0: ORT's default)")
+    ap.add_argument("--intervals", type=lambda v: [float(x) for x in v.split(",")], default=[0.0, 2.0],
+                    help="worker stream_interval_ms values to compare (comma-separated)")
     args = ap.parse_args()
     if args.model:
         model = Path(args.model)
@@ -110,24 +115,30 @@ def main() -> None:
 
         model = Path(build("tiny-qwen3"))
     python = envs.ensure(env_spec(), print)
-    print(f"model {model}, {args.tokens} tokens/run, {args.runs} runs (+1 warm-up), median decode tok/s; "
-          f"bare loop and worker alternate {args.rounds} times, same intra-op threads")
+    print(f"model {model}, {args.tokens} tokens/run, {args.runs} runs (+1 warm-up) per process, median decode tok/s; "
+          f"bare loop and workers alternate {args.rounds} times")
     for precision in ("int4", "fp32"):
         res = export(model, ExportOptions(precision=precision), log=lambda s: None)
-        for threads in (None, 1):
-            bare: list[float] = []
-            work: dict[str, list[float]] = {"generator": [], "engine": []}
-            for _ in range(args.rounds):  # alternate so drift of a shared host hits both
-                bare += bare_loop(python, res.output_dir, args.prompt, args.tokens, args.runs, threads)
-                for batching in work:
-                    work[batching] += worker_rates(model, precision, batching, args.prompt, args.tokens, args.runs, threads)
-            b = statistics.median(bare)
-            line = (f"{precision:5s} export {res.duration_s:6.1f} s {res.output_bytes / 1e6:5.2f} MB | threads "
-                    f"{threads or 'ORT default':>11} | bare og.Generator {b:7.1f} tok/s")
-            for batching, rates in work.items():
-                w = statistics.median(rates)
-                line += f" | worker[{batching}] {w:7.1f} tok/s ({100 * w / b:5.1f}% of bare)"
-            print(line, flush=True)
+        threads = args.threads or None
+        variants = [(b, i) for b in ("generator", "engine") for i in args.intervals]
+        bare: list[float] = []
+        work: dict[tuple, list[float]] = {v: [] for v in variants}
+        paired: dict[tuple, list[float]] = {v: [] for v in variants}
+        for _ in range(args.rounds):  # alternate so drift of a shared host hits all alike
+            b = statistics.median(bare_loop(python, res.output_dir, args.prompt, args.tokens, args.runs, threads))
+            bare.append(b)
+            for batching, interval in variants:
+                w = statistics.median(worker_rates(model, precision, batching, args.prompt, args.tokens, args.runs,
+                                                   threads, interval))
+                work[(batching, interval)].append(w)
+                paired[(batching, interval)].append(w / b)
+        print(f"{precision:5s} export {res.duration_s:6.1f} s {res.output_bytes / 1e6:5.2f} MB | intra-op threads "
+              f"{threads or 'ORT default'} | bare og.Generator {statistics.median(bare):7.1f} tok/s", flush=True)
+        for (batching, interval), rates in work.items():
+            r = paired[(batching, interval)]
+            print(f"      worker[{batching:9s} stream_interval_ms={interval:g}] {statistics.median(rates):7.1f} tok/s | "
+                  f"paired ratio to bare: median {100 * statistics.median(r):5.1f}% "
+                  f"(rounds {', '.join(f'{x * 100:.0f}' for x in r)})", flush=True)
 
 
 if __name__ == "__main__":

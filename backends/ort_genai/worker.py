@@ -9,7 +9,7 @@ Runs in the ``ort-genai`` environment (``adapters.ort_genai_export.env``). Two s
 
 Run as ``python -m backends.ort_genai.worker --model EXPORT_DIR --port P --ready-file F
 --options JSON`` (options: ``batching``, ``execution_provider``, ``source_model``,
-``intra_op_num_threads``, ``max_batch_events``).
+``intra_op_num_threads``, ``stream_interval_ms``, ``max_batch_events``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import asyncio
 import os
 import queue
 import threading
+import time
 from typing import Any
 
 
@@ -50,7 +51,8 @@ class OrtGenaiEngine:
         model_dir: export folder (``genai_config.json``).
         options: ``batching`` (engine|generator), ``execution_provider`` (cpu|cuda|...),
             ``source_model`` (checkpoint folder, for the tokenizer fallback),
-            ``intra_op_num_threads`` (decoder session threads; None: ORT's default).
+            ``intra_op_num_threads`` (decoder session threads; None: ORT's default),
+            ``stream_interval_ms`` (least time between two SSE events of one stream; 0: none).
     """
 
     def __init__(self, model_dir: str, options: dict[str, Any]):
@@ -93,6 +95,7 @@ class OrtGenaiEngine:
         self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self.context_length = int(gcfg.get("context_length") or 0) or None
         self.batching = options.get("batching") or "engine"
+        self.stream_interval_s = float(options.get("stream_interval_ms") or 0) / 1000
         self.lock = threading.Lock()
         self.n_generated = 0
         self.n_requests = 0
@@ -115,6 +118,7 @@ class OrtGenaiEngine:
             "max_model_len": self.context_length, "batching": self.batching,
             "tokenizer": self.tokenizer_source, "notes": self.notes,
             "intra_op_num_threads": options.get("intra_op_num_threads") or "ORT default",
+            "stream_interval_ms": self.stream_interval_s * 1000,
         }
         if self.engine is not None:
             self._info["engine_max_batch_size"] = self._caps
@@ -168,10 +172,17 @@ class OrtGenaiEngine:
             self.wake.set()
         else:
             threading.Thread(target=self._run_generator, args=(body, put), daemon=True).start()
+        last_write = None
         while True:
             # Tokens that arrived while the previous event was being written go out as one
             # SSE event, token_ids listing each token (the engine outruns HTTP on tiny models;
-            # counts stay exact, timestamps are delivery times).
+            # counts stay exact, timestamps are delivery times). With stream_interval_ms, events
+            # of one stream are at least that far apart: og holds the GIL while it decodes, and
+            # every wake of this loop takes it back from the engine thread.
+            if self.stream_interval_s and last_write is not None:
+                wait = self.stream_interval_s - (time.monotonic() - last_write)
+                if wait > 0:
+                    await asyncio.sleep(wait)
             ids: list[int] = []
             text = ""
             for item in await chan.get_batch():
@@ -193,6 +204,7 @@ class OrtGenaiEngine:
                 text += item[1]
             if ids:
                 yield (ids, text, None)
+                last_write = time.monotonic()
 
     # -- generator scheduler -------------------------------------------------------------
     def _run_generator(self, body: dict[str, Any], put) -> None:
