@@ -48,6 +48,10 @@ SRC_HF = ("https://huggingface.co/docs/transformers/main/en/quantization/overvie
 
 # Architectures ORT GenAI 0.18.0's builder refuses ("The <path> model is not currently supported.").
 ORT_REFUSED_ARCHS = {"Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM"}
+# Refused architectures whose other layout of the same weights the 0.18.0 builder does export.
+ORT_LAYOUT_HINTS = {"Qwen3_5MoeForCausalLM": (
+    "the builder exports Qwen3_5MoeForConditionalGeneration (the layout released Qwen3.5-MoE checkpoints ship); "
+    "the same weights in that layout: fixture:tiny-qwen3.5-moe-cg")}
 # quant_method -> Python package transformers needs to load it.
 HF_PACKAGES = {"awq": "gptqmodel", "gptq": "gptqmodel", "compressed-tensors": "compressed_tensors",
                "fp8": "torch", "bitsandbytes": "bitsandbytes", "modelopt": "modelopt", "quark": "quark",
@@ -207,7 +211,9 @@ def _vllm(q: dict, arch: str | None, cuda: bool, flags: set[str] | None = None) 
 def _ort(q: dict, arch: str | None, cuda: bool) -> Rule:
     m, s = q.get("method"), q.get("scheme") or "?"
     if arch in ORT_REFUSED_ARCHS:
-        return False, f"NotImplementedError: The {arch} model is not currently supported by the ORT GenAI builder", SRC_ORT_ARCH
+        hint = f"; {ORT_LAYOUT_HINTS[arch]}" if arch in ORT_LAYOUT_HINTS else ""
+        return (False, f"NotImplementedError: The {arch} model is not currently supported by the ORT GenAI builder{hint}",
+                SRC_ORT_ARCH)
     if not q.get("quantized"):
         return True, "float checkpoint: the builder quantizes it itself (int4 RTN/k_quant)", SRC_ORT
     if m in ("awq", "gptq", "quark", "olive", "quant_auto"):

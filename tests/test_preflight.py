@@ -88,6 +88,10 @@ def test_float_checkpoint_and_architecture_rule(tmp_path):
     moe = _ckpt(tmp_path, arch="Qwen3MoeForCausalLM", name="moe")
     r = preflight(moe, "ort-genai", cuda=False)
     assert r.accepted is False and r.failure_class == "unsupported-architecture"
+    assert "fixture:tiny-qwen3.5-moe-cg" not in r.reason
+    text_layout = _ckpt(tmp_path, arch="Qwen3_5MoeForCausalLM", name="q35")
+    r = preflight(text_layout, "ort-genai", cuda=False)
+    assert r.accepted is False and "Qwen3_5MoeForConditionalGeneration" in r.reason  # says which layout exports
 
 
 def test_raise_if_rejected_is_config_rejected_with_evidence(tmp_path):

@@ -38,10 +38,11 @@ class OrtGenaiOptions(ExportOptions):
             keeps ORT's default (one per physical core). On a 2-core host a tiny model decodes
             ~1.6x faster with 1 (``benchmarks/bench_ort_genai.py``).
         stream_interval_ms: least time between two SSE events of one stream (tokens that come
-            sooner go out together, each still counted, ``token_ids`` listing them). og holds
-            the GIL while it decodes and each event the worker writes takes it back from the
-            engine thread; on a tiny CPU model (~0.3 ms/token) a write per token costs the
-            engine 10-30% of its tokens/s. Only streams faster than 1000/interval tokens/s are
+            sooner go out together, each still counted, ``token_ids`` listing them). The
+            engine thread shares the GIL with the event loop (a busy Python thread beside an
+            og.Generator loop cut its tokens/s 2-4x here), and each event written takes it; on
+            a tiny CPU model (~0.3 ms/token) a write per token costs the engine 10-30% of its
+            tokens/s. Only streams faster than 1000/interval tokens/s are
             affected; TTFT is not (the first event is never held). 0 writes per token.
     """
 

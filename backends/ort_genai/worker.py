@@ -177,8 +177,8 @@ class OrtGenaiEngine:
             # Tokens that arrived while the previous event was being written go out as one
             # SSE event, token_ids listing each token (the engine outruns HTTP on tiny models;
             # counts stay exact, timestamps are delivery times). With stream_interval_ms, events
-            # of one stream are at least that far apart: og holds the GIL while it decodes, and
-            # every wake of this loop takes it back from the engine thread.
+            # of one stream are at least that far apart: the engine thread shares the GIL with
+            # this loop, and every wake of the loop takes it from the engine.
             if self.stream_interval_s and last_write is not None:
                 wait = self.stream_interval_s - (time.monotonic() - last_write)
                 if wait > 0:
