@@ -88,8 +88,21 @@ def classify_start(log: str) -> StartFailure | None:
     for fclass, kind, rx in PATTERNS:
         hits = [ln for ln in lines if rx.search(ln)]
         if hits:
+            if kind == "unknown-architecture" and INSPECTION_FAILED.search(hits[-1]):
+                # vLLM inspects the model class in a subprocess and reports only "failed to be
+                # inspected"; an import error in that subprocess's traceback is the cause, and
+                # it is the engine's environment that lacks the module, not the architecture.
+                imports = [ln for ln in lines if IMPORT_ERROR.search(ln)]
+                if imports:
+                    return StartFailure("load-failure", "engine-import-error",
+                                        f"{imports[-1][:240]} (vLLM: {hits[-1][:160]})")
             return StartFailure(fclass, kind, hits[-1][:400])
     return None
+
+
+# vLLM model_executor/models/registry.py: the message after a failed inspection subprocess.
+INSPECTION_FAILED = re.compile(r"failed to be inspected")
+IMPORT_ERROR = re.compile(r"\b(?:ModuleNotFoundError|ImportError): ")
 
 
 def missing_tokenizer(model: str) -> str | None:

