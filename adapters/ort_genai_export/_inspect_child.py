@@ -107,7 +107,8 @@ def _dim(d: Any, seq: int, named: dict[str, int]) -> int:
 
 
 def _feeds(sess, np, named: dict[str, int], seq: int = 4) -> dict:
-    """Inputs for one prefill step: ids 1..seq, mask of ones, positions 0..seq-1, empty past."""
+    """Inputs for one prefill step: ids 1..seq, mask of ones, positions 0..seq-1 (in the rank
+    the graph declares), empty past."""
     types = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32,
              "tensor(float16)": np.float16, "tensor(bfloat16)": np.float32}
     feeds = {}
@@ -118,6 +119,11 @@ def _feeds(sess, np, named: dict[str, int], seq: int = 4) -> dict:
             feeds[inp.name] = (np.arange(1, seq + 1, dtype=dtype) % 8 + 1).reshape(1, seq)
         elif inp.name == "attention_mask":
             feeds[inp.name] = np.ones((1, seq), dtype=dtype)
+        elif inp.name == "position_ids" and len(inp.shape) == 3:
+            # MRoPE (Qwen2.5-VL / Qwen3.5 layouts): (sections, batch, seq); text positions are
+            # the same in every section
+            lead = inp.shape[0] if isinstance(inp.shape[0], int) else 3
+            feeds[inp.name] = np.ascontiguousarray(np.broadcast_to(np.arange(seq, dtype=dtype), (lead, 1, seq)))
         elif inp.name == "position_ids":
             feeds[inp.name] = np.arange(seq, dtype=dtype).reshape(1, seq)
         else:
