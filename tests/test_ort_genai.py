@@ -203,3 +203,23 @@ def test_backend_streams_and_matches_reference(tiny_qwen3, ort_python, tmp_path,
     finally:
         b.stop()
     assert b.proc is not None and not b.proc.group_alive()
+
+
+def test_forward_step_feeds_mrope_positions_in_the_declared_rank():
+    """Qwen3.5 / VL exports take position_ids as (3, batch, seq) (MRoPE); the inspection's
+    forward step must not call such a graph an export defect for its own 2-D feed."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from adapters.ort_genai_export._inspect_child import _feeds
+
+    inputs = [SimpleNamespace(name="input_ids", shape=["batch_size", "sequence_length"], type="tensor(int64)"),
+              SimpleNamespace(name="position_ids", shape=[3, "batch_size", "sequence_length"], type="tensor(int64)"),
+              SimpleNamespace(name="past_key_values.0.key", shape=["batch_size", 2, "past_sequence_length", 16],
+                              type="tensor(float)")]
+    feeds = _feeds(SimpleNamespace(get_inputs=lambda: inputs), np, {}, seq=4)
+    assert feeds["position_ids"].shape == (3, 1, 4) and (feeds["position_ids"][2, 0] == np.arange(4)).all()
+    assert feeds["input_ids"].shape == (1, 4) and feeds["past_key_values.0.key"].shape == (1, 2, 0, 16)
+    inputs[1] = SimpleNamespace(name="position_ids", shape=["batch_size", "sequence_length"], type="tensor(int64)")
+    assert _feeds(SimpleNamespace(get_inputs=lambda: inputs), np, {}, seq=4)["position_ids"].shape == (1, 4)
