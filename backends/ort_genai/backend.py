@@ -30,7 +30,10 @@ class OrtGenaiOptions(ExportOptions):
 
     Attributes:
         batching: ``engine`` (``og.Engine`` schedules several requests per step) or
-            ``generator`` (one ``og.Generator`` at a time).
+            ``generator`` (one ``og.Generator`` at a time); unset: ``engine``, falling back to
+            ``generator`` when the Engine fails a 1-token warm-up (0.18.0's Engine fails on
+            MRoPE exports such as Qwen3.5-MoE), the fallback and the Engine's error recorded in
+            the run's notes.
         reuse_export: reuse a cached export of the same checkpoint and options.
         export_timeout_s: builder deadline in seconds.
         intra_op_num_threads: ONNX Runtime intra-op threads of the decoder session (genai_config
@@ -46,7 +49,7 @@ class OrtGenaiOptions(ExportOptions):
             affected; TTFT is not (the first event is never held). 0 writes per token.
     """
 
-    batching: Literal["engine", "generator"] = "engine"
+    batching: Literal["engine", "generator"] | None = None
     reuse_export: bool = True
     export_timeout_s: float = Field(3600.0, gt=0)
     intra_op_num_threads: int | None = Field(None, ge=1)

@@ -95,6 +95,7 @@ class OrtGenaiEngine:
         self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self.context_length = int(gcfg.get("context_length") or 0) or None
         self.batching = options.get("batching") or "engine"
+        auto_batching = not options.get("batching")
         self.stream_interval_s = float(options.get("stream_interval_ms") or 0) / 1000
         self.lock = threading.Lock()
         self.n_generated = 0
@@ -113,6 +114,8 @@ class OrtGenaiEngine:
             created.wait()
             if self.engine_error is not None:
                 raise self.engine_error
+            if auto_batching:
+                self._warm_up_engine()
         self._info = {
             "engine": "onnxruntime-genai", "engine_version": og.__version__, "device": ep,
             "max_model_len": self.context_length, "batching": self.batching,
@@ -205,6 +208,34 @@ class OrtGenaiEngine:
             if ids:
                 yield (ids, text, None)
                 last_write = time.monotonic()
+
+    def _warm_up_engine(self, timeout_s: float = 300) -> None:
+        """One 1-token request through og.Engine; when it fails, serve with og.Generator.
+
+        og 0.18.0's Engine (static batching on CPU) feeds 2-D ``position_ids`` to graphs
+        that declare MRoPE's 3-D ones (Qwen3.5-MoE exports) and fails every request, while
+        og.Generator runs the same export. Only when the user left ``batching`` unset.
+        """
+        got: queue.SimpleQueue = queue.SimpleQueue()
+        self.inbox.put(({"prompt": "hello", "max_tokens": 1}, got.put))
+        self.wake.set()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                item = got.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                self.notes["batching_fallback"] = (
+                    f"og.Engine failed a 1-token warm-up ({item}; the engine's own words are in the worker log); "
+                    "serving with og.Generator, one request at a time")
+                self.engine_error = item  # the engine thread is unhealthy: nothing more goes to it
+                self.engine = None
+                self.batching = "generator"
+                return
+        self.notes["engine_warmup"] = f"og.Engine warm-up gave no answer in {timeout_s:.0f} s"
 
     # -- generator scheduler -------------------------------------------------------------
     def _run_generator(self, body: dict[str, Any], put) -> None:
