@@ -98,7 +98,12 @@ class RunDir:
                 path.mkdir(parents=True, exist_ok=False)
                 return cls(path)
             except FileExistsError:
+                if not runs.is_dir():
+                    raise UserError(f"{runs} is a file, not a folder; pass --artifacts DIR whose runs/ is a folder") from None
                 continue
+            except OSError as exc:  # runs/ is a file (NotADirectoryError), no space, no permission
+                raise UserError(f"cannot create a run directory under {runs} ({exc.strerror or exc}); "
+                                "pass --artifacts DIR with a writable folder") from None
         raise RuntimeError("could not create a unique run directory")
 
     @property

@@ -41,6 +41,18 @@ def _split_opts(items: list[str], backends_: list[str]) -> dict[str, list[str]]:
     return per
 
 
+def _plain_name(name: str, flag: str) -> str:
+    """A report name under ``artifacts/reports/``: one plain path component.
+
+    Raises:
+        UserError: empty, a path (``/``, ``..``) or hidden.
+    """
+    if not name or name != Path(name).name or name in (".", "..") or name.startswith("."):
+        raise UserError(f"{flag} {name!r} is not a plain name; reports go to artifacts/reports/NAME: pass a name "
+                        "such as latest or cpu-vs-h200")
+    return name
+
+
 def cmd_qualify(args) -> int:
     import backends
     from bakeoff.artifacts import check_writable
@@ -50,8 +62,17 @@ def cmd_qualify(args) -> int:
 
     if args.resume:
         return _resume(args)
-    args.model = args.model or DEFAULT_MODEL
+    args.model = DEFAULT_MODEL if args.model is None else args.model
+    if not args.model.strip():
+        raise UserError("--model is empty; pass a checkpoint folder, a hub id (org/name) or fixture:NAME")
+    if args.backends is not None and not args.backends.strip(", "):
+        raise UserError(f"--backends names no backend; choose from: {', '.join(backends.REGISTRY)}")
+    if not str(args.artifacts).strip():
+        raise UserError("--artifacts is empty; pass the folder runs and reports go to (default: artifacts)")
+    report_name = _plain_name(args.report, "--report")
     names = [b.strip() for b in (args.backends or ",".join(backends.DEFAULT_QUALIFY)).split(",") if b.strip()]
+    if len(set(names)) != len(names):
+        raise UserError(f"--backends names a backend twice ({args.backends}); name each once")
     for n in names:
         backends.validate(n)
     per = _split_opts(args.backend_opt, names)
@@ -65,21 +86,28 @@ def cmd_qualify(args) -> int:
             parse_options(n, backends.resolve(n).Options, parse_kv(merge_options(per[n], cell)))
     if args.profile not in ("quick", "full"):
         raise UserError(f"unknown profile {args.profile!r}; choose quick or full")
-    artifacts = check_writable(Path(args.artifacts))
-    resolve(args.model, log=lambda s: print(f"[fixture] {s}", flush=True))
+    model = resolve(args.model, log=lambda s: print(f"[fixture] {s}", flush=True))
+    if model.local and not args.model.startswith("fixture:"):
+        args.model = model.path  # absolute: the evaluation runs with the repository as its folder
+    if args.reference_model:
+        ref = resolve(args.reference_model, build=False)
+        args.reference_model = ref.path if ref.local and not args.reference_model.startswith("fixture:") else args.reference_model
+    artifacts = check_writable(Path(args.artifacts)).resolve()
     runs: list[Path] = []
     print(f"qualifying {', '.join(names)} on {args.model} ({args.profile} profile)", flush=True)
     for n, cell in [(n, cell) for n in names for cell in cells]:  # each matrix cell is its own run
         t0 = time.monotonic()
         with tempfile.NamedTemporaryFile("r", suffix=".run", delete=False) as fh:
             run_file = fh.name
-        cmd = [sys.executable, "-m", "pytest", str(REPO / "evaluations"), "--backend", n, "--model", args.model,
-               "--artifacts", str(artifacts), "--profile", args.profile, "-p", "no:cacheprovider", "-q",
-               "--rootdir", str(REPO), "-o", "console_output_style=classic", "--repeats", str(args.repeats)]
+        # --opt=value: pytest's first parse does not know the plugin's options yet and would take a
+        # separate value naming a folder for a test path, importing any conftest.py in it
+        cmd = [sys.executable, "-m", "pytest", str(REPO / "evaluations"), f"--backend={n}", f"--model={args.model}",
+               f"--artifacts={artifacts}", f"--profile={args.profile}", "-p", "no:cacheprovider", "-q",
+               "--rootdir", str(REPO), "-o", "console_output_style=classic", f"--repeats={args.repeats}"]
         for o in merge_options(per[n], cell):
-            cmd += ["--backend-opt", o]
+            cmd.append(f"--backend-opt={o}")
         if args.reference_model:
-            cmd += ["--reference-model", args.reference_model]
+            cmd.append(f"--reference-model={args.reference_model}")
         if args.no_preflight:
             cmd.append("--no-preflight")
         env = dict(os.environ, BAKEOFF_RUN_FILE=run_file)
@@ -94,7 +122,7 @@ def cmd_qualify(args) -> int:
         print(f"--- {n}: {time.monotonic() - t0:.0f} s -> {run_dir}", flush=True)
     if not runs:
         raise UserError("no run was written; see the errors above")
-    report = write_report(runs, artifacts / "reports" / args.report)
+    report = write_report(runs, artifacts / "reports" / report_name)
     _print_summary(runs)
     print(f"\nreport: {report}")
     return 0
@@ -108,24 +136,32 @@ def _resume(args) -> int:
 
     given = [f for f, v in (("--backends", args.backends), ("--model", args.model), ("--backend-opt", args.backend_opt),
                             ("--matrix", args.matrix), ("--reference-model", args.reference_model)) if v]
+    given += [f for f, v in (("--profile", args.profile != "quick"), ("--artifacts", args.artifacts != str(REPO / "artifacts")),
+                             ("--no-preflight", args.no_preflight)) if v]
     if given:
         raise UserError(f"--resume continues a run with its own settings; drop {', '.join(given)}")
+    if args.repeats < 1:
+        raise UserError(f"--repeats must be at least 1, got {args.repeats}")
     run_dir = Path(args.resume).resolve()
     try:
-        json.loads((run_dir / "run.json").read_text())
+        meta = json.loads((run_dir / "run.json").read_text())
         verdict = json.loads((run_dir / "verdict.json").read_text())
     except (OSError, ValueError) as exc:
         raise UserError(f"--resume {args.resume}: not a readable run directory ({exc.__class__.__name__}: "
                         f"{str(exc)[:100]}); pass a folder under artifacts/runs/ that holds run.json and verdict.json") from None
+    if not isinstance(meta, dict) or not {"backend", "model", "options", "profile"} <= set(meta) or \
+            not isinstance(verdict, dict) or not isinstance(verdict.get("checks", []), list):
+        raise UserError(f"--resume {args.resume}: run.json or verdict.json is not bakeoff's; pass a folder under "
+                        "artifacts/runs/ written by bakeoff")
     if verdict.get("finished_at"):
         raise UserError(f"run {run_dir.name} finished ({verdict.get('status')}); nothing to resume: start a new run")
-    cmd = [sys.executable, "-m", "pytest", str(REPO / "evaluations"), "--resume", str(run_dir), "-p", "no:cacheprovider",
-           "-q", "--rootdir", str(REPO), "-o", "console_output_style=classic", "--repeats", str(args.repeats)]
+    cmd = [sys.executable, "-m", "pytest", str(REPO / "evaluations"), f"--resume={run_dir}", "-p", "no:cacheprovider",
+           "-q", "--rootdir", str(REPO), "-o", "console_output_style=classic", f"--repeats={args.repeats}"]
     print(f"resuming {run_dir.name}\n$ {' '.join(cmd)}", flush=True)
     proc = subprocess.run(cmd, cwd=str(REPO))
     if proc.returncode in (3, 4):
         raise UserError(f"could not resume {run_dir.name} (pytest exit {proc.returncode}; see the error above)")
-    report = write_report([run_dir], run_dir.parent.parent / "reports" / args.report)
+    report = write_report([run_dir], run_dir.parent.parent / "reports" / _plain_name(args.report, "--report"))
     _print_summary([run_dir])
     print(f"\nreport: {report}")
     return 0
@@ -149,15 +185,31 @@ def _print_summary(runs: list[Path]) -> None:
 def cmd_report(args) -> int:
     from bakeoff.report import write_report
 
+    from bakeoff.artifacts import check_writable
+
     paths = [Path(p) for p in args.runs] or [Path(args.artifacts) / "runs"]
-    print(write_report(paths, Path(args.artifacts) / "reports" / args.name))
+    name = _plain_name(args.name, "--name")
+    out = check_writable(Path(args.artifacts)) / "reports" / name
+    try:
+        print(write_report(paths, out))
+    except OSError as exc:
+        raise UserError(f"cannot read the runs or write the report: {exc.__class__.__name__}: "
+                        f"{exc.strerror or exc} ({exc.filename}); pass readable run folders and a writable --artifacts") from None
     return 0
 
 
 def cmd_compare(args) -> int:
     from bakeoff.compare import write_compare
 
-    out = write_compare([Path(p) for p in args.runs], Path(args.artifacts) / "reports" / args.name, args.baseline)
+    from bakeoff.artifacts import check_writable
+
+    name = _plain_name(args.name, "--name")
+    dest = check_writable(Path(args.artifacts)) / "reports" / name
+    try:
+        out = write_compare([Path(p) for p in args.runs], dest, args.baseline)
+    except OSError as exc:
+        raise UserError(f"cannot read the runs or write the comparison: {exc.__class__.__name__}: "
+                        f"{exc.strerror or exc} ({exc.filename}); pass readable run folders and a writable --artifacts") from None
     print(f"{out['markdown']}\n{out['html']}")
     return 0
 
@@ -255,6 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("bakeoff: interrupted; runs written so far are kept (their verdicts say incomplete)", file=sys.stderr)
         return 130
+    except Exception as exc:  # huggingface_hub's, raised lazily by the jobs commands
+        if type(exc).__name__ != "LocalTokenNotFoundError":
+            raise
+        print("bakeoff: error: no Hugging Face token; log in with `hf auth login` or set HF_TOKEN", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -13,6 +13,12 @@ def cmd_quantize(args) -> int:
     from adapters.awq_int4 import quantize_awq
     from bakeoff.models import resolve
 
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {args.out} is a file; pass a new or empty folder for the quantized checkpoint")
+    from bakeoff.artifacts import check_writable
+
+    check_writable(out.resolve().parent)
     model = resolve(args.model, log=lambda s: print(f"[fixture] {s}", flush=True))
     if not model.local:
         raise UserError(f"quantize needs a local checkpoint folder; {args.model} is not one (download it first)")

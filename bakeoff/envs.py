@@ -27,8 +27,17 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def cache_root() -> Path:
-    """``$BAKEOFF_CACHE`` or ``~/.cache/bakeoff``."""
-    return Path(os.environ.get("BAKEOFF_CACHE") or Path.home() / ".cache" / "bakeoff")
+    """``$BAKEOFF_CACHE`` or ``~/.cache/bakeoff``.
+
+    Raises:
+        UserError: when that path exists and is not a folder.
+    """
+    root = Path(os.environ.get("BAKEOFF_CACHE") or Path.home() / ".cache" / "bakeoff")
+    if root.exists() and not root.is_dir():
+        from bakeoff.errors import UserError
+
+        raise UserError(f"cache folder {root} is a file; point BAKEOFF_CACHE at a folder (or unset it)")
+    return root
 
 
 def has_cuda() -> bool:

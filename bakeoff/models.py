@@ -79,17 +79,23 @@ def resolve(spec: str, build: bool = True, log=print) -> ResolvedModel:
         if not build and not fixtures.is_built(name):
             raise UserError(f"fixture {name} is not built; run: bakeoff fixture build {name}")
         return ResolvedModel(label=spec, path=str(fixtures.build(name, log=log)), local=True, fixture=name)
+    if not spec.strip():
+        raise UserError("--model is empty; pass a checkpoint folder, a hub id (org/name) or fixture:NAME")
     path = Path(spec).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise UserError(f"model path {spec} is a file; pass the checkpoint folder that holds config.json")
-        if not (path / "config.json").is_file():
-            raise UserError(f"model path {spec} has no config.json; pass a Hugging Face checkpoint folder")
-        try:
-            json.loads((path / "config.json").read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            # Not a user-input error in the CLI sense: the engine's reaction is evidence.
-            return ResolvedModel(label=spec, path=str(path.resolve()), local=True)
+    try:
+        exists = path.exists()
+        if exists:
+            if not path.is_dir():
+                raise UserError(f"model path {spec} is a file; pass the checkpoint folder that holds config.json")
+            if not (path / "config.json").is_file():
+                raise UserError(f"model path {spec} has no config.json; pass a Hugging Face checkpoint folder")
+            (path / "config.json").read_bytes()
+    except OSError as exc:  # too long a name, no permission to read the folder or config.json
+        raise UserError(f"model path {spec[:120]} cannot be read ({exc.__class__.__name__}: {exc.strerror or exc}); "
+                        "pass a checkpoint folder you can read") from None
+    if exists:
+        # A config.json that is not JSON (or not an object) is not refused here: the engine's
+        # reaction to it is evidence (load-failure with the engine's words).
         return ResolvedModel(label=spec, path=str(path.resolve()), local=True)
     if spec.startswith((".", "/", "~")) or not HUB_ID.match(spec):
         raise UserError(f"model path {spec} does not exist; pass a checkpoint folder, a hub id (org/name) or fixture:NAME")

@@ -85,18 +85,21 @@ class PreflightResult(Spec):
 
 
 def read_config(model_path: str | Path) -> dict[str, Any]:
-    """``config.json`` of a local checkpoint folder; ``{}`` for a hub id or an unreadable file."""
+    """``config.json`` of a local checkpoint folder; ``{}`` for a hub id, an unreadable file or
+    one that does not hold a JSON object (the engine's reaction to it is the evidence)."""
     try:
-        return json.loads((Path(model_path) / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        cfg = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return {}
+    return cfg if isinstance(cfg, dict) else {}
 
 
 def _modelopt_file(model_path: str | Path) -> dict[str, Any] | None:
     try:
-        return json.loads((Path(model_path) / "hf_quant_config.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        cfg = json.loads((Path(model_path) / "hf_quant_config.json").read_text())
+    except (OSError, ValueError):
         return None
+    return cfg if isinstance(cfg, dict) else None
 
 
 def _scheme(w_bits: Any, w_type: Any, a_bits: Any, a_type: Any, strategy: Any, group: Any) -> str | None:

@@ -75,6 +75,32 @@ def _recomputed(v: dict[str, Any]) -> tuple[str, list[str]]:
     return decide(checks, finished=v.get("finished_at") is not None)
 
 
+def _require_verdict_shape(v: Any, path: Path) -> None:
+    """The fields the report reads, with the types it reads them as.
+
+    Raises:
+        UserError: naming the first field that is not what bakeoff writes.
+    """
+    def bad(what: str) -> UserError:
+        return UserError(f"cannot read run directory {path}: verdict.json {what}; pass folders that hold a "
+                         "verdict.json written by bakeoff")
+    if not isinstance(v, dict):
+        raise bad(f"holds a {type(v).__name__}, not an object")
+    if not isinstance(v.get("checks", []), list):
+        raise bad("has checks that are not a list")
+    for c in v.get("checks", []):
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not isinstance(c.get("status"), str):
+            raise bad("has a check without a name and a status")
+        if not isinstance(c.get("values", {}), dict):
+            raise bad(f"has check {c['name']} whose values are not an object")
+    for key in ("options", "backend_info", "fingerprint"):
+        if not isinstance(v.get(key) or {}, dict):
+            raise bad(f"has {key} that is not an object")
+    for key in ("backend", "model"):
+        if not isinstance(v.get(key), str):
+            raise bad(f"has no {key}")
+
+
 def load_run(path: Path) -> dict[str, Any]:
     """Read one run directory into the fields the report shows.
 
@@ -83,8 +109,10 @@ def load_run(path: Path) -> dict[str, Any]:
     """
     try:
         v = json.loads((path / "verdict.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"cannot read run directory {path}: {exc}; pass folders that hold a verdict.json") from None
+    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError
+        raise UserError(f"cannot read run directory {path}: {exc.__class__.__name__}: {str(exc)[:120]}; "
+                        "pass folders that hold a verdict.json written by bakeoff") from None
+    _require_verdict_shape(v, path)
     checks = {c["name"]: c for c in v.get("checks", [])}
     v["status"], v["reasons"] = _recomputed(v)
     fails = [f"{c['name']}: {c.get('failure_class') or 'error'}: {c.get('summary', '')[:160]}"

@@ -106,6 +106,11 @@ def _settings(config: pytest.Config) -> Settings:
     mem = o("--memory-limit-gib")
     if mem is not None and mem <= 0:
         raise UserError(f"--memory-limit-gib must be a positive number of GiB, got {mem}")
+    if o("--repeats") < 1:
+        raise UserError(f"--repeats must be at least 1, got {o('--repeats')}")
+    for flag in ("--start-timeout", "--progress-timeout"):
+        if not o(flag) > 0:
+            raise UserError(f"{flag} must be a positive number of seconds, got {o(flag)}")
     mpa = o("--min-probe-accuracy")
     if mpa is not None and not 0 <= mpa <= 1:
         raise UserError("--min-probe-accuracy must be between 0 and 1")
@@ -128,8 +133,18 @@ def _load_resume(config: pytest.Config) -> tuple[RunDir, Verdict]:
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot resume {path}: {exc.__class__.__name__}: {' '.join(str(exc).split())[:120]}; pass a run directory "
                         "written by bakeoff (it holds run.json and verdict.json)") from None
+    if not isinstance(meta, dict) or not {"backend", "model", "options", "profile"} <= set(meta) \
+            or not isinstance(meta["options"], dict):
+        raise UserError(f"cannot resume {path}: run.json is not bakeoff's (it needs backend, model, options, profile); "
+                        "pass a run directory written by bakeoff")
     if verdict.finished_at is not None:
         raise UserError(f"run {path.name} finished ({verdict.status}); nothing to resume")
+    o = config.option
+    given = [f for f, v in (("--backend", o.backend != "transformers"), ("--model", o.model != "fixture:tiny-qwen3"),
+                            ("--backend-opt", o.backend_opt), ("--reference-model", o.reference_model),
+                            ("--profile", o.profile != "quick"), ("--artifacts", o.artifacts != "artifacts")) if v]
+    if given:
+        raise UserError(f"--resume continues a run with its own settings; drop {', '.join(given)}")
     config.option.backend = meta["backend"]
     config.option.model = meta["model"]
     config.option.backend_opt = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in meta["options"].items()]

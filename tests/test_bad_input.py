@@ -42,11 +42,15 @@ def bad_runs(tmp_path) -> dict[str, Path]:
     (corrupt / "verdict.json").write_text('{"status": "qual')  # cut mid-write by another tool
     finished = tmp_path / "runs" / "finished"
     finished.mkdir()
-    (finished / "run.json").write_text("{}")
+    (finished / "run.json").write_text(json.dumps({"backend": "vllm", "model": "m", "options": {}, "profile": "quick"}))
     (finished / "verdict.json").write_text(json.dumps({"status": "qualified", "finished_at": "2026-01-01T00:00:00Z"}))
+    foreign = tmp_path / "runs" / "foreign"  # valid JSON, not bakeoff's shapes
+    foreign.mkdir()
+    (foreign / "run.json").write_text("{}")
+    (foreign / "verdict.json").write_text("[]")
     empty = tmp_path / "runs" / "empty"
     empty.mkdir()
-    return {"corrupt": corrupt, "finished": finished, "empty": empty, "missing": tmp_path / "nope"}
+    return {"corrupt": corrupt, "finished": finished, "foreign": foreign, "empty": empty, "missing": tmp_path / "nope"}
 
 
 @pytest.mark.parametrize("args, message", [
@@ -140,6 +144,7 @@ def test_resume_conflicts_with_run_settings(bad_runs, extra, message):
     ("corrupt", "not a readable run directory (JSONDecodeError"),
     ("empty", "not a readable run directory"),
     ("finished", "finished (qualified); nothing to resume"),
+    ("foreign", "run.json or verdict.json is not bakeoff's"),
 ])
 def test_resume_unusable_run(bad_runs, which, message):
     before = sorted(bad_runs["finished"].parent.rglob("*"))
@@ -154,6 +159,9 @@ def test_resume_unusable_run(bad_runs, which, message):
     (["--backend", "transformers", "--memory-limit-gib", "0"], "--memory-limit-gib must be a positive number of GiB"),
     (["--backend", "transformers", "--profile", "huge"], "unknown profile 'huge'"),
     (["--backend", "transformers", "--min-probe-accuracy", "2"], "--min-probe-accuracy must be between 0 and 1"),
+    (["--backend", "transformers", "--repeats", "0"], "--repeats must be at least 1"),
+    (["--backend", "transformers", "--start-timeout", "-5"], "--start-timeout must be a positive number"),
+    (["--backend", "transformers", "--progress-timeout", "0"], "--progress-timeout must be a positive number"),
 ])
 def test_pytest_plugin_bad_options(tmp_path, args, message):
     art = tmp_path / "art"
@@ -167,3 +175,83 @@ def test_pytest_resume_unreadable_run(bad_runs):
     proc = run(PYTEST + ["--resume", str(bad_runs["corrupt"])])
     assert proc.returncode == 4
     assert "cannot resume" in one_error_line(proc, "ERROR: ")
+
+
+def _verdict_run(root: Path, name: str, verdict_text: str) -> Path:
+    d = root / "runs" / name
+    d.mkdir(parents=True)
+    (d / "verdict.json").write_text(verdict_text)
+    return d
+
+
+@pytest.mark.parametrize("verdict_text, message", [
+    ("[]", "verdict.json holds a list, not an object"),
+    ("null", "verdict.json holds a NoneType"),
+    ('{"backend": "b", "model": "m", "checks": "abc"}', "checks that are not a list"),
+    ('{"backend": "b", "model": "m", "checks": [{"foo": 1}]}', "a check without a name and a status"),
+    ('{"backend": "b", "model": "m", "checks": [], "options": "abc"}', "options that is not an object"),
+    ("{}", "has no backend"),
+])
+@pytest.mark.parametrize("command", ["compare", "report"])
+def test_runs_that_are_not_bakeoffs_are_refused(tmp_path, verdict_text, message, command):
+    run_dir = _verdict_run(tmp_path / "in", "r1", verdict_text)
+    art = tmp_path / "art"
+    proc = run(BAKEOFF + [command, str(run_dir), "--artifacts", str(art)])
+    assert proc.returncode == 2 and message in one_error_line(proc), proc.stderr
+    binary = _verdict_run(tmp_path / "in", "r2", "")
+    (binary / "verdict.json").write_bytes(b"\xff\xfe\x00garbage")
+    proc = run(BAKEOFF + [command, str(binary), "--artifacts", str(art)])
+    assert proc.returncode == 2 and "cannot read run directory" in one_error_line(proc)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["qualify", "--backends", ""], "--backends names no backend"),
+    (["qualify", "--backends", ","], "--backends names no backend"),
+    (["qualify", "--backends", "transformers,transformers"], "names a backend twice"),
+    (["qualify", "--backends", "transformers", "--model", ""], "--model is empty"),
+    (["qualify", "--backends", "transformers", "--report", "../x"], "--report '../x' is not a plain name"),
+    (["qualify", "--backends", "transformers", "--model", "/" + "a" * 300], "cannot be read (OSError"),
+    (["report", "examples/cpu", "--name", "/tmp/x"], "--name '/tmp/x' is not a plain name"),
+    (["compare", "examples/cpu", "--name", "../../escaped"], "is not a plain name"),
+    (["calibrate", "--concurrency", "abc"], "--concurrency takes whole numbers"),
+    (["calibrate", "--concurrency", "0"], "levels of at least 1 stream"),
+    (["jobs", "qualify", "--backends", "vllm", "--flavors", ",", "--dry-run", "--model", "org/m"], "--flavors names no flavor"),
+])
+def test_more_bad_input(tmp_path, args, message):
+    art = tmp_path / "art"
+    extra = [] if args[0] in ("calibrate", "jobs") else ["--artifacts", str(art)]
+    proc = run(BAKEOFF + args + extra)
+    assert proc.returncode == 2 and message in one_error_line(proc), proc.stderr[-2000:]
+    assert nothing_written(art)
+
+
+def test_save_script_does_not_overwrite(tmp_path):
+    precious = tmp_path / "precious.txt"
+    precious.write_text("mine")
+    proc = run(BAKEOFF + ["jobs", "export", "ort-genai", "--model", "org/m", "--dry-run", "--save-script", str(precious)])
+    assert proc.returncode == 2 and "exists" in one_error_line(proc)
+    assert precious.read_text() == "mine"
+
+
+def test_cache_that_is_a_file(tmp_path):
+    cache = tmp_path / "cachefile"
+    cache.write_text("x")
+    proc = subprocess.run(BAKEOFF + ["fixture", "build", "tiny-qwen3-untrained"], capture_output=True, text=True,
+                          cwd=REPO, timeout=120, env={**__import__("os").environ, "BAKEOFF_CACHE": str(cache)})
+    assert proc.returncode == 2 and "point BAKEOFF_CACHE at a folder" in one_error_line(proc)
+
+
+def test_qualify_takes_relative_paths_from_the_callers_folder(tmp_path):
+    """The evaluation runs with the repository as its folder: relative --model / --artifacts
+    are the caller's, so they are made absolute first (a bad model here: the fast path)."""
+    (tmp_path / "mymodel").mkdir()
+    (tmp_path / "mymodel" / "config.json").write_text("[1, 2]")  # a config that is not an object
+    proc = subprocess.run(BAKEOFF + ["qualify", "--backends", "transformers", "--model", "mymodel", "--artifacts", "art"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    runs = list((tmp_path / "art" / "runs").iterdir())
+    assert len(runs) == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    v = json.loads((runs[0] / "verdict.json").read_text())
+    load = next(c for c in v["checks"] if c["name"] == "load")
+    # the engine's reaction to the config is the evidence, not a crash of bakeoff's own pre-flight
+    assert load["status"] == "fail" and load["failure_class"] in ("load-failure", "unsupported-architecture"), load
+    assert v["model_path"] == str((tmp_path / "mymodel").resolve())

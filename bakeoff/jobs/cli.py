@@ -77,6 +77,16 @@ def _qualify_task(args, tag: str, push: PushTarget) -> JobTask:
 def cmd_submit(args) -> int:
     """``bakeoff jobs export|qualify``: render per flavor, then print (--dry-run) or submit."""
     flavors = [f.strip() for f in (getattr(args, "flavors", None) or args.flavor).split(",") if f.strip()]
+    if not flavors:
+        raise UserError("--flavors names no flavor; e.g. --flavors cpu-xl,a100-large (bakeoff jobs hardware lists them)")
+    if args.save_script:
+        targets = [Path(args.save_script)] if len(flavors) == 1 else [
+            Path(args.save_script).with_name(f"{Path(args.save_script).stem}-{f}{Path(args.save_script).suffix}") for f in flavors]
+        for t in targets:
+            if t.exists():
+                raise UserError(f"--save-script {t} exists; pass a new file name (bakeoff does not overwrite it)")
+            if not t.resolve().parent.is_dir():
+                raise UserError(f"--save-script {t}: its folder does not exist; pass a file in an existing folder")
     for f in flavors:
         submit.check_flavor(f)
     if args.push_to is None and not args.dry_run:

@@ -267,7 +267,22 @@ def cli_calibrate(argv: list[str] | None = None) -> int:
     ap.add_argument("--ttft-budget-ms", type=float, default=ErrorBudget().ttft_p50_ms)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    levels = [int(x) for v in a.concurrency for x in str(v).split(",") if x]
+    from pathlib import Path
+
+    from bakeoff.errors import UserError
+
+    try:
+        levels = [int(x) for v in a.concurrency for x in str(v).split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--concurrency takes whole numbers, e.g. 32 or 1,32,256; got {' '.join(a.concurrency)}") from None
+    if not levels or min(levels) < 1:
+        raise UserError(f"--concurrency needs levels of at least 1 stream, e.g. 1,32,256; got {' '.join(a.concurrency)}")
+    for flag, v in (("--processes", a.processes), ("--server-workers", a.server_workers),
+                    ("--output-tokens", a.output_tokens), ("--requests-per-session", a.requests_per_session)):
+        if v < 1:
+            raise UserError(f"{flag} must be at least 1, got {v}")
+    if a.out and not Path(a.out).resolve().parent.is_dir():
+        raise UserError(f"--out {a.out}: its folder does not exist; pass a file in an existing folder")
     t0 = time.monotonic()
     res = calibrate_sweep(levels, stop_at_first_miss=False, ttft_ms=a.ttft_ms, itl_ms=a.itl_ms,
                           output_tokens=a.output_tokens, requests_per_session=a.requests_per_session,
@@ -277,7 +292,5 @@ def cli_calibrate(argv: list[str] | None = None) -> int:
     text = json.dumps(res, indent=2)
     print(text)
     if a.out:
-        from pathlib import Path
-
         Path(a.out).write_text(text)
     return 0 if all(p["within_budget"] for p in res["points"]) else 1
