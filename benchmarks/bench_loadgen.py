@@ -182,12 +182,11 @@ def synthetic_once(vpy: str, tok: Path, c: int, turns: int, output_tokens: int, 
 
 def real_server(vpy: str, model: Path, levels: list[int], requests_per_session: int, output_tokens: int,
                 reps: int = 3) -> list[dict]:
-    import random
 
     from backends._server import http_get
     from bakeoff.loadgen import run_loop
     from bakeoff.loadgen.calibrate import _backend
-    from bakeoff.loadgen.sweep import closed_loop
+    from bakeoff.loadgen.sweep import pool_loop
     from bakeoff.procs import ManagedProcess, free_port
     from bakeoff.specs import GenerationRequest
 
@@ -228,9 +227,10 @@ def real_server(vpy: str, model: Path, levels: list[int], requests_per_session: 
                 b = _backend(url, {"ignore_eos": True})
 
                 async def main():
-                    try:
-                        await closed_loop(b, lambda i, t: make(i, t, warm=True), c, 1)  # warm-up: opens connections
-                        return await closed_loop(b, make, c, requests_per_session)
+                    try:  # warm-up opens connections; then vLLM's load shape: c slots, one queue
+                        await pool_loop(b, [make(i, 0, warm=True) for i in range(c)], c)
+                        return await pool_loop(b, [make(i // requests_per_session, i % requests_per_session)
+                                                   for i in range(n)], c)
                     finally:
                         await b.aclose()
                 recs, wall = run_loop(main())

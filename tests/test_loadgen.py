@@ -197,3 +197,25 @@ def test_calibration_reports_its_error():
     assert res["max_output_tokens_per_s"] > res["output_tokens_per_s"] > 0
     assert isinstance(res["within_budget"], bool) and "ttft_p50_ms" in res["budget"]
     assert res["server_slip"]["slip_p50_ms"] is not None
+
+
+def test_pool_loop_keeps_concurrency_until_the_queue_drains(server):
+    from bakeoff.loadgen.sweep import pool_loop
+
+    b = _backend(server.url, {})
+    reqs = [req(i, 0, "pool") for i in range(7)]
+
+    async def main():
+        try:
+            return await pool_loop(b, reqs, 3)
+        finally:
+            await b.aclose()
+    recs, wall = asyncio.run(main())
+    assert [r.request_id for r in recs] == [r.request_id for r in reqs] and all(r.status == "ok" for r in recs)
+    # never more than 3 in flight; a new request starts as soon as a slot frees
+    events = sorted([(r.sent_ns, 1) for r in recs] + [(r.end_ns, -1) for r in recs])
+    in_flight = peak = 0
+    for _, d in events:
+        in_flight += d
+        peak = max(peak, in_flight)
+    assert peak <= 3 and wall > 0

@@ -179,6 +179,32 @@ async def closed_loop(backend, make_request: Callable[[int, int], GenerationRequ
     return recs, time.monotonic() - t0
 
 
+async def pool_loop(backend, requests: list[GenerationRequest], concurrency: int,
+                    count_tokens: Callable[[str], int] | None = None) -> tuple[list[RequestRecord], float]:
+    """Send ``requests`` in order through ``concurrency`` workers that share one queue.
+
+    The load shape of ``vllm bench serve --max-concurrency N --request-rate inf``: a request
+    starts whenever one of the N slots is free, so concurrency stays at N until the queue
+    drains. Sessions of :func:`closed_loop` instead own their requests and can end unevenly,
+    leaving a tail with fewer requests in flight (lower tokens/s for the same engine).
+
+    Returns:
+        ``(records in request order, wall_s)``.
+    """
+    out: list[RequestRecord | None] = [None] * len(requests)
+    next_i = 0
+
+    async def worker(slot: int) -> None:
+        nonlocal next_i
+        while next_i < len(requests):
+            i, next_i = next_i, next_i + 1
+            out[i] = await run_request(backend, requests[i], session=slot, count_tokens=count_tokens)
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(worker(k) for k in range(min(concurrency, len(requests)))))
+    return [r for r in out if r is not None], time.monotonic() - t0
+
+
 def poisson_arrivals_ns(rate_per_s: float, duration_s: float | None = None, n: int | None = None,
                         seed: int = 0) -> np.ndarray:
     """Offsets (ns from start) of a Poisson process: exponential gaps of mean ``1/rate_per_s`` s.
