@@ -14,7 +14,8 @@ def parse_kv(items: list[str], flag: str = "--backend-opt") -> dict[str, Any]:
     """Parse ``["k=v", ...]``; values are JSON where they parse (``3``, ``true``, ``{...}``).
 
     Raises:
-        UserError: for an item without ``=`` or with an empty key.
+        UserError: for an item without ``=``, with an empty key, or a key given twice
+            (which value was meant is ambiguous).
     """
     out: dict[str, Any] = {}
     for item in items:
@@ -26,6 +27,8 @@ def parse_kv(items: list[str], flag: str = "--backend-opt") -> dict[str, Any]:
             value = json.loads(raw)
         except json.JSONDecodeError:
             value = raw
+        if key in out:
+            raise UserError(f"{flag} {key} given twice ({key}={out[key]!r} and {item!r}); pass it once")
         out[key] = value
     return out
 

@@ -216,6 +216,10 @@ def test_runs_that_are_not_bakeoffs_are_refused(tmp_path, verdict_text, message,
     (["calibrate", "--concurrency", "abc"], "--concurrency takes whole numbers"),
     (["calibrate", "--concurrency", "0"], "levels of at least 1 stream"),
     (["jobs", "qualify", "--backends", "vllm", "--flavors", ",", "--dry-run", "--model", "org/m"], "--flavors names no flavor"),
+    (["jobs", "qualify", "--backends", "vllm", "--backend-opt", "nosuch=1", "--dry-run", "--model", "org/m"],
+     "unknown option 'nosuch' for backend vllm"),
+    (["qualify", "--backends", "vllm", "--backend-opt", "max_model_len=1", "--backend-opt", "max_model_len=2"],
+     "--backend-opt max_model_len given twice"),
 ])
 def test_more_bad_input(tmp_path, args, message):
     art = tmp_path / "art"
