@@ -245,6 +245,9 @@ def real_server(vpy: str, model: Path, levels: list[int], requests_per_session: 
             result["bakeoff_median"] = float(np.median(result["bakeoff_tokens_per_s"]))
             result["vllm_median"] = float(np.median(result["vllm_tokens_per_s"]))
             result["ratio"] = result["bakeoff_median"] / result["vllm_median"]
+            b_, v_ = result["bakeoff_tokens_per_s"], result["vllm_tokens_per_s"]
+            result["ratio_of_means"] = float(np.mean(b_) / np.mean(v_))
+            result["paired_ratio_median"] = float(np.median([x / y for x, y in zip(b_, v_)]))
             rows.append(result)
             print(json.dumps(result), flush=True)
     finally:
@@ -269,11 +272,12 @@ def table(syn: list[dict], real: list[dict]) -> str:
                          f"{fmt(x['receive_lag_p50_ms'])} | {fmt(x['output_tokens_per_s'], 0)} "
                          f"({fmt(r['nominal_output_tokens_per_s'], 0)}) | {fmt(x['server_slip']['slip_p50_ms'])} |")
     if real:
-        lines += ["", "| streams (real vLLM) | bakeoff out tok/s (runs) | vllm bench out tok/s (runs) | ratio of medians |",
-                  "|---|---|---|---|"]
+        lines += ["", "| streams (real vLLM) | bakeoff out tok/s (runs) | vllm bench out tok/s (runs) | ratio of medians | "
+                  "ratio of means | paired ratio median |", "|---|---|---|---|---|---|"]
         for r in real:
             lines.append(f"| {r['concurrency']} | {' / '.join(f'{v:.0f}' for v in r['bakeoff_tokens_per_s'])} | "
-                         f"{' / '.join(f'{v:.0f}' for v in r['vllm_tokens_per_s'])} | {r['ratio']:.3f} |")
+                         f"{' / '.join(f'{v:.0f}' for v in r['vllm_tokens_per_s'])} | {r['ratio']:.3f} | "
+                         f"{r['ratio_of_means']:.3f} | {r['paired_ratio_median']:.3f} |")
     return "\n".join(lines)
 
 
