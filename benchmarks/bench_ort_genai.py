@@ -1,8 +1,12 @@
 """ORT GenAI decode speed: INT4 vs fp32 export, and the worker's overhead over a bare loop.
 
 Prints figures; asserts nothing about speed. Target (issue 3): the worker keeps >= 97% of a
-bare ``og.Generator`` loop's tokens/s, measured on the same export, same prompt, one request
-at a time, ``ignore_eos`` so every run decodes exactly ``--tokens`` tokens.
+bare ``og.Generator`` loop's tokens/s, measured on the same export, same prompt, same
+intra-op thread count, one request at a time, ``ignore_eos`` so every run decodes exactly
+``--tokens`` tokens. Each round runs the bare loop, then the worker in generator and engine
+mode at each ``--intervals`` value (``stream_interval_ms``); a round's worker/bare ratio is
+one sample, and the median of the samples is printed with each round's value, because
+single processes on a small shared host vary by tens of percent.
 
 Usage:
     .venv/bin/python benchmarks/bench_ort_genai.py [--model FOLDER] [--tokens 1500] [--runs 3] [--rounds 5]
