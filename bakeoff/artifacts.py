@@ -57,6 +57,13 @@ def slug(text: str, limit: int = 40) -> str:
     return re.sub(r"[^A-Za-z0-9.\-]+", "-", text).strip("-")[:limit] or "model"
 
 
+def is_run_meta(meta: Any) -> bool:
+    """Whether ``meta`` (a parsed ``run.json``) holds what resuming a run reads from it:
+    ``backend``, ``model``, ``options`` (an object) and ``profile``."""
+    return (isinstance(meta, dict) and {"backend", "model", "options", "profile"} <= set(meta)
+            and isinstance(meta["options"], dict))
+
+
 def check_writable(root: Path) -> Path:
     """Make sure ``root`` exists and is writable.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -22,7 +23,7 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (see: {self.prog} --help)")
 
 
-def _split_opts(items: list[str], backends_: list[str]) -> dict[str, list[str]]:
+def split_backend_opts(items: list[str], backends_: list[str]) -> dict[str, list[str]]:
     """``[BACKEND:]KEY=VALUE`` -> options per backend (no prefix: every backend)."""
     from bakeoff.options import parse_kv
 
@@ -75,7 +76,7 @@ def cmd_qualify(args) -> int:
         raise UserError(f"--backends names a backend twice ({args.backends}); name each once")
     for n in names:
         backends.validate(n)
-    per = _split_opts(args.backend_opt, names)
+    per = split_backend_opts(args.backend_opt, names)
     from bakeoff.matrix import merge_options, parse_matrix
 
     cells = parse_matrix(args.matrix)
@@ -149,8 +150,9 @@ def _resume(args) -> int:
     except (OSError, ValueError) as exc:
         raise UserError(f"--resume {args.resume}: not a readable run directory ({exc.__class__.__name__}: "
                         f"{str(exc)[:100]}); pass a folder under artifacts/runs/ that holds run.json and verdict.json") from None
-    if not isinstance(meta, dict) or not {"backend", "model", "options", "profile"} <= set(meta) or \
-            not isinstance(verdict, dict) or not isinstance(verdict.get("checks", []), list):
+    from bakeoff.artifacts import is_run_meta
+
+    if not is_run_meta(meta) or not isinstance(verdict, dict) or not isinstance(verdict.get("checks", []), list):
         raise UserError(f"--resume {args.resume}: run.json or verdict.json is not bakeoff's; pass a folder under "
                         "artifacts/runs/ written by bakeoff")
     if verdict.get("finished_at"):
@@ -182,34 +184,39 @@ def _print_summary(runs: list[Path]) -> None:
     Console(width=160).print(t)
 
 
+def _report_dest(args) -> Path:
+    """``artifacts/reports/NAME`` for ``report`` / ``compare``, the artifacts folder checked writable."""
+    from bakeoff.artifacts import check_writable
+
+    return check_writable(Path(args.artifacts)) / "reports" / _plain_name(args.name, "--name")
+
+
+@contextlib.contextmanager
+def _io_as_user_error(what: str):
+    """An OSError while reading runs or writing ``what`` becomes one line naming the file."""
+    try:
+        yield
+    except OSError as exc:
+        raise UserError(f"cannot read the runs or write the {what}: {exc.__class__.__name__}: {exc.strerror or exc} "
+                        f"({exc.filename}); pass readable run folders and a writable --artifacts") from None
+
+
 def cmd_report(args) -> int:
     from bakeoff.report import write_report
 
-    from bakeoff.artifacts import check_writable
-
     paths = [Path(p) for p in args.runs] or [Path(args.artifacts) / "runs"]
-    name = _plain_name(args.name, "--name")
-    out = check_writable(Path(args.artifacts)) / "reports" / name
-    try:
-        print(write_report(paths, out))
-    except OSError as exc:
-        raise UserError(f"cannot read the runs or write the report: {exc.__class__.__name__}: "
-                        f"{exc.strerror or exc} ({exc.filename}); pass readable run folders and a writable --artifacts") from None
+    dest = _report_dest(args)
+    with _io_as_user_error("report"):
+        print(write_report(paths, dest))
     return 0
 
 
 def cmd_compare(args) -> int:
     from bakeoff.compare import write_compare
 
-    from bakeoff.artifacts import check_writable
-
-    name = _plain_name(args.name, "--name")
-    dest = check_writable(Path(args.artifacts)) / "reports" / name
-    try:
+    dest = _report_dest(args)
+    with _io_as_user_error("comparison"):
         out = write_compare([Path(p) for p in args.runs], dest, args.baseline)
-    except OSError as exc:
-        raise UserError(f"cannot read the runs or write the comparison: {exc.__class__.__name__}: "
-                        f"{exc.strerror or exc} ({exc.filename}); pass readable run folders and a writable --artifacts") from None
     print(f"{out['markdown']}\n{out['html']}")
     return 0
 

@@ -122,9 +122,9 @@ def default_reference(model: ResolvedModel) -> tuple[ResolvedModel, str]:
             source = json.loads(record.read_text()).get("source")
         except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
             source = None
-        if source and (Path(source) / "config.json").is_file():
-            return (ResolvedModel(label=source, path=str(Path(source).resolve()), local=True),
-                    f"the unquantized source named in {QUANTIZATION_RECORD}")
         if source:
-            return model, f"{QUANTIZATION_RECORD} names source {source}, which is not here: the model is its own reference"
+            try:
+                return resolve(str(source), build=False), f"the unquantized source named in {QUANTIZATION_RECORD}"
+            except UserError:
+                return model, f"{QUANTIZATION_RECORD} names source {source}, which is not here: the model is its own reference"
     return model, "the model under test"

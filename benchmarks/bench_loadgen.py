@@ -34,57 +34,58 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def vllm_child(args_json: str, out_path: str) -> None:
-    """Runs inside vLLM's environment: one ``vllm bench serve`` run, result JSON to ``out_path``."""
+def _vllm_args(args_json: str):
+    """``vllm bench serve``'s own parser applied to a JSON list of arguments (in vLLM's env)."""
     from vllm.benchmarks import serve
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = FlexibleArgumentParser()
     serve.add_cli_args(parser)
-    args = parser.parse_args(json.loads(args_json))
-    res = serve.main(args)
+    return parser.parse_args(json.loads(args_json))
+
+
+def vllm_child(args_json: str, out_path: str) -> None:
+    """Runs inside vLLM's environment: one ``vllm bench serve`` run, result JSON to ``out_path``."""
+    from vllm.benchmarks import serve
+
+    res = serve.main(_vllm_args(args_json))
     Path(out_path).write_text(json.dumps(res, default=str))
 
 
 def vllm_samples_child(args_json: str, out_path: str) -> None:
     """Runs inside vLLM's environment: the prompts ``vllm bench serve`` would send for these
     arguments (its own ``get_samples`` with the same seed), as JSON, to ``out_path``."""
-    from vllm.benchmarks import serve
     from vllm.benchmarks.datasets import get_samples
     from vllm.tokenizers import get_tokenizer
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = FlexibleArgumentParser()
-    serve.add_cli_args(parser)
-    args = parser.parse_args(json.loads(args_json))
+    args = _vllm_args(args_json)
     samples = get_samples(args, get_tokenizer(args.tokenizer, tokenizer_mode=args.tokenizer_mode))
     Path(out_path).write_text(json.dumps([s.prompt for s in samples]))
 
 
-def vllm_prompts(python: str, argv: list[str], timeout_s: float = 300) -> list:
-    """The prompts vLLM's benchmark samples for ``argv`` (same order)."""
+def _in_vllm_env(python: str, mode: str, argv: list[str], what: str, timeout_s: float):
+    """Run this file as ``mode`` (``--vllm-child`` / ``--vllm-samples``) in vLLM's environment
+    with vLLM's benchmark arguments ``argv``; returns the JSON the child wrote."""
     out = tempfile.mktemp(suffix=".json")
-    p = subprocess.run([python, __file__, "--vllm-samples", json.dumps(argv), out], capture_output=True, text=True,
-                       timeout=timeout_s, env=dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false"))
+    env = dict(os.environ, VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    p = subprocess.run([python, __file__, mode, json.dumps(argv), out], capture_output=True, text=True,
+                       timeout=timeout_s, env=env)
     if p.returncode != 0 or not Path(out).exists():
-        raise RuntimeError(f"vLLM's get_samples failed ({p.returncode}): {p.stderr[-3000:]}")
+        raise RuntimeError(f"{what} failed ({p.returncode}): {p.stderr[-3000:]}")
     try:
         return json.loads(Path(out).read_text())
     finally:
         Path(out).unlink()
+
+
+def vllm_prompts(python: str, argv: list[str], timeout_s: float = 300) -> list:
+    """The prompts vLLM's benchmark samples for ``argv`` (same order)."""
+    return _in_vllm_env(python, "--vllm-samples", argv, "vLLM's get_samples", timeout_s)
 
 
 def run_vllm_bench(python: str, argv: list[str], timeout_s: float = 900) -> dict:
-    out = tempfile.mktemp(suffix=".json")
-    env = dict(os.environ, VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    p = subprocess.run([python, __file__, "--vllm-child", json.dumps(argv), out], capture_output=True, text=True,
-                       timeout=timeout_s, env=env)
-    if p.returncode != 0 or not Path(out).exists():
-        raise RuntimeError(f"vllm bench serve failed ({p.returncode}): {p.stderr[-3000:]}")
-    try:
-        return json.loads(Path(out).read_text())
-    finally:
-        Path(out).unlink()
+    """One ``vllm bench serve`` run with ``argv``; its result JSON."""
+    return _in_vllm_env(python, "--vllm-child", argv, "vllm bench serve", timeout_s)
 
 
 def vllm_errors(res: dict, sent: dict[str, dict]) -> dict:

@@ -15,7 +15,7 @@ import pytest
 
 import backends
 from bakeoff import envs
-from bakeoff.artifacts import RunDir
+from bakeoff.artifacts import RunDir, is_run_meta
 from bakeoff.errors import EngineFailure, UserError
 from bakeoff.fingerprint import fingerprint
 from bakeoff.models import ResolvedModel, default_reference, resolve
@@ -133,8 +133,7 @@ def _load_resume(config: pytest.Config) -> tuple[RunDir, Verdict]:
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot resume {path}: {exc.__class__.__name__}: {' '.join(str(exc).split())[:120]}; pass a run directory "
                         "written by bakeoff (it holds run.json and verdict.json)") from None
-    if not isinstance(meta, dict) or not {"backend", "model", "options", "profile"} <= set(meta) \
-            or not isinstance(meta["options"], dict):
+    if not is_run_meta(meta):
         raise UserError(f"cannot resume {path}: run.json is not bakeoff's (it needs backend, model, options, profile); "
                         "pass a run directory written by bakeoff")
     if verdict.finished_at is not None:

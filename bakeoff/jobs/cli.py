@@ -69,10 +69,10 @@ def _qualify_task(args, tag: str, push: PushTarget) -> JobTask:
         raise UserError("--backends names no backend")
     for n in names:
         backends.validate(n)
-    from bakeoff.cli import _split_opts
+    from bakeoff.cli import split_backend_opts
     from bakeoff.options import parse_kv, parse_options
 
-    per = _split_opts(args.backend_opt, names)  # the same checks as `bakeoff qualify`, before anything is rendered
+    per = split_backend_opts(args.backend_opt, names)  # the same checks as `bakeoff qualify`, before anything is rendered
     for n in names:
         parse_options(n, backends.resolve(n).Options, parse_kv(per[n]))
     q = QualifyTask(backends=names, profile=args.profile, backend_opts=args.backend_opt,
