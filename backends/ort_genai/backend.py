@@ -71,6 +71,11 @@ class OrtGenaiBackend(ChildServerBackend):
         self.export_result: ExportResult | None = None
         self.python: Path | None = None
 
+    @property
+    def env_python(self) -> Path | None:
+        """The ort-genai environment's interpreter (its packages go into the run's fingerprint)."""
+        return self.python
+
     def _log(self, line: str) -> None:
         with open(self.workdir / "export.log", "a") as fh:
             fh.write(line.rstrip() + "\n")
