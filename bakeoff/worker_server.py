@@ -26,7 +26,10 @@ class WorkerEngine(Protocol):
     """What a worker engine adapter provides.
 
     ``generate`` yields ``(token_ids, text_delta, finish_reason)`` tuples; ``finish_reason``
-    is None until the last one. ``prompt_tokens`` counts the prompt's tokens.
+    is None until the last one. ``prompt_tokens`` counts the prompt's tokens; an engine that
+    counts them itself while generating (in another process) stores the count in
+    ``body[PROMPT_TOKENS_KEY]`` instead, which wins. An engine may also have ``healthy()``,
+    returning why it cannot serve (``/health`` then answers 503 with that reason) or None.
     """
 
     def info(self) -> dict[str, Any]: ...
@@ -36,6 +39,9 @@ class WorkerEngine(Protocol):
     def generate(self, body: dict[str, Any]) -> AsyncIterator[tuple[list[int], str, str | None]]: ...
 
     def metrics(self) -> dict[str, float]: ...
+
+
+PROMPT_TOKENS_KEY = "_bakeoff_prompt_tokens"
 
 
 class TokenChannel:
@@ -96,6 +102,9 @@ def build_app(engine: WorkerEngine, served_model: str):
     counters = {"requests_total": 0, "generation_tokens_total": 0, "prompt_tokens_total": 0, "errors_total": 0}
 
     async def health(_request):
+        why = engine.healthy() if hasattr(engine, "healthy") else None
+        if why:
+            return web.json_response({"status": "error", "reason": why}, status=503)
         return web.json_response({"status": "ok"})
 
     async def models(_request):
@@ -115,8 +124,14 @@ def build_app(engine: WorkerEngine, served_model: str):
             body["prompt"] = "\n".join(m.get("content", "") for m in body["messages"])
         counters["requests_total"] += 1
         rid = f"cmpl-{uuid.uuid4().hex[:16]}"
-        n_prompt = engine.prompt_tokens(body.get("prompt", ""))
-        counters["prompt_tokens_total"] += n_prompt
+        body.pop(PROMPT_TOKENS_KEY, None)
+
+        def count_prompt() -> int:
+            n = body.get(PROMPT_TOKENS_KEY)
+            n = engine.prompt_tokens(body.get("prompt", "")) if n is None else n
+            counters["prompt_tokens_total"] += n
+            return n
+
         chat = request.path.endswith("/chat/completions")
         obj_name = "chat.completion.chunk" if chat else "text_completion"
         n_out = 0
@@ -128,6 +143,7 @@ def build_app(engine: WorkerEngine, served_model: str):
                 texts.append(text)
                 finish = fr or finish
             counters["generation_tokens_total"] += n_out
+            n_prompt = count_prompt()
             usage = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
             choice = {"index": 0, "finish_reason": finish}
             if chat:
@@ -148,6 +164,7 @@ def build_app(engine: WorkerEngine, served_model: str):
                     choice["text"] = text
                 await resp.write(_sse({"id": rid, "object": obj_name, "model": served_model, "choices": [choice]}))
             counters["generation_tokens_total"] += n_out
+            n_prompt = count_prompt()
             if (body.get("stream_options") or {}).get("include_usage"):
                 usage = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
                 await resp.write(_sse({"id": rid, "object": obj_name, "model": served_model, "choices": [], "usage": usage}))

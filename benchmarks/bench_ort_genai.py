@@ -1,15 +1,24 @@
-"""ORT GenAI decode speed: INT4 vs fp32 export, and the worker's overhead over a bare loop.
+"""ORT GenAI decode speed: INT4 vs fp32 export, and the worker's overhead over bare loops.
 
 Prints figures; asserts nothing about speed. Target (issue 3): the worker keeps >= 97% of a
-bare ``og.Generator`` loop's tokens/s, measured on the same export, same prompt, same
-intra-op thread count, one request at a time, ``ignore_eos`` so every run decodes exactly
-``--tokens`` tokens. Each round runs the bare loop, then the worker in generator and engine
-mode at each ``--intervals`` value (``stream_interval_ms``); a round's worker/bare ratio is
-one sample, and the median of the samples is printed with each round's value, because
-single processes on a small shared host vary by tens of percent.
+bare ``og.Generator`` loop's tokens/s, on the same export, prompt and intra-op thread count,
+one request at a time, ``ignore_eos`` so every run decodes exactly ``--tokens`` tokens.
+
+Method: every contender is loaded once and stays up (a bare-loop process that runs a loop per
+command, and one worker per ``batching`` x ``stream_interval_ms``), then single runs alternate
+``bare, worker A, bare, worker B, ...`` for ``--pairs`` cycles. Each worker run is divided by
+the mean of the bare runs just before and after it: one paired sample. The median of the
+samples is the figure; the 10th-90th percentile range beside it shows the spread, because a
+small shared host drifts by tens of percent over minutes but little within one second.
+Decode tokens/s counts tokens after the first and divides by the time from the first to the
+last (engine-side clock for bare loops, client receive times for workers).
+
+Bare loops: ``og.Generator`` (``generate_next_token`` / ``get_next_tokens``) and ``og.Engine``
+(``create_request`` / ``begin_turn`` / ``run``), so the worker in engine mode is compared both
+with what it must match and with the Engine's own cost.
 
 Usage:
-    .venv/bin/python benchmarks/bench_ort_genai.py [--model FOLDER] [--tokens 1500] [--runs 3] [--rounds 5]
+    .venv/bin/python benchmarks/bench_ort_genai.py [--model FOLDER] [--tokens 1500] [--pairs 15]
 """
 
 from __future__ import annotations
@@ -24,15 +33,18 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adapters.ort_genai_export import ExportOptions, env_spec, export  # noqa: E402
 from bakeoff import envs  # noqa: E402
 
-BARE_LOOP = r"""
+BARE_SERVER = r"""
 import json, sys, time
+import numpy as np
 import onnxruntime_genai as og
-model_dir, prompt, n_tok, runs, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+model_dir, prompt, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
 config = og.Config(model_dir)
 config.clear_providers()
 if threads:
@@ -40,77 +52,183 @@ if threads:
 model = og.Model(config)
 tok = og.Tokenizer(model)
 ids = tok.encode(prompt)
-rates = []
-for r in range(runs + 1):
+engine = og.Engine(model)
+buf = engine.create_event_buffer(256)
+
+def generator(n_tok):
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=len(ids) + n_tok, min_length=len(ids) + n_tok, do_sample=False)
     gen = og.Generator(model, params)
     gen.append_tokens(ids)
-    t0 = time.perf_counter(); first = None; n = 0
+    first = None; n = 0
     while not gen.is_done():
         gen.generate_next_token()
         gen.get_next_tokens()
         n += 1
         if first is None:
             first = time.perf_counter()
-    t1 = time.perf_counter()
-    if r:  # run 0 is warm-up
-        rates.append((n - 1) / (t1 - first))
-print(json.dumps({"decode_tok_s": rates, "tokens": n}))
+    return (n - 1) / (time.perf_counter() - first)
+
+def engine_loop(n_tok):
+    req = engine.create_request()
+    to = og.TurnOptions(req)
+    to.set_do_sample(False); to.set_max_generated_tokens(n_tok); to.set_min_generated_tokens(n_tok)
+    req.begin_turn(np.asarray(ids, dtype=np.int32), to)
+    first = None; n = 0; done = False
+    while not done:
+        for ev in engine.run(buf) or ():
+            if int(ev.flags.value) & int(og.EngineEventFlags.TOKEN.value):
+                n += 1
+                if first is None:
+                    first = time.perf_counter()
+            if ev.finish_reason != og.FinishReason.NONE:
+                done = True
+    req.close()
+    return (n - 1) / (time.perf_counter() - first)
+
+print("ready", flush=True)
+for line in sys.stdin:
+    kind, n_tok = line.split()
+    rate = (generator if kind == "generator" else engine_loop)(int(n_tok))
+    print(json.dumps(rate), flush=True)
 """
 
 
-def bare_loop(python: Path, model_dir: str, prompt: str, tokens: int, runs: int, threads: int | None) -> list[float]:
-    """Decode tokens/s (after the first token) of a bare og.Generator loop, per run."""
-    out = subprocess.run([str(python), "-c", BARE_LOOP, model_dir, prompt, str(tokens), str(runs), str(threads or 0)],
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])["decode_tok_s"]
+def pin(pid: int, cores: set[int]) -> None:
+    """Every thread of ``pid`` onto ``cores`` (``sched_setaffinity`` of the pid moves only its main thread)."""
+    import os
+
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(tid), cores)
 
 
-def worker_rates(model: Path, precision: str, batching: str, prompt: str, tokens: int, runs: int,
-                 threads: int | None, interval_ms: float) -> list[float]:
-    """Decode tokens/s (after the first token, client timestamps) through the worker's HTTP stream."""
-    from backends import resolve
-    from bakeoff.specs import BackendConfig, GenerationRequest
+class BareLoop:
+    """A process in the ort-genai environment that runs one bare decode loop per command."""
 
-    with tempfile.TemporaryDirectory() as wd:
-        b = resolve("ort-genai")(BackendConfig(backend="ort-genai", model=str(model), workdir=wd,
-                                               options={"precision": precision, "batching": batching,
-                                                        "intra_op_num_threads": threads,
-                                                        "stream_interval_ms": interval_ms}))
-        try:
-            b.start()
+    def __init__(self, python: Path, model_dir: str, prompt: str, threads: int | None):
+        self.proc = subprocess.Popen([str(python), "-c", BARE_SERVER, model_dir, prompt, str(threads or 0)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline().strip() == "ready"
+        self.pid = self.proc.pid
 
-            async def go() -> list[float]:
-                rates = []
-                for r in range(runs + 1):
-                    times, counts = [], []
-                    req = GenerationRequest(request_id=str(r), prompt=prompt, max_tokens=tokens, ignore_eos=True)
-                    async for ev in b.stream(req):
-                        if ev.token_ids:  # an event may carry several tokens (coalesced)
-                            times.append(ev.t_ns)
-                            counts.append(len(ev.token_ids))
-                    if r:
-                        rates.append((sum(counts) - counts[0]) / ((times[-1] - times[0]) / 1e9))
-                await b.aclose()
-                return rates
+    def run(self, kind: str, tokens: int) -> float:
+        """Decode tokens/s of one ``generator`` or ``engine`` loop."""
+        self.proc.stdin.write(f"{kind} {tokens}\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
 
-            return asyncio.run(go())
-        finally:
-            b.stop()
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+class Worker:
+    """The ort-genai backend (worker + engine process), kept up across runs."""
+
+    def __init__(self, model: Path, precision: str, batching: str, threads: int | None, interval_ms: float):
+        from backends import resolve
+        from bakeoff.specs import BackendConfig
+
+        self.tmp = tempfile.TemporaryDirectory()
+        self.backend = resolve("ort-genai")(BackendConfig(
+            backend="ort-genai", model=str(model), workdir=self.tmp.name,
+            options={"precision": precision, "batching": batching, "intra_op_num_threads": threads,
+                     "stream_interval_ms": interval_ms}))
+        self.backend.start()
+        self.engine_pid = self.backend.ready_payload["info"]["engine_process"]
+        self.worker_pid = self.backend.ready_payload["pid"]
+
+    async def run(self, prompt: str, tokens: int) -> float:
+        """Decode tokens/s of one request, from the client's receive times."""
+        from bakeoff.specs import GenerationRequest
+
+        times, counts = [], []
+        req = GenerationRequest(request_id=str(time.monotonic_ns()), prompt=prompt, max_tokens=tokens,
+                                ignore_eos=True)
+        async for ev in self.backend.stream(req):
+            if ev.token_ids:  # an event may carry several tokens (coalesced)
+                times.append(ev.t_ns)
+                counts.append(len(ev.token_ids))
+        if sum(counts) != tokens:
+            raise RuntimeError(f"worker streamed {sum(counts)} tokens, asked for {tokens}")
+        return (sum(counts) - counts[0]) / ((times[-1] - times[0]) / 1e9)
+
+    async def close(self) -> None:
+        await self.backend.aclose()
+        self.backend.stop()
+        self.tmp.cleanup()
+
+
+def spread(xs: list[float]) -> str:
+    """Median and 10th-90th percentile of ratios, in percent."""
+    p10, p50, p90 = np.percentile(np.asarray(xs) * 100, [10, 50, 90])
+    return f"median {p50:5.1f}% (p10 {p10:5.1f}, p90 {p90:5.1f}, n={len(xs)})"
+
+
+async def measure(python: Path, model: Path, precision: str, args) -> None:
+    res = export(model, ExportOptions(precision=precision), log=lambda s: None)
+    threads = args.threads or None
+    bare = BareLoop(python, res.output_dir, args.prompt, threads)
+    variants = [(b, i) for b in ("generator", "engine") for i in args.intervals]
+    workers = {v: Worker(model, precision, v[0], threads, v[1]) for v in variants}
+    if args.pin:  # decode loops share one core; HTTP worker and this client get the others
+        import os
+
+        cores = sorted(os.sched_getaffinity(0))
+        decode, rest = {cores[-1]}, set(cores[:-1]) or {cores[-1]}
+        pin(bare.pid, decode)
+        for w in workers.values():
+            pin(w.engine_pid, decode)
+            pin(w.worker_pid, rest)
+        pin(os.getpid(), rest)
+        print(f"pinned: decode loops (bare and engine processes) on core {cores[-1]}, HTTP workers and client on "
+              f"{sorted(rest)}", flush=True)
+    try:
+        for v, w in workers.items():  # warm-up: first runs allocate
+            await w.run(args.prompt, args.tokens)
+        for kind in ("generator", "engine"):
+            bare.run(kind, args.tokens)
+        bare_rates: dict[str, list[float]] = {"generator": [], "engine": []}
+        ratio_gen: dict[tuple, list[float]] = {v: [] for v in variants}
+        ratio_own: dict[tuple, list[float]] = {v: [] for v in variants}
+        engine_vs_gen: list[float] = []
+        for _ in range(args.pairs):
+            before = {k: bare.run(k, args.tokens) for k in ("generator", "engine")}
+            for k, r in before.items():
+                bare_rates[k].append(r)
+            engine_vs_gen.append(before["engine"] / before["generator"])
+            for v in variants:
+                w = await workers[v].run(args.prompt, args.tokens)
+                after = {k: bare.run(k, args.tokens) for k in ("generator", "engine")}
+                ratio_gen[v].append(w / ((before["generator"] + after["generator"]) / 2))
+                ratio_own[v].append(w / ((before[v[0]] + after[v[0]]) / 2))
+                before = after
+        print(f"{precision:5s} export {res.duration_s:6.1f} s {res.output_bytes / 1e6:5.2f} MB | intra-op threads "
+              f"{threads or 'ORT default'} | bare og.Generator {statistics.median(bare_rates['generator']):7.1f} "
+              f"tok/s, bare og.Engine {statistics.median(bare_rates['engine']):7.1f} tok/s "
+              f"(Engine/Generator {spread(engine_vs_gen)})", flush=True)
+        for (batching, interval) in variants:
+            own = "" if batching == "generator" else f" | to bare og.Engine: {spread(ratio_own[(batching, interval)])}"
+            print(f"      worker[{batching:9s} stream_interval_ms={interval:g}] to bare og.Generator: "
+                  f"{spread(ratio_gen[(batching, interval)])}{own}", flush=True)
+    finally:
+        bare.close()
+        for w in workers.values():
+            await w.close()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="checkpoint folder (default: the tiny-qwen3 fixture)")
     ap.add_argument("--tokens", type=int, default=1500, help="decoded tokens per run (the fixture's context is 2048)")
-    ap.add_argument("--runs", type=int, default=3, help="runs per process (median taken)")
-    ap.add_argument("--rounds", type=int, default=5,
-                    help="alternations of bare loop and worker; each round's worker/bare ratio is one sample")
+    ap.add_argument("--pairs", type=int, default=15, help="cycles of bare loop / worker runs (paired samples)")
     ap.add_argument("--prompt", default="count: 15 16 17 18")
-    ap.add_argument("--threads", type=int, default=1, help="intra-op threads for both (0: ORT's default)")
+    ap.add_argument("--threads", type=int, default=1, help="intra-op threads for all (0: ORT's default)")
     ap.add_argument("--intervals", type=lambda v: [float(x) for x in v.split(",")], default=[0.0, 2.0],
                     help="worker stream_interval_ms values to compare (comma-separated)")
+    ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                    help="pin the bare loop and the engine processes to one core, the rest to the others")
+    ap.add_argument("--precisions", default="int4,fp32", help="exports to measure (comma-separated)")
     args = ap.parse_args()
     if args.model:
         model = Path(args.model)
@@ -119,30 +237,12 @@ def main() -> None:
 
         model = Path(build("tiny-qwen3"))
     python = envs.ensure(env_spec(), print)
-    print(f"model {model}, {args.tokens} tokens/run, {args.runs} runs (+1 warm-up) per process, median decode tok/s; "
-          f"bare loop and workers alternate {args.rounds} times")
-    for precision in ("int4", "fp32"):
-        res = export(model, ExportOptions(precision=precision), log=lambda s: None)
-        threads = args.threads or None
-        variants = [(b, i) for b in ("generator", "engine") for i in args.intervals]
-        bare: list[float] = []
-        work: dict[tuple, list[float]] = {v: [] for v in variants}
-        paired: dict[tuple, list[float]] = {v: [] for v in variants}
-        for _ in range(args.rounds):  # alternate so drift of a shared host hits all alike
-            b = statistics.median(bare_loop(python, res.output_dir, args.prompt, args.tokens, args.runs, threads))
-            bare.append(b)
-            for batching, interval in variants:
-                w = statistics.median(worker_rates(model, precision, batching, args.prompt, args.tokens, args.runs,
-                                                   threads, interval))
-                work[(batching, interval)].append(w)
-                paired[(batching, interval)].append(w / b)
-        print(f"{precision:5s} export {res.duration_s:6.1f} s {res.output_bytes / 1e6:5.2f} MB | intra-op threads "
-              f"{threads or 'ORT default'} | bare og.Generator {statistics.median(bare):7.1f} tok/s", flush=True)
-        for (batching, interval), rates in work.items():
-            r = paired[(batching, interval)]
-            print(f"      worker[{batching:9s} stream_interval_ms={interval:g}] {statistics.median(rates):7.1f} tok/s | "
-                  f"paired ratio to bare: median {100 * statistics.median(r):5.1f}% "
-                  f"(rounds {', '.join(f'{x * 100:.0f}' for x in r)})", flush=True)
+    print(f"model {model}, {args.tokens} tokens/run, {args.pairs} alternating cycles; decode tok/s after the "
+          "first token; ratios are paired with the bare runs around each worker run")
+    from bakeoff.loadgen import run_loop
+
+    for precision in args.precisions.split(","):
+        run_loop(measure(python, model, precision, args))
 
 
 if __name__ == "__main__":

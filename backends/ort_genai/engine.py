@@ -1,0 +1,427 @@
+"""The ORT GenAI engine process: ``og.Model`` and its scheduler, on its own interpreter.
+
+Started by :mod:`backends.ort_genai.worker` (the HTTP side) as ``python -m
+backends.ort_genai.engine --model EXPORT_DIR --options JSON --cmd-fd N --out-fd M``; the
+two talk in :mod:`bakeoff.worker_pipe` frames, so the decode loop shares no GIL with the
+HTTP server. Two schedulers:
+
+- ``generator``: one ``og.Generator`` per request, one at a time, on the main thread.
+- ``engine``: ``og.Engine`` + ``og.Request`` (0.18.0: ``create_request``, ``begin_turn``
+  with ``og.TurnOptions``, ``run(event_buffer)`` returning ``EngineEvent``s), on the main
+  thread (0.18.0 raises "Engine operations must be called from the Engine owner thread"
+  elsewhere). It schedules several requests per step, also on CPU (checked on 0.18.0).
+
+Frames of a dense stream are not sent one per token (see :class:`_Out`).
+Commands (worker to engine): ``("gen", rid, body)``, ``("cancel", rid)``. Frames (engine to
+worker): ``("start", rid, n_prompt_tokens)``, ``("tok", rid, token_ids, text)``,
+``("end", rid, finish_reason, stats)``, ``("err", rid, message)``.
+
+Options: ``batching``, ``execution_provider``, ``source_model``, ``intra_op_num_threads``,
+``stream_interval_ms``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import sys
+import time
+import traceback
+from typing import Any
+
+
+class _Decoder:
+    """Incremental detokenizer: ``og.TokenizerStream`` or a cumulative ``tokenizers`` decode."""
+
+    def __init__(self, owner: "OrtGenaiEngine"):
+        self.owner = owner
+        self.stream = owner.tokenizer.create_stream() if owner.og_tokenizer else None
+        self.ids: list[int] = []
+        self.text = ""
+
+    def push(self, token: int) -> str:
+        if token in self.owner.eos_ids:
+            return ""
+        if self.stream is not None:
+            return self.stream.decode(token)
+        self.ids.append(token)
+        text = self.owner.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # incomplete multi-byte character: wait for more
+            return ""
+        delta, self.text = text[len(self.text):], text
+        return delta
+
+
+class _Out:
+    """One request's frames to the worker.
+
+    A token goes out at once, ringing the worker's doorbell, when it is the stream's first
+    (TTFT is never held) or follows the previous token by at least ``interval_s`` (a sparse
+    stream: each token is an event of its own). Tokens of a dense stream gather and leave in
+    one frame per ``interval_s`` without a doorbell; the worker's timer, same period, picks
+    them up, so they reach the client within two intervals, each listed in ``token_ids``.
+    ``interval_s`` 0: every token rings.
+    """
+
+    __slots__ = ("send", "rid", "interval_s", "ids", "text", "last_flush", "last_token")
+
+    def __init__(self, send, rid: Any, interval_s: float):
+        self.send, self.rid, self.interval_s = send, rid, interval_s
+        self.ids: list[int] = []
+        self.text = ""
+        self.last_flush = self.last_token = None
+
+    def start(self, n_prompt: int) -> None:
+        self.send(("start", self.rid, n_prompt), False)
+
+    def token(self, tok: int, text: str) -> None:
+        self.ids.append(tok)
+        self.text += text
+        now = time.monotonic()
+        prev, self.last_token = self.last_token, now
+        if prev is None or now - prev >= self.interval_s:
+            self.flush(now, True)
+        elif now - self.last_flush >= self.interval_s:
+            self.flush(now, False)
+
+    def flush(self, now: float, urgent: bool) -> None:
+        if self.ids:
+            self.send(("tok", self.rid, self.ids, self.text), urgent)
+            self.ids, self.text, self.last_flush = [], "", now
+
+    def finish(self, reason: str, stats: dict[str, Any]) -> None:
+        self.flush(time.monotonic(), False)
+        self.send(("end", self.rid, reason, stats))
+
+    def fail(self, exc: BaseException) -> None:
+        self.flush(time.monotonic(), False)
+        self.send(("err", self.rid, f"{type(exc).__name__}: {exc}"))
+
+
+class _Collect:
+    """A sink that keeps what a request produced (the Engine warm-up)."""
+
+    def __init__(self) -> None:
+        self.result: str | BaseException | None = None
+
+    def start(self, n_prompt: int) -> None:
+        pass
+
+    def token(self, tok: int, text: str) -> None:
+        pass
+
+    def finish(self, reason: str, stats: dict[str, Any]) -> None:
+        self.result = reason
+
+    def fail(self, exc: BaseException) -> None:
+        self.result = exc
+
+
+class OrtGenaiEngine:
+    """``og.Model`` with a generator-per-request or an ``og.Engine`` scheduler.
+
+    Args:
+        model_dir: export folder (``genai_config.json``).
+        options: ``batching`` (engine|generator; unset: engine, falling back to generator when
+            a 1-token warm-up fails), ``execution_provider`` (cpu|cuda|...),
+            ``source_model`` (checkpoint folder, for the tokenizer fallback),
+            ``intra_op_num_threads`` (decoder session threads; None: ORT's default),
+            ``stream_interval_ms`` (least time between two frames of one stream; 0: none).
+    """
+
+    def __init__(self, model_dir: str, options: dict[str, Any]):
+        import numpy as np
+        import onnxruntime_genai as og
+
+        self.og, self.np = og, np
+        ep = options.get("execution_provider") or "cpu"
+        config = og.Config(model_dir)
+        config.clear_providers()
+        if ep != "cpu":
+            config.append_provider(ep)
+        if options.get("intra_op_num_threads"):
+            config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+                "intra_op_num_threads": int(options["intra_op_num_threads"])}}}}))
+        self.model = og.Model(config)
+        self.notes: dict[str, str] = {}
+        src = options.get("source_model") or model_dir
+        reason = None
+        try:
+            self.tokenizer = og.Tokenizer(self.model)
+            reason = self._tokenizer_disagreement(os.path.join(src, "tokenizer.json"))
+        except Exception as exc:  # noqa: BLE001 - e.g. "Unsupported tokenizer class: Qwen3_5Tokenizer"
+            reason = f"og.Tokenizer refused the export's tokenizer: {exc}"
+        self.og_tokenizer = reason is None
+        self.tokenizer_source = "og.Tokenizer (export folder)"
+        if reason is not None:
+            from tokenizers import Tokenizer
+
+            self.tokenizer = Tokenizer.from_file(os.path.join(src, "tokenizer.json"))
+            self.tokenizer_source = f"tokenizers ({src}/tokenizer.json)"
+            self.notes["tokenizer_fallback"] = reason
+        with open(os.path.join(model_dir, "genai_config.json")) as fh:
+            gcfg = json.load(fh)["model"]
+        eos = gcfg.get("eos_token_id")
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self.context_length = int(gcfg.get("context_length") or 0) or None
+        self.batching = options.get("batching") or "engine"
+        self.stream_interval_s = float(options.get("stream_interval_ms") or 0) / 1000
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.cancelled: set = set()
+        self.max_running = 0
+        self.engine = None
+        self.engine_seeds = True
+        if self.batching == "engine":
+            self.engine = og.Engine(self.model)
+            self._caps = self.engine.get_capabilities().configured_max_batch_size
+            self.buf = self.engine.create_event_buffer(256)
+            self._flags = (int(og.EngineEventFlags.TOKEN.value), int(og.EngineEventFlags.FAILED.value),
+                           og.FinishReason.NONE)
+            if not options.get("batching"):
+                self._warm_up_engine()
+        self.info = {
+            "engine": "onnxruntime-genai", "engine_version": og.__version__, "device": ep,
+            "max_model_len": self.context_length, "batching": self.batching,
+            "tokenizer": self.tokenizer_source, "notes": self.notes,
+            "intra_op_num_threads": options.get("intra_op_num_threads") or "ORT default",
+            "stream_interval_ms": self.stream_interval_s * 1000, "engine_process": os.getpid(),
+        }
+        if self.engine is not None:
+            self.info["engine_max_batch_size"] = self._caps
+
+    PROBE_TEXTS = ("count: 15 16 17 18", "copy: hgd hcd =>", "Hello, world! 123", "a=1; b=2\nc")
+
+    def _tokenizer_disagreement(self, hf_path: str) -> str | None:
+        """Why og.Tokenizer cannot be trusted, or None: it must encode like the checkpoint's tokenizer.json.
+
+        Seen on 0.18.0: a character-level BPE ``tokenizer.json`` without pre-tokenizer encodes
+        " " to id -1 in og.Tokenizer while ``tokenizers`` gives its vocabulary id.
+        """
+        if not os.path.isfile(hf_path):
+            return None
+        from tokenizers import Tokenizer
+
+        hf = Tokenizer.from_file(hf_path)
+        for text in self.PROBE_TEXTS:
+            a = [int(t) for t in self.tokenizer.encode(text)]
+            b = list(hf.encode(text).ids)
+            if a != b:
+                return f"og.Tokenizer encodes {text!r} as {a[:16]} but tokenizer.json as {b[:16]}"
+        return None
+
+    def encode(self, prompt: str) -> list[int]:
+        if self.og_tokenizer:
+            return [int(t) for t in self.tokenizer.encode(prompt)]
+        return list(self.tokenizer.encode(prompt).ids)
+
+    def stats(self) -> dict[str, Any]:
+        return {"max_running_requests": self.max_running, "engine_seeds_honoured": int(self.engine_seeds)}
+
+    # -- the main thread -----------------------------------------------------------------
+    def serve(self, send) -> None:
+        """Run requests from :attr:`inbox` forever (the process ends when the worker goes); ``send`` writes a frame."""
+        if self.engine is not None:
+            self._engine_loop(send)
+            return
+        while True:
+            rid, body = self.inbox.get()
+            out = _Out(send, rid, self.stream_interval_s)
+            try:
+                self._run_generator(rid, body, out)
+            except Exception as exc:  # noqa: BLE001 - one bad request, not the engine
+                out.fail(exc)
+            self.cancelled.discard(rid)
+
+    def on_command(self, msg: tuple) -> None:
+        """Called on the command thread for every frame from the worker."""
+        if msg[0] == "gen":
+            self.inbox.put((msg[1], msg[2]))
+        elif msg[0] == "cancel":
+            self.cancelled.add(msg[1])
+
+    # -- generator scheduler -------------------------------------------------------------
+    def _run_generator(self, rid: Any, body: dict[str, Any], out) -> None:
+        og = self.og
+        ids = self.encode(body.get("prompt", ""))
+        out.start(len(ids))
+        max_new = int(body.get("max_tokens") or 16)
+        params = og.GeneratorParams(self.model)
+        opts: dict[str, Any] = {"max_length": len(ids) + max_new}
+        temperature = float(body.get("temperature") or 0.0)
+        if temperature > 0:
+            opts.update(do_sample=True, temperature=temperature, top_p=float(body.get("top_p") or 1.0), top_k=0)
+            if body.get("seed") is not None:
+                opts["random_seed"] = int(body["seed"])
+        else:
+            opts.update(do_sample=False)
+        if body.get("ignore_eos"):
+            opts["min_length"] = len(ids) + max_new
+        params.set_search_options(**opts)
+        dec = _Decoder(self)
+        n = 0
+        tok = None
+        cancelled = self.cancelled
+        gen = og.Generator(self.model, params)
+        gen.append_tokens(ids)
+        while not gen.is_done() and n < max_new:
+            if cancelled and rid in cancelled:
+                del gen
+                out.finish("abort", self.stats())
+                return
+            gen.generate_next_token()
+            tok = int(gen.get_next_tokens()[0])
+            n += 1
+            out.token(tok, dec.push(tok))
+        del gen
+        eos = n < max_new or (not body.get("ignore_eos") and tok in self.eos_ids)
+        self.max_running = max(self.max_running, 1)
+        out.finish("stop" if eos else "length", self.stats())
+
+    # -- engine scheduler ----------------------------------------------------------------
+    def _begin(self, rid: Any, body: dict[str, Any], out, live: dict) -> None:
+        og = self.og
+        ids = self.encode(body.get("prompt", ""))
+        out.start(len(ids))
+        max_new = int(body.get("max_tokens") or 16)
+        req = self.engine.create_request()
+        to = og.TurnOptions(req)
+        temperature = float(body.get("temperature") or 0.0)
+        to.set_do_sample(temperature > 0)
+        if temperature > 0:
+            to.set_temperature(temperature)
+            to.set_top_p(float(body.get("top_p") or 1.0))
+            to.set_top_k(0)
+            if body.get("seed") is not None and self.engine_seeds:
+                to.set_seed(int(body["seed"]))
+        to.set_max_generated_tokens(max_new)
+        if body.get("ignore_eos"):
+            to.set_min_generated_tokens(max_new)
+        try:
+            req.begin_turn(self.np.asarray(ids, dtype=self.np.int32), to)
+        except RuntimeError as exc:
+            if "seed" not in str(exc) or not self.engine_seeds:
+                raise
+            # 0.18.0: "A per-turn seed requires an Engine configured for dynamic batching"
+            # (paged attention, CUDA only): sample unseeded and say so.
+            self.engine_seeds = False
+            self.notes["engine_seed"] = f"per-request seeds ignored: {exc}"
+            to.clear_seed()
+            req.begin_turn(self.np.asarray(ids, dtype=self.np.int32), to)
+        live[id(req)] = (req, out, _Decoder(self), rid)
+
+    def _warm_up_engine(self, timeout_s: float = 300) -> None:
+        """One 1-token request through og.Engine; when it fails, serve with og.Generator.
+
+        og 0.18.0's Engine (static batching on CPU) feeds 2-D ``position_ids`` to graphs
+        that declare MRoPE's 3-D ones (Qwen3.5-MoE exports) and fails every request, while
+        og.Generator runs the same export. Only when the user left ``batching`` unset.
+        """
+        sink, live = _Collect(), {}
+        try:
+            self._begin("warm-up", {"prompt": "hello", "max_tokens": 1}, sink, live)
+            deadline = time.monotonic() + timeout_s
+            while live and sink.result is None and time.monotonic() < deadline:
+                self._engine_step(live)
+        except Exception as exc:  # noqa: BLE001 - the Engine's own failure is the evidence
+            sink.result = exc
+        if isinstance(sink.result, BaseException):
+            print(f"og.Engine warm-up failed: {sink.result!r}", file=sys.stderr, flush=True)
+            self.notes["batching_fallback"] = (
+                f"og.Engine failed a 1-token warm-up ({sink.result}; the engine's own words are in the worker "
+                "log); serving with og.Generator, one request at a time")
+            self.engine = None
+            self.batching = "generator"
+        elif sink.result is None:
+            self.notes["engine_warmup"] = f"og.Engine warm-up gave no answer in {timeout_s:.0f} s"
+
+    def _engine_loop(self, send) -> None:
+        live: dict[int, tuple] = {}
+        inbox, cancelled, step = self.inbox, self.cancelled, self._engine_step
+        while True:
+            if not live:  # idle: block (no GIL held) until a request comes
+                self._admit(inbox.get(), live, send)
+            while not inbox.empty():  # polled without raising queue.Empty every step
+                self._admit(inbox.get(), live, send)
+            self.max_running = max(self.max_running, len(live))
+            if cancelled:
+                for key, (req, out, _d, rid) in list(live.items()):
+                    if rid in cancelled:
+                        req.cancel_turn()
+                        req.close()
+                        del live[key]
+                        out.finish("abort", self.stats())
+                cancelled.clear()
+            if not live:
+                continue
+            try:
+                step(live)
+            except Exception as exc:  # noqa: BLE001 - fail every running request, keep serving
+                for _req, out, _d, _rid in live.values():
+                    out.fail(RuntimeError(f"og.Engine.run failed: {exc}"))
+                live.clear()
+
+    def _admit(self, item: tuple, live: dict, send) -> None:
+        rid, body = item
+        out = _Out(send, rid, self.stream_interval_s)
+        try:
+            self._begin(rid, body, out, live)
+        except Exception as exc:  # noqa: BLE001 - one bad request, not the engine
+            out.fail(exc)
+
+    def _engine_step(self, live: dict) -> None:
+        token_flag, failed_flag, none = self._flags
+        for ev in self.engine.run(self.buf) or ():
+            entry = live.get(id(ev.request))
+            if entry is None:
+                continue
+            req, out, dec, _rid = entry
+            flags = int(ev.flags.value)
+            if flags & token_flag:
+                tok = int(ev.token)
+                out.token(tok, dec.push(tok))
+            if flags & failed_flag:
+                out.fail(RuntimeError(f"og.Engine request failed: error_code={ev.error_code}"))
+                live.pop(id(ev.request), None)
+            elif ev.finish_reason != none:
+                out.finish(self._finish_name(ev.finish_reason), self.stats())
+                live.pop(id(ev.request), None)
+                req.close()
+
+    def _finish_name(self, reason) -> str:
+        og = self.og
+        names = {og.FinishReason.EOS: "stop", og.FinishReason.STOP_STRING: "stop",
+                 og.FinishReason.MAX_GENERATED_TOKENS: "length", og.FinishReason.MAX_SESSION_TOKENS: "length",
+                 og.FinishReason.CANCELLED: "abort"}
+        return names.get(reason, str(reason.name).lower())
+
+
+def main(argv: list[str] | None = None) -> None:
+    from bakeoff.worker_pipe import ChildPipe
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--options", default="{}")
+    ap.add_argument("--cmd-fd", type=int, required=True)
+    ap.add_argument("--out-fd", type=int, required=True)
+    ap.add_argument("--bell-fd", type=int, required=True)
+    args = ap.parse_args(argv)
+    pipe = ChildPipe(args.cmd_fd, args.out_fd, args.bell_fd)
+    try:
+        engine = OrtGenaiEngine(args.model, json.loads(args.options))
+    except BaseException as exc:  # noqa: BLE001 - the worker re-raises it with these words
+        traceback.print_exc()
+        pipe.send(("failed", "".join(traceback.format_exception_only(exc)).strip()))
+        sys.exit(1)
+    # The worker gone (EOF on commands) ends this process even in the middle of a request.
+    pipe.listen(engine.on_command, on_eof=lambda: os._exit(0))
+    pipe.send(("ready", engine.info))
+    try:
+        engine.serve(pipe.send)
+    except BrokenPipeError:
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
