@@ -55,42 +55,57 @@ ids = tok.encode(prompt)
 engine = og.Engine(model)
 buf = engine.create_event_buffer(256)
 
+clock = time.perf_counter
+
 def generator(n_tok):
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=len(ids) + n_tok, min_length=len(ids) + n_tok, do_sample=False)
     gen = og.Generator(model, params)
     gen.append_tokens(ids)
-    first = None; n = 0
-    while not gen.is_done():
+    first = None; n = 0; own = og_s = 0.0; t_out = clock()
+    while True:  # the same two clock reads per step as the worker's loop, for the own/og split
+        t_in = clock()
+        own += t_in - t_out
+        if gen.is_done():
+            break
         gen.generate_next_token()
         gen.get_next_tokens()
+        t_out = clock()
+        og_s += t_out - t_in
         n += 1
         if first is None:
-            first = time.perf_counter()
-    return (n - 1) / (time.perf_counter() - first)
+            first = t_out
+    return (n - 1) / (t_out - first), own / n, og_s / n
 
 def engine_loop(n_tok):
     req = engine.create_request()
     to = og.TurnOptions(req)
     to.set_do_sample(False); to.set_max_generated_tokens(n_tok); to.set_min_generated_tokens(n_tok)
     req.begin_turn(np.asarray(ids, dtype=np.int32), to)
-    first = None; n = 0; done = False
+    first = None; n = 0; steps = 0; done = False; own = og_s = 0.0; t_out = None
     while not done:
-        for ev in engine.run(buf) or ():
-            if int(ev.flags.value) & int(og.EngineEventFlags.TOKEN.value):
+        t_in = clock()
+        if t_out is not None:
+            own += t_in - t_out
+        events = engine.run(buf)
+        t_out = clock()
+        og_s += t_out - t_in
+        steps += 1
+        for ev in events or ():
+            if int(ev.flags.value) & token_flag:
                 n += 1
                 if first is None:
-                    first = time.perf_counter()
+                    first = t_out
             if ev.finish_reason != og.FinishReason.NONE:
                 done = True
     req.close()
-    return (n - 1) / (time.perf_counter() - first)
+    return (n - 1) / (t_out - first), own / steps, og_s / steps
 
+token_flag = int(og.EngineEventFlags.TOKEN.value)
 print("ready", flush=True)
 for line in sys.stdin:
     kind, n_tok = line.split()
-    rate = (generator if kind == "generator" else engine_loop)(int(n_tok))
-    print(json.dumps(rate), flush=True)
+    print(json.dumps((generator if kind == "generator" else engine_loop)(int(n_tok))), flush=True)
 """
 
 
@@ -113,9 +128,13 @@ class BareLoop:
 
     def run(self, kind: str, tokens: int) -> float:
         """Decode tokens/s of one ``generator`` or ``engine`` loop."""
+        return self.run_full(kind, tokens)[0]
+
+    def run_full(self, kind: str, tokens: int) -> tuple[float, float, float]:
+        """(decode tokens/s, own us... ) of one loop: tokens/s, own s/step, og s/step."""
         self.proc.stdin.write(f"{kind} {tokens}\n")
         self.proc.stdin.flush()
-        return float(self.proc.stdout.readline())
+        return tuple(json.loads(self.proc.stdout.readline()))
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -137,6 +156,11 @@ class Worker:
         self.backend.start()
         self.engine_pid = self.backend.ready_payload["info"]["engine_process"]
         self.worker_pid = self.backend.ready_payload["pid"]
+
+    def split(self) -> tuple[float, float, float]:
+        """The engine process's counters: (own s, og s, steps) of its decode thread (``/metrics``)."""
+        m = self.backend.metrics()
+        return tuple(m.get(f"bakeoff_worker:decode_{k}_total", 0.0) for k in ("own_seconds", "og_seconds", "steps"))
 
     async def run(self, prompt: str, tokens: int) -> float:
         """Decode tokens/s of one request, from the client's receive times."""
@@ -203,6 +227,20 @@ async def measure(python: Path, model: Path, precision: str, args) -> None:
                 ratio_gen[v].append(w / ((before["generator"] + after["generator"]) / 2))
                 ratio_own[v].append(w / ((before[v[0]] + after[v[0]]) / 2))
                 before = after
+        # In-run decomposition: per decode step, the worker's own time in its decode thread
+        # against its time inside og calls, both from the same requests (no drift between them).
+        split: dict[tuple, tuple] = {}
+        for v, w in workers.items():
+            a = w.split()
+            for _ in range(args.split_runs):
+                await w.run(args.prompt, args.tokens)
+            b = w.split()
+            own, og_s, steps = (y - x for x, y in zip(a, b))
+            split[v] = (own / steps * 1e6, og_s / steps * 1e6)
+        bare_split = {}
+        for kind in ("generator", "engine"):
+            runs = [bare.run_full(kind, args.tokens) for _ in range(args.split_runs)]
+            bare_split[kind] = (statistics.median(r[1] for r in runs) * 1e6, statistics.median(r[2] for r in runs) * 1e6)
         print(f"{precision:5s} export {res.duration_s:6.1f} s {res.output_bytes / 1e6:5.2f} MB | intra-op threads "
               f"{threads or 'ORT default'} | bare og.Generator {statistics.median(bare_rates['generator']):7.1f} "
               f"tok/s, bare og.Engine {statistics.median(bare_rates['engine']):7.1f} tok/s "
@@ -211,6 +249,16 @@ async def measure(python: Path, model: Path, precision: str, args) -> None:
             own = "" if batching == "generator" else f" | to bare og.Engine: {spread(ratio_own[(batching, interval)])}"
             print(f"      worker[{batching:9s} stream_interval_ms={interval:g}] to bare og.Generator: "
                   f"{spread(ratio_gen[(batching, interval)])}{own}", flush=True)
+        print(f"      in-run split of each decode thread, per step: time outside og calls (own) and inside "
+              f"({args.split_runs} requests each)", flush=True)
+        for kind, (own_us, og_us) in bare_split.items():
+            print(f"      bare og.{kind.capitalize():9s} loop                      own {own_us:6.2f} us, in og "
+                  f"{og_us:7.1f} us", flush=True)
+        for (batching, interval), (own_us, og_us) in split.items():
+            b_own = bare_split[batching][0]
+            print(f"      worker[{batching:9s} stream_interval_ms={interval:g}] own {own_us:6.2f} us, in og "
+                  f"{og_us:7.1f} us: {own_us - b_own:+6.2f} us/step over the bare loop's own -> keeps "
+                  f"{100 * (og_us + b_own) / (og_us + own_us):5.1f}% of its tokens/s", flush=True)
     finally:
         bare.close()
         for w in workers.values():
@@ -222,6 +270,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="checkpoint folder (default: the tiny-qwen3 fixture)")
     ap.add_argument("--tokens", type=int, default=1500, help="decoded tokens per run (the fixture's context is 2048)")
     ap.add_argument("--pairs", type=int, default=15, help="cycles of bare loop / worker runs (paired samples)")
+    ap.add_argument("--split-runs", type=int, default=5, help="requests per worker for the in-run split")
     ap.add_argument("--prompt", default="count: 15 16 17 18")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads for all (0: ORT's default)")
     ap.add_argument("--intervals", type=lambda v: [float(x) for x in v.split(",")], default=[0.0, 2.0],

@@ -103,7 +103,7 @@ class OrtGenaiBackend(ChildServerBackend):
         info = self.ready_payload.get("info", {})
         self.make_client(self.config.model)
         notes = {**self.export_result.notes(), "batching": str(info.get("batching")),
-                 "tokenizer": str(info.get("tokenizer")),
+                 "tokenizer": str(info.get("tokenizer")), "detokenizer": str(info.get("detokenizer")),
                  "intra_op_num_threads": str(info.get("intra_op_num_threads", "ORT default")),
                  "stream_interval_ms": str(info.get("stream_interval_ms"))}
         notes.update({k: str(v) for k, v in (info.get("notes") or {}).items()})

@@ -11,9 +11,10 @@ HTTP server. Two schedulers:
   thread (0.18.0 raises "Engine operations must be called from the Engine owner thread"
   elsewhere). It schedules several requests per step, also on CPU (checked on 0.18.0).
 
-Frames of a dense stream are not sent one per token (see :class:`_Out`).
+Frames of a dense stream are not sent one per token (see :class:`_Out`); their text is None
+when the worker process detokenizes (see ``OrtGenaiEngine._worker_detokenizer``).
 Commands (worker to engine): ``("gen", rid, body)``, ``("cancel", rid)``. Frames (engine to
-worker): ``("start", rid, n_prompt_tokens)``, ``("tok", rid, token_ids, text)``,
+worker): ``("start", rid, n_prompt_tokens)``, ``("tok", rid, int32 token id bytes, text)``,
 ``("end", rid, finish_reason, stats)``, ``("err", rid, message)``.
 
 Options: ``batching``, ``execution_provider``, ``source_model``, ``intra_op_num_threads``,
@@ -23,6 +24,7 @@ Options: ``batching``, ``execution_provider``, ``source_model``, ``intra_op_num_
 from __future__ import annotations
 
 import argparse
+import array
 import json
 import os
 import queue
@@ -57,46 +59,64 @@ class _Decoder:
 class _Out:
     """One request's frames to the worker.
 
-    A token goes out at once, ringing the worker's doorbell, when it is the stream's first
-    (TTFT is never held) or follows the previous token by at least ``interval_s`` (a sparse
-    stream: each token is an event of its own). Tokens of a dense stream gather and leave in
-    one frame per ``interval_s`` without a doorbell; the worker's timer, same period, picks
-    them up, so they reach the client within two intervals, each listed in ``token_ids``.
-    ``interval_s`` 0: every token rings.
+    The engine loop only appends each step's token id and calls :meth:`due`; the generator
+    loop only counts its steps and, when a frame is due, slices the new ids out of
+    ``get_sequence(0)`` for :meth:`send_ids`. Framing (and detokenizing, where the worker
+    process does not) happens once per frame, for all its tokens at once. Python run between two ~0.4 ms og steps
+    runs with cold caches: per token it cost the decode thread 21 us in generator mode and
+    57 us in engine mode before this (``benchmarks/bench_ort_genai.py``, in-run split).
+
+    A flush rings the worker's doorbell when its token is the stream's first (TTFT is never
+    held) or follows the previous token by at least ``interval_s`` (a sparse stream: each
+    token is an event of its own). Tokens of a dense stream leave in one frame per
+    ``interval_s`` without a doorbell; the worker's timer, same period, picks them up, so they
+    reach the client within two intervals, each listed in ``token_ids``. ``interval_s`` 0:
+    every token rings.
     """
 
-    __slots__ = ("send", "rid", "interval_s", "ids", "text", "last_flush", "last_token")
+    __slots__ = ("send", "rid", "interval_s", "decoder", "pending", "last_flush", "last_token", "last_id")
 
-    def __init__(self, send, rid: Any, interval_s: float):
-        self.send, self.rid, self.interval_s = send, rid, interval_s
-        self.ids: list[int] = []
-        self.text = ""
-        self.last_flush = self.last_token = None
+    def __init__(self, send, rid: Any, interval_s: float, decoder: "_Decoder | None" = None):
+        self.send, self.rid, self.interval_s, self.decoder = send, rid, interval_s, decoder
+        self.pending: list = []
+        self.last_flush = self.last_token = float("-inf")
+        self.last_id: int | None = None
 
     def start(self, n_prompt: int) -> None:
         self.send(("start", self.rid, n_prompt), False)
 
-    def token(self, tok: int, text: str) -> None:
-        self.ids.append(tok)
-        self.text += text
-        now = time.monotonic()
+    def due(self, now: float) -> bool:
+        """After appending a token to :attr:`pending`: flush if its time has come; True if flushed."""
         prev, self.last_token = self.last_token, now
-        if prev is None or now - prev >= self.interval_s:
+        if now - prev >= self.interval_s:
             self.flush(now, True)
-        elif now - self.last_flush >= self.interval_s:
+            return True
+        if now - self.last_flush >= self.interval_s:
             self.flush(now, False)
+            return True
+        return False
 
     def flush(self, now: float, urgent: bool) -> None:
-        if self.ids:
-            self.send(("tok", self.rid, self.ids, self.text), urgent)
-            self.ids, self.text, self.last_flush = [], "", now
+        """Send the pending token ids (``og.Engine`` events' ints)."""
+        if self.pending:
+            raw = array.array("i", self.pending).tobytes()
+            self.pending.clear()
+            self.send_ids(raw, now, urgent)
+
+    def send_ids(self, raw: bytes, now: float, urgent: bool) -> None:
+        """Send token ids given as raw int32 bytes (cheaper to pickle than a list of ints)."""
+        text = None
+        if self.decoder is not None:
+            text = "".join(map(self.decoder.push, array.array("i", raw)))
+        self.send(("tok", self.rid, raw, text), urgent)
+        self.last_flush, self.last_id = now, int.from_bytes(raw[-4:], "little", signed=True)
 
     def finish(self, reason: str, stats: dict[str, Any]) -> None:
-        self.flush(time.monotonic(), False)
+        self.flush(time.perf_counter(), False)
         self.send(("end", self.rid, reason, stats))
 
     def fail(self, exc: BaseException) -> None:
-        self.flush(time.monotonic(), False)
+        self.flush(time.perf_counter(), False)
         self.send(("err", self.rid, f"{type(exc).__name__}: {exc}"))
 
 
@@ -105,12 +125,14 @@ class _Collect:
 
     def __init__(self) -> None:
         self.result: str | BaseException | None = None
+        self.pending: list = []
 
     def start(self, n_prompt: int) -> None:
         pass
 
-    def token(self, tok: int, text: str) -> None:
-        pass
+    def due(self, now: float) -> bool:
+        self.pending.clear()
+        return False
 
     def finish(self, reason: str, stats: dict[str, Any]) -> None:
         self.result = reason
@@ -165,12 +187,16 @@ class OrtGenaiEngine:
             gcfg = json.load(fh)["model"]
         eos = gcfg.get("eos_token_id")
         self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self.tokenizer_json = self._worker_detokenizer(model_dir, src)
         self.context_length = int(gcfg.get("context_length") or 0) or None
         self.batching = options.get("batching") or "engine"
         self.stream_interval_s = float(options.get("stream_interval_ms") or 0) / 1000
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.cancelled: set = set()
         self.max_running = 0
+        self.own_s = self.og_s = 0.0
+        self.decode_steps = 0
+        self._t_out: float | None = None
         self.engine = None
         self.engine_seeds = True
         if self.batching == "engine":
@@ -181,12 +207,17 @@ class OrtGenaiEngine:
                            og.FinishReason.NONE)
             if not options.get("batching"):
                 self._warm_up_engine()
+                self.own_s = self.og_s = 0.0
+                self.decode_steps = 0
         self.info = {
             "engine": "onnxruntime-genai", "engine_version": og.__version__, "device": ep,
             "max_model_len": self.context_length, "batching": self.batching,
             "tokenizer": self.tokenizer_source, "notes": self.notes,
             "intra_op_num_threads": options.get("intra_op_num_threads") or "ORT default",
             "stream_interval_ms": self.stream_interval_s * 1000, "engine_process": os.getpid(),
+            "tokenizer_json": self.tokenizer_json,
+            "detokenizer": ("tokenizers.DecodeStream in the worker process" if self.tokenizer_json
+                            else f"{self.tokenizer_source} in the engine process"),
         }
         if self.engine is not None:
             self.info["engine_max_batch_size"] = self._caps
@@ -211,13 +242,53 @@ class OrtGenaiEngine:
                 return f"og.Tokenizer encodes {text!r} as {a[:16]} but tokenizer.json as {b[:16]}"
         return None
 
+    def _worker_detokenizer(self, model_dir: str, src: str) -> str | None:
+        """The ``tokenizer.json`` the worker process may detokenize with, or None (this process does).
+
+        Detokenizing is Python work per token; done between two og steps it runs on cold
+        caches and cost the decode thread several us per token, so the worker process does
+        it (as vLLM's frontend does for its engine core) with ``tokenizers.DecodeStream``,
+        when that gives the same text as this process's decoder on the probe texts (each
+        followed by an EOS id).
+        """
+        from tokenizers import Tokenizer
+        from tokenizers.decoders import DecodeStream
+
+        for path in (os.path.join(model_dir, "tokenizer.json"), os.path.join(src, "tokenizer.json")):
+            if not os.path.isfile(path):
+                continue
+            hf = Tokenizer.from_file(path)
+            for text in self.PROBE_TEXTS:
+                ids = self.encode(text) + sorted(self.eos_ids)[:1]
+                dec, ds = _Decoder(self), DecodeStream(skip_special_tokens=True)
+                mine = "".join(dec.push(t) for t in ids)
+                theirs = "".join(ds.step(hf, t) or "" for t in ids)
+                if mine != theirs:
+                    self.notes["detokenizer"] = (f"the engine process detokenizes: tokenizers.DecodeStream on {path} "
+                                                 f"gives {theirs!r} where {self.tokenizer_source} gives {mine!r}")
+                    return None
+            return path
+        return None
+
     def encode(self, prompt: str) -> list[int]:
         if self.og_tokenizer:
             return [int(t) for t in self.tokenizer.encode(prompt)]
         return list(self.tokenizer.encode(prompt).ids)
 
     def stats(self) -> dict[str, Any]:
-        return {"max_running_requests": self.max_running, "engine_seeds_honoured": int(self.engine_seeds)}
+        """Counters for the worker's ``/metrics``.
+
+        ``decode_own_seconds_total`` is the decode thread's time outside ONNX Runtime GenAI
+        calls while requests ran (detokenizing, frames, bookkeeping; in ``generator`` mode
+        ``is_done`` counts as og's), ``decode_og_seconds_total`` its time inside them
+        (``generate_next_token`` + ``get_next_tokens``, or ``Engine.run``), and
+        ``decode_steps_total`` the steps. own / (own + og) is the share of the decode
+        thread the worker takes, measured within the same requests, so it does not carry the
+        run-to-run drift that a tokens/s comparison with a separate bare loop does.
+        """
+        return {"max_running_requests": self.max_running, "engine_seeds_honoured": int(self.engine_seeds),
+                "decode_own_seconds_total": round(self.own_s, 6), "decode_og_seconds_total": round(self.og_s, 6),
+                "decode_steps_total": self.decode_steps}
 
     # -- the main thread -----------------------------------------------------------------
     def serve(self, send) -> None:
@@ -259,23 +330,42 @@ class OrtGenaiEngine:
         if body.get("ignore_eos"):
             opts["min_length"] = len(ids) + max_new
         params.set_search_options(**opts)
-        dec = _Decoder(self)
+        out.decoder = None if self.tokenizer_json else _Decoder(self)
+        interval, base, sent = self.stream_interval_s, len(ids), 0
+        last_token = last_flush = float("-inf")
         n = 0
-        tok = None
-        cancelled = self.cancelled
+        cancelled, clock = self.cancelled, time.perf_counter
         gen = og.Generator(self.model, params)
         gen.append_tokens(ids)
-        while not gen.is_done() and n < max_new:
-            if cancelled and rid in cancelled:
-                del gen
-                out.finish("abort", self.stats())
-                return
+        t_out = clock()
+        own = og_s = 0.0
+        while True:  # the hot loop: keep it as bare as the bare loop it is measured against
+            t_in = clock()
+            own += t_in - t_out  # this loop's own work since the last og call
+            if gen.is_done() or n >= max_new:
+                break
             gen.generate_next_token()
-            tok = int(gen.get_next_tokens()[0])
+            t_out = clock()
+            og_s += t_out - t_in
             n += 1
-            out.token(tok, dec.push(tok))
+            # _Out.due inlined (a method call per step costs ~1 us on this loop's cold caches);
+            # the ids come from one get_sequence per frame instead of get_next_tokens per step
+            if t_out - last_token >= interval or t_out - last_flush >= interval:
+                out.send_ids(gen.get_sequence(0)[base + sent:base + n].tobytes(), t_out, t_out - last_token >= interval)
+                sent, last_flush = n, t_out
+                if cancelled and rid in cancelled:
+                    break
+            last_token = t_out
+        if sent < n:
+            out.send_ids(gen.get_sequence(0)[base + sent:base + n].tobytes(), clock(), False)
+        self.own_s += own
+        self.og_s += og_s
+        self.decode_steps += n
         del gen
-        eos = n < max_new or (not body.get("ignore_eos") and tok in self.eos_ids)
+        if cancelled and rid in cancelled:
+            out.finish("abort", self.stats())
+            return
+        eos = n < max_new or (not body.get("ignore_eos") and out.last_id in self.eos_ids)
         self.max_running = max(self.max_running, 1)
         out.finish("stop" if eos else "length", self.stats())
 
@@ -309,7 +399,9 @@ class OrtGenaiEngine:
             self.notes["engine_seed"] = f"per-request seeds ignored: {exc}"
             to.clear_seed()
             req.begin_turn(self.np.asarray(ids, dtype=self.np.int32), to)
-        live[id(req)] = (req, out, _Decoder(self), rid)
+        if isinstance(out, _Out) and not self.tokenizer_json:
+            out.decoder = _Decoder(self)
+        live[id(req)] = (req, out, rid)
 
     def _warm_up_engine(self, timeout_s: float = 300) -> None:
         """One 1-token request through og.Engine; when it fails, serve with og.Generator.
@@ -341,12 +433,13 @@ class OrtGenaiEngine:
         inbox, cancelled, step = self.inbox, self.cancelled, self._engine_step
         while True:
             if not live:  # idle: block (no GIL held) until a request comes
+                self._t_out = None
                 self._admit(inbox.get(), live, send)
             while not inbox.empty():  # polled without raising queue.Empty every step
                 self._admit(inbox.get(), live, send)
             self.max_running = max(self.max_running, len(live))
             if cancelled:
-                for key, (req, out, _d, rid) in list(live.items()):
+                for key, (req, out, rid) in list(live.items()):
                     if rid in cancelled:
                         req.cancel_turn()
                         req.close()
@@ -358,7 +451,7 @@ class OrtGenaiEngine:
             try:
                 step(live)
             except Exception as exc:  # noqa: BLE001 - fail every running request, keep serving
-                for _req, out, _d, _rid in live.values():
+                for _req, out, _rid in live.values():
                     out.fail(RuntimeError(f"og.Engine.run failed: {exc}"))
                 live.clear()
 
@@ -372,15 +465,22 @@ class OrtGenaiEngine:
 
     def _engine_step(self, live: dict) -> None:
         token_flag, failed_flag, none = self._flags
-        for ev in self.engine.run(self.buf) or ():
+        t_in = time.perf_counter()
+        if self._t_out is not None:  # the loop's own work since the last Engine.run
+            self.own_s += t_in - self._t_out
+        events = self.engine.run(self.buf)
+        self._t_out = t_out = time.perf_counter()
+        self.og_s += t_out - t_in
+        self.decode_steps += 1
+        for ev in events or ():
             entry = live.get(id(ev.request))
             if entry is None:
                 continue
-            req, out, dec, _rid = entry
+            req, out, _rid = entry
             flags = int(ev.flags.value)
             if flags & token_flag:
-                tok = int(ev.token)
-                out.token(tok, dec.push(tok))
+                out.pending.append(int(ev.token))
+                out.due(t_out)
             if flags & failed_flag:
                 out.fail(RuntimeError(f"og.Engine request failed: error_code={ev.error_code}"))
                 live.pop(id(ev.request), None)

@@ -12,6 +12,7 @@ the backend stops both; the child also exits when this process closes its pipe.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import itertools
 import json
@@ -40,6 +41,11 @@ class OrtGenaiProxy:
         interval_s = float(options.get("stream_interval_ms") or 0) / 1000
         self.proc = EngineProcess(argv, env=dict(os.environ), poll_interval_s=interval_s or 0.002)
         self._info = self.proc.wait_ready()
+        self.hf_tokenizer = None
+        if self._info.get("tokenizer_json"):
+            from tokenizers import Tokenizer
+
+            self.hf_tokenizer = Tokenizer.from_file(self._info["tokenizer_json"])
         self.ids = itertools.count()
         self.n_generated = 0
         self.n_requests = 0
@@ -66,6 +72,12 @@ class OrtGenaiProxy:
         self.proc.open(rid, chan)
         self.n_requests += 1
         done = False
+        decode = None
+        if self.hf_tokenizer is not None:  # the engine sends ids only; text is made here
+            from tokenizers.decoders import DecodeStream
+
+            stream, hf = DecodeStream(skip_special_tokens=True), self.hf_tokenizer
+            decode = lambda ids: "".join(stream.step(hf, t) or "" for t in ids)  # noqa: E731
         try:
             self.proc.send(("gen", rid, body))
             while True:
@@ -78,9 +90,10 @@ class OrtGenaiProxy:
                         raise msg
                     kind = msg[0]
                     if kind == "tok":
-                        ids += msg[2]
-                        text += msg[3]
-                        self.n_generated += len(msg[2])
+                        new = array.array("i", msg[2]).tolist()  # raw int32 token ids
+                        ids += new
+                        text += msg[3] if msg[3] is not None else decode(new)
+                        self.n_generated += len(new)
                     elif kind == "start":
                         body[PROMPT_TOKENS_KEY] = msg[2]
                     elif kind == "end":
