@@ -175,11 +175,18 @@ class EngineProcess:
         raise RuntimeError(f"the engine process exited with code {rc} while loading (its output is above)")
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Route frames on ``loop`` from now on (idempotent)."""
-        if self.loop is None:
-            self.loop = loop
-            os.set_blocking(self.out_r, False)
-            os.set_blocking(self.bell_r, False)
+        """Route frames on ``loop`` from now on (idempotent; a new loop replaces the old one)."""
+        if self.loop is loop:
+            return
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.remove_reader(self.bell_r)
+            if self.timer is not None:
+                self.timer.cancel()
+        self.timer = None
+        self.loop = loop
+        os.set_blocking(self.out_r, False)
+        os.set_blocking(self.bell_r, False)
+        if not self.dead:
             loop.add_reader(self.bell_r, self._on_bell)
 
     def open(self, request_id: Any, channel: Any) -> None:

@@ -223,3 +223,66 @@ def test_forward_step_feeds_mrope_positions_in_the_declared_rank():
     assert feeds["input_ids"].shape == (1, 4) and feeds["past_key_values.0.key"].shape == (1, 2, 0, 16)
     inputs[1] = SimpleNamespace(name="position_ids", shape=["batch_size", "sequence_length"], type="tensor(int64)")
     assert _feeds(SimpleNamespace(get_inputs=lambda: inputs), np, {}, seq=4)["position_ids"].shape == (1, 4)
+
+
+@pytest.mark.parametrize("batching", ["generator", "engine"])
+def test_worker_cancels_a_dropped_stream_counts_the_prompt_and_reports_a_killed_engine(tiny_qwen3, ort_python, tmp_path,
+                                                                                       batching):
+    """The engine runs in its own process: a client that goes away stops its generation, usage
+    counts the prompt as the engine tokenized it, and a dead engine process is an error event
+    naming it (and a 503 health), not a hang."""
+    import http.client
+    import os
+    import signal
+    import time
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from tokenizers import Tokenizer
+
+    from backends import resolve
+    from bakeoff.specs import BackendConfig
+
+    b = resolve("ort-genai")(BackendConfig(backend="ort-genai", model=str(tiny_qwen3), workdir=str(tmp_path),
+                                           options={"precision": "fp32", "batching": batching}))
+    try:
+        info = b.start()
+        assert "worker process" in info.notes["detokenizer"] or "engine process" in info.notes["detokenizer"]
+        url = urllib.parse.urlparse(b.base_url)
+
+        def post(body: dict) -> dict:
+            req = urllib.request.Request(b.base_url.rstrip("/") + "/v1/completions", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return json.loads(r.read())
+
+        prompt = _prompts(tiny_qwen3)[0]
+        out = post({"model": b.config.model, "prompt": prompt, "max_tokens": 4})
+        want = len(Tokenizer.from_file(str(tiny_qwen3 / "tokenizer.json")).encode(prompt).ids)
+        assert out["usage"]["prompt_tokens"] == want and out["usage"]["completion_tokens"] >= 1
+
+        # a stream of 1900 tokens, dropped after its first event
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+        conn.request("POST", "/v1/completions", json.dumps({"model": b.config.model, "prompt": prompt, "max_tokens": 1900,
+                                                            "ignore_eos": True, "stream": True}),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.readline().startswith(b"data: ")
+        conn.close()
+        time.sleep(0.5)
+        post({"model": b.config.model, "prompt": prompt, "max_tokens": 8, "ignore_eos": True})
+        # engine counters (they come with each request's end): 4 + the dropped stream's + 8
+        steps = b.metrics()["bakeoff_worker:decode_steps_total"]
+        assert 4 + 1 + 8 <= steps < 1900, f"the dropped stream was not cancelled: {steps} decode steps"
+
+        os.kill(b.ready_payload["info"]["engine_process"], signal.SIGKILL)
+        time.sleep(0.5)
+        with pytest.raises(EngineFailure, match="engine process exited with code -9"):
+            asyncio.run(_collect(b, prompt=prompt, max_tokens=4))
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(b.base_url.rstrip("/") + "/health", timeout=10)
+        assert err.value.code == 503 and "exited" in err.value.read().decode()
+    finally:
+        b.stop()
+    assert b.proc is not None and not b.proc.group_alive()

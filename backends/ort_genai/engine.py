@@ -389,7 +389,7 @@ class OrtGenaiEngine:
         if body.get("ignore_eos"):
             to.set_min_generated_tokens(max_new)
         try:
-            req.begin_turn(self.np.asarray(ids, dtype=self.np.int32), to)
+            turn = req.begin_turn(self.np.asarray(ids, dtype=self.np.int32), to)
         except RuntimeError as exc:
             if "seed" not in str(exc) or not self.engine_seeds:
                 raise
@@ -398,10 +398,10 @@ class OrtGenaiEngine:
             self.engine_seeds = False
             self.notes["engine_seed"] = f"per-request seeds ignored: {exc}"
             to.clear_seed()
-            req.begin_turn(self.np.asarray(ids, dtype=self.np.int32), to)
+            turn = req.begin_turn(self.np.asarray(ids, dtype=self.np.int32), to)
         if isinstance(out, _Out) and not self.tokenizer_json:
             out.decoder = _Decoder(self)
-        live[id(req)] = (req, out, rid)
+        live[id(req)] = (req, out, rid, turn)
 
     def _warm_up_engine(self, timeout_s: float = 300) -> None:
         """One 1-token request through og.Engine; when it fails, serve with og.Generator.
@@ -439,9 +439,12 @@ class OrtGenaiEngine:
                 self._admit(inbox.get(), live, send)
             self.max_running = max(self.max_running, len(live))
             if cancelled:
-                for key, (req, out, rid) in list(live.items()):
+                for key, (req, out, rid, turn) in list(live.items()):
                     if rid in cancelled:
-                        req.cancel_turn()
+                        try:
+                            req.cancel_turn(turn)  # 0.18.0: takes the id begin_turn returned
+                        except Exception as exc:  # noqa: BLE001 - closing it below still frees it
+                            print(f"og.Request.cancel_turn failed: {exc!r}", file=sys.stderr, flush=True)
                         req.close()
                         del live[key]
                         out.finish("abort", self.stats())
@@ -451,7 +454,7 @@ class OrtGenaiEngine:
             try:
                 step(live)
             except Exception as exc:  # noqa: BLE001 - fail every running request, keep serving
-                for _req, out, _rid in live.values():
+                for _req, out, _rid, _turn in live.values():
                     out.fail(RuntimeError(f"og.Engine.run failed: {exc}"))
                 live.clear()
 
@@ -476,7 +479,7 @@ class OrtGenaiEngine:
             entry = live.get(id(ev.request))
             if entry is None:
                 continue
-            req, out, _rid = entry
+            req, out = entry[0], entry[1]
             flags = int(ev.flags.value)
             if flags & token_flag:
                 out.pending.append(int(ev.token))

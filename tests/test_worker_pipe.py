@@ -1,0 +1,135 @@
+"""bakeoff.worker_pipe: frames, the doorbell and the timer, and an engine process that dies.
+
+The child here is a small standard-library script speaking the frame protocol (what an
+engine process does around its model), so each path is driven deterministically; the ORT
+GenAI engine process itself runs for real in ``tests/test_ort_genai.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import sys
+import textwrap
+import time
+
+import pytest
+
+from bakeoff.worker_pipe import EngineProcess, FrameReader, encode_frame
+from bakeoff.worker_server import TokenChannel
+
+CHILD = textwrap.dedent("""
+    import argparse, os, sys, time
+    sys.path.insert(0, {root!r})
+    from bakeoff.worker_pipe import ChildPipe
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode")
+    ap.add_argument("--cmd-fd", type=int); ap.add_argument("--out-fd", type=int); ap.add_argument("--bell-fd", type=int)
+    a = ap.parse_args()
+    pipe = ChildPipe(a.cmd_fd, a.out_fd, a.bell_fd)
+    if a.mode == "fail":
+        pipe.send(("failed", "ValueError: no such model"))
+        sys.exit(1)
+    if a.mode == "exit":
+        sys.exit(3)
+    import queue
+    inbox = queue.SimpleQueue()
+    pipe.listen(inbox.put, on_eof=lambda: os._exit(0))
+    pipe.send(("ready", {{"pid": os.getpid()}}))
+    while True:
+        cmd, rid, body = inbox.get()
+        if body.get("die"):
+            pipe.send(("tok", rid, [1], "a"))
+            os._exit(7)
+        for i in range(body["n"]):
+            pipe.send(("tok", rid, [i], str(i)), urgent=(i == 0))  # only the first rings
+            if i == 0:
+                time.sleep(body.get("gap", 0))
+        if body.get("end", True):
+            pipe.send(("end", rid, "length", {{}}))
+""")
+
+
+@pytest.fixture()
+def child_script(tmp_path):
+    from pathlib import Path
+
+    path = tmp_path / "child.py"
+    path.write_text(CHILD.format(root=str(Path(__file__).resolve().parent.parent)))
+    return path
+
+
+def test_frames_survive_any_split():
+    msgs = [("tok", 1, b"\x01\x00\x00\x00", None), ("end", 1, "stop", {"n": 3}), ("start", 2, 17)]
+    data = b"".join(encode_frame(m) for m in msgs)
+    for step in (1, 2, 3, 7, len(data)):
+        reader, got = FrameReader(), []
+        for i in range(0, len(data), step):
+            got += reader.feed(data[i:i + step])
+        assert got == msgs, step
+    assert pickle.loads(encode_frame("x")[4:]) == "x"
+
+
+def test_load_failure_and_early_exit_raise_with_the_childs_words(child_script):
+    with pytest.raises(RuntimeError, match="ValueError: no such model"):
+        EngineProcess([sys.executable, str(child_script), "--mode", "fail"]).wait_ready()
+    with pytest.raises(RuntimeError, match="exited with code 3 while loading"):
+        EngineProcess([sys.executable, str(child_script), "--mode", "exit"]).wait_ready()
+
+
+async def _collect(proc: EngineProcess, rid: int, body: dict, until: str = "end") -> tuple[list, float]:
+    proc.attach(asyncio.get_running_loop())
+    chan = TokenChannel(asyncio.get_running_loop())
+    proc.open(rid, chan)
+    proc.send(("gen", rid, body))
+    got: list = []
+    t0 = time.monotonic()
+    while True:
+        for item in await asyncio.wait_for(chan.get_batch(), 10):
+            got.append(item)
+            if isinstance(item, BaseException) or item[0] == until:
+                proc.close(rid)
+                return got, time.monotonic() - t0
+
+
+def test_unrung_frames_arrive_by_the_timer_in_order(child_script):
+    proc = EngineProcess([sys.executable, str(child_script), "--mode", "ok"], poll_interval_s=0.05)
+    assert proc.wait_ready()["pid"] == proc.proc.pid
+
+    async def go():
+        # 5 tokens, only the first rings, no end frame: the rest must come by the timer
+        proc.attach(asyncio.get_running_loop())
+        chan = TokenChannel(asyncio.get_running_loop())
+        proc.open(1, chan)
+        proc.send(("gen", 1, {"n": 5, "end": False, "gap": 0.3}))
+        items: list = []
+        t0 = time.monotonic()
+        while len(items) < 5:
+            items += await asyncio.wait_for(chan.get_batch(), 5)
+        return items, time.monotonic() - t0
+
+    try:
+        items, waited = asyncio.run(go())
+        assert [m[2] for m in items] == [[0], [1], [2], [3], [4]]
+        # tokens 1-4 were written 0.3 s after the first and rang no bell: the 50 ms timer found them
+        assert 0.3 <= waited < 2
+        got, _ = asyncio.run(_collect(proc, 2, {"n": 3}))  # the end frame rings: drained at once
+        assert [m[0] for m in got] == ["tok", "tok", "tok", "end"]
+    finally:
+        proc.proc.kill()
+        proc.proc.wait()
+
+
+def test_engine_death_fails_open_requests_and_later_sends(child_script):
+    proc = EngineProcess([sys.executable, str(child_script), "--mode", "ok"])
+    proc.wait_ready()
+
+    async def go():
+        return await _collect(proc, 1, {"die": True})
+
+    got, _ = asyncio.run(go())
+    assert got[0][0] == "tok"  # what came before the death still arrived
+    assert isinstance(got[-1], RuntimeError) and "exited with code 7" in str(got[-1])
+    assert proc.dead and "code 7" in proc.dead
+    with pytest.raises(RuntimeError, match="code 7"):
+        proc.send(("gen", 2, {"n": 1}))
