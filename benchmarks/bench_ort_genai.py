@@ -198,7 +198,7 @@ async def measure(python: Path, model: Path, precision: str, args) -> None:
     if args.pin:  # decode loops share one core; HTTP worker and this client get the others
         import os
 
-        cores = sorted(os.sched_getaffinity(0))
+        cores = args.cores  # read once in main(): this process pins itself below
         decode, rest = {cores[-1]}, set(cores[:-1]) or {cores[-1]}
         pin(bare.pid, decode)
         for w in workers.values():
@@ -286,6 +286,9 @@ def main() -> None:
 
         model = Path(build("tiny-qwen3"))
     python = envs.ensure(env_spec(), print)
+    import os
+
+    args.cores = sorted(os.sched_getaffinity(0))
     print(f"model {model}, {args.tokens} tokens/run, {args.pairs} alternating cycles; decode tok/s after the "
           "first token; ratios are paired with the bare runs around each worker run")
     from bakeoff.loadgen import run_loop

@@ -2,7 +2,8 @@
 
 ``start()`` runs :func:`adapters.ort_genai_export.export` (or reuses its cache), writes the
 :class:`ExportResult` to ``<workdir>/export.json`` and keeps it at ``self.export_result``,
-then launches :mod:`backends.ort_genai.worker` in the ``ort-genai`` environment. Export
+then launches :mod:`backends.ort_genai.worker` in the ``ort-genai`` environment (HTTP; it
+starts :mod:`backends.ort_genai.engine`, the model's own process). Export
 problems surface as ``EngineFailure`` (``unsupported-architecture``, ``export-defect``,
 ``load-failure``) from ``start()``.
 """
@@ -40,13 +41,16 @@ class OrtGenaiOptions(ExportOptions):
             ``session_options.intra_op_num_threads``, set through ``og.Config.overlay``); None
             keeps ORT's default (one per physical core). On a 2-core host a tiny model decodes
             ~1.6x faster with 1 (``benchmarks/bench_ort_genai.py``).
-        stream_interval_ms: least time between two SSE events of one stream (tokens that come
-            sooner go out together, each still counted, ``token_ids`` listing them). The
-            engine thread shares the GIL with the event loop (a busy Python thread beside an
-            og.Generator loop cut its tokens/s 2-4x here), and each event written takes it; on
-            a tiny CPU model (~0.3 ms/token) a write per token costs the engine 10-30% of its
-            tokens/s. Only streams faster than 1000/interval tokens/s are
-            affected; TTFT is not (the first event is never held). 0 writes per token.
+        stream_interval_ms: batching period of dense streams. A token that follows the
+            previous one of its stream by less than this is held and leaves with the next
+            frame, at most one per interval, each token still counted (``token_ids`` lists
+            them); it reaches the client within two intervals. A stream's first token and any
+            token after a longer gap go out at once, so TTFT and the ITL of a slower model
+            (e.g. 20 ms/token on a GPU) are not touched. Why: each frame the engine process
+            sends costs its decode thread (framing, a pipe write the worker reads from another
+            core); on a tiny CPU model (~0.2-0.4 ms/token) a frame per token cost the decode
+            loop 5-10% of its tokens/s, one per 2 ms about 1-2% (``benchmarks/bench_ort_genai.py``,
+            in-run split). 0 sends every token at once.
     """
 
     batching: Literal["engine", "generator"] | None = None

@@ -62,9 +62,12 @@ class _Out:
     The engine loop only appends each step's token id and calls :meth:`due`; the generator
     loop only counts its steps and, when a frame is due, slices the new ids out of
     ``get_sequence(0)`` for :meth:`send_ids`. Framing (and detokenizing, where the worker
-    process does not) happens once per frame, for all its tokens at once. Python run between two ~0.4 ms og steps
-    runs with cold caches: per token it cost the decode thread 21 us in generator mode and
-    57 us in engine mode before this (``benchmarks/bench_ort_genai.py``, in-run split).
+    process does not) happens once per frame, for all its tokens at once. Python run between
+    two ~0.4 ms og steps runs on cold caches, several times slower than a hot microbenchmark
+    of the same calls: with a token list, a method call and a detokenizer step per token the
+    generator loop spent 19-21 us/step of its own on the 2-core host (the bare loop: 1 us);
+    laid out like this, 1.7 us/step more than the bare loop on the H200 host's CPU
+    (``benchmarks/bench_ort_genai.py``, in-run split).
 
     A flush rings the worker's doorbell when its token is the stream's first (TTFT is never
     held) or follows the previous token by at least ``interval_s`` (a sparse stream: each

@@ -4,10 +4,15 @@ Runs in the ``ort-genai`` environment (``adapters.ort_genai_export.env``) as ``p
 backends.ort_genai.worker --model EXPORT_DIR --port P --ready-file F --options JSON``. This
 process serves HTTP (:mod:`bakeoff.worker_server`); the model runs in a child process,
 :mod:`backends.ort_genai.engine`, and the two exchange :mod:`bakeoff.worker_pipe` frames.
-Two processes because an engine thread and the HTTP loop in one interpreter share the GIL
-and the engine lost 5-35% of a bare ``og.Generator`` loop's tokens/s on a tiny model
-(``benchmarks/bench_ort_genai.py``). The child is in the worker's process group, so stopping
-the backend stops both; the child also exits when this process closes its pipe.
+Two processes because an engine thread and the HTTP loop in one interpreter share the GIL:
+there the worker kept 64-106% of a bare ``og.Generator`` loop's tokens/s on a tiny model,
+varying with every event written (``benchmarks/bench_ort_genai.py``). The engine process
+sends token ids; this process detokenizes them (``tokenizers.DecodeStream``) when the engine
+found that decoder agrees with its own, as vLLM's frontend does for its engine core. The
+child is in the worker's process group, so stopping the backend stops both; the child also
+exits when this process closes its pipe. A client that disconnects cancels its request in
+the engine; an engine process that dies fails the open requests with its exit code, later
+ones at once, and ``/health`` answers 503.
 """
 
 from __future__ import annotations
