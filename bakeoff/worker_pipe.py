@@ -24,7 +24,8 @@ import pickle
 import struct
 import subprocess
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _LEN = struct.Struct("<I")
 
@@ -153,6 +154,7 @@ class EngineProcess:
         self.out_r, out_w = os.pipe()
         self.bell_r, bell_w = os.pipe()
         _grow(out_w)
+        _grow(self.cmd_w)
         self.proc = subprocess.Popen([*argv, "--cmd-fd", str(cmd_r), "--out-fd", str(out_w), "--bell-fd", str(bell_w)],
                                      pass_fds=(cmd_r, out_w, bell_w), env=env)
         for fd in (cmd_r, out_w, bell_w):
@@ -162,6 +164,8 @@ class EngineProcess:
         self.channels: dict[Any, Any] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.cmd_buf = bytearray()
+        self.writer_on = False
         self.dead: str | None = None
 
     def wait_ready(self) -> dict[str, Any]:
@@ -182,12 +186,16 @@ class EngineProcess:
             return
         if self.loop is not None and not self.loop.is_closed():
             self.loop.remove_reader(self.bell_r)
+            if self.writer_on:
+                self.loop.remove_writer(self.cmd_w)
             if self.timer is not None:
                 self.timer.cancel()
         self.timer = None
         self.loop = loop
+        self.writer_on = False
         os.set_blocking(self.out_r, False)
         os.set_blocking(self.bell_r, False)
+        os.set_blocking(self.cmd_w, False)
         if not self.dead:
             loop.add_reader(self.bell_r, self._on_bell)
 
@@ -202,14 +210,49 @@ class EngineProcess:
         self.channels.pop(request_id, None)
 
     def send(self, msg: Any) -> None:
-        """Write one command frame. Raises ``RuntimeError`` when the engine process is gone."""
+        """Queue one command frame; it never blocks the event loop.
+
+        A stopped or busy engine can leave the command pipe full; what does not fit waits in
+        a buffer and goes out when the pipe has room (``add_writer``), so ``/health`` and
+        other streams keep being served. Before :meth:`attach` the write blocks.
+
+        Raises:
+            RuntimeError: the engine process is gone (its exit code in the message).
+        """
         if self.dead:
             raise RuntimeError(self.dead)
+        self.cmd_buf += encode_frame(msg)
+        self._on_writable()
+        if self.dead:
+            raise RuntimeError(self.dead)
+
+    def _on_writable(self) -> None:
         try:
-            write_all(self.cmd_w, encode_frame(msg))
+            while self.cmd_buf:
+                n = os.write(self.cmd_w, self.cmd_buf)
+                del self.cmd_buf[:n]
+        except BlockingIOError:
+            pass
         except OSError as exc:
-            self._died(f"the engine process is gone ({exc})")
-            raise RuntimeError(self.dead) from exc
+            self._died(self._exit_reason(f"the engine process is gone ({exc})"))
+            return
+        if self.loop is not None:
+            if self.cmd_buf and not self.writer_on:
+                self.loop.add_writer(self.cmd_w, self._on_writable)
+                self.writer_on = True
+            elif not self.cmd_buf and self.writer_on:
+                self.loop.remove_writer(self.cmd_w)
+                self.writer_on = False
+
+    def _exit_reason(self, fallback: str = "") -> str:
+        """``the engine process exited with code N`` once it has (reaping it), else ``fallback``."""
+        rc = self.proc.poll()
+        if rc is None:
+            try:
+                rc = self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                return fallback or "the engine process closed its pipe but has not exited"
+        return f"the engine process exited with code {rc}; its last words are in the worker log"
 
     def _on_timer(self) -> None:
         self.timer = None
@@ -226,13 +269,7 @@ class EngineProcess:
             rung = b""
         self._drain()
         if not rung:  # the child closed its end: it exited
-            rc = self.proc.poll()
-            if rc is None:
-                try:
-                    rc = self.proc.wait(timeout=2)
-                except subprocess.TimeoutExpired:
-                    rc = "unknown"
-            self._died(f"the engine process exited with code {rc}; its last words are in the worker log")
+            self._died(self._exit_reason())
 
     def _drain(self) -> None:
         while True:
@@ -251,8 +288,12 @@ class EngineProcess:
         if self.dead:
             return
         self.dead = why
-        if self.loop is not None:
+        self.cmd_buf.clear()
+        if self.loop is not None and not self.loop.is_closed():
             self.loop.remove_reader(self.bell_r)
+            if self.writer_on:
+                self.loop.remove_writer(self.cmd_w)
+                self.writer_on = False
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None

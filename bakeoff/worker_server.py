@@ -29,7 +29,8 @@ class WorkerEngine(Protocol):
     is None until the last one. ``prompt_tokens`` counts the prompt's tokens; an engine that
     counts them itself while generating (in another process) stores the count in
     ``body[PROMPT_TOKENS_KEY]`` instead, which wins. An engine may also have ``healthy()``,
-    returning why it cannot serve (``/health`` then answers 503 with that reason) or None.
+    returning why it cannot serve (``/health`` then answers 503 with that reason) or None,
+    and ``attach(loop)``, called once the server's event loop runs.
     """
 
     def info(self) -> dict[str, Any]: ...
@@ -91,6 +92,45 @@ def _set_done(fut: asyncio.Future) -> None:
         fut.set_result(None)
 
 
+def check_body(body: Any, chat: bool) -> str | None:
+    """What is wrong with a completions request body, or None (OpenAI's field rules).
+
+    Only what this server reads: a string ``prompt`` (or ``messages`` for chat),
+    ``max_tokens`` a positive integer, ``temperature`` / ``top_p`` finite numbers
+    (``temperature >= 0``, ``0 < top_p <= 1``), ``seed`` an integer.
+    """
+    import math
+
+    if not isinstance(body, dict):
+        return "the body must be a JSON object"
+    if chat:
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
+            return "messages must be a list of objects"
+    elif isinstance(body.get("prompt"), list):
+        return "only one string prompt per request"
+    elif not isinstance(body.get("prompt"), str):
+        return "prompt must be a string"
+    mt = body.get("max_tokens")
+    if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
+        return f"max_tokens must be a positive integer, not {mt!r}"
+    for key, lo_ok in (("temperature", lambda v: v >= 0), ("top_p", lambda v: 0 < v <= 1)):
+        v = body.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                              or not lo_ok(v)):
+            return f"{key} out of range: {v!r}"
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        return f"seed must be an integer, not {seed!r}"
+    return None
+
+
+def _bad_request(message: str):
+    from aiohttp import web
+
+    return web.json_response({"error": {"message": message, "type": "invalid_request_error"}}, status=400)
+
+
 def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
@@ -117,11 +157,16 @@ def build_app(engine: WorkerEngine, served_model: str):
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def completions(request):
-        body = await request.json()
-        if isinstance(body.get("prompt"), list):
-            return web.json_response({"error": {"message": "only one string prompt per request"}}, status=400)
-        if "prompt" not in body and "messages" in body:
-            body["prompt"] = "\n".join(m.get("content", "") for m in body["messages"])
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            return _bad_request(f"the body is not JSON: {exc}")
+        chat = request.path.endswith("/chat/completions")
+        problem = check_body(body, chat)
+        if problem:
+            return _bad_request(problem)
+        if chat:
+            body["prompt"] = "\n".join(str(m.get("content", "")) for m in body["messages"])
         counters["requests_total"] += 1
         rid = f"cmpl-{uuid.uuid4().hex[:16]}"
         body.pop(PROMPT_TOKENS_KEY, None)
@@ -132,16 +177,26 @@ def build_app(engine: WorkerEngine, served_model: str):
             counters["prompt_tokens_total"] += n
             return n
 
-        chat = request.path.endswith("/chat/completions")
         obj_name = "chat.completion.chunk" if chat else "text_completion"
         n_out = 0
         texts: list[str] = []
         if not body.get("stream"):
             finish = None
-            async for ids, text, fr in engine.generate(body):
-                n_out += len(ids)
-                texts.append(text)
-                finish = fr or finish
+            gen = engine.generate(body)
+            try:
+                async for ids, text, fr in gen:
+                    n_out += len(ids)
+                    texts.append(text)
+                    finish = fr or finish
+                    if request.transport is None or request.transport.is_closing():
+                        return web.Response(status=499)  # the client left: closing gen cancels it
+            except Exception as exc:  # noqa: BLE001 - the engine failed: say why, keep serving
+                counters["errors_total"] += 1
+                traceback.print_exc()
+                return web.json_response({"error": {"message": f"{type(exc).__name__}: {exc}", "type": "engine_error"}},
+                                         status=500)
+            finally:
+                await gen.aclose()
             counters["generation_tokens_total"] += n_out
             n_prompt = count_prompt()
             usage = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
@@ -210,6 +265,8 @@ def serve(make_engine, argv: list[str] | None = None) -> None:
     app = build_app(engine, args.served_model or args.model)
 
     async def main() -> None:
+        if hasattr(engine, "attach"):  # an engine in another process: watch it from now on
+            engine.attach(asyncio.get_running_loop())
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", args.port)

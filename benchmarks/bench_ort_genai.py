@@ -24,7 +24,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import subprocess
@@ -37,8 +36,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adapters.ort_genai_export import ExportOptions, env_spec, export  # noqa: E402
-from bakeoff import envs  # noqa: E402
+from adapters.ort_genai_export import ExportOptions, env_spec, export
+from bakeoff import envs
 
 BARE_SERVER = r"""
 import json, sys, time

@@ -258,6 +258,13 @@ def test_worker_cancels_a_dropped_stream_counts_the_prompt_and_reports_a_killed_
                 return json.loads(r.read())
 
         prompt = _prompts(tiny_qwen3)[0]
+        for bad, why in (({"prompt": prompt, "max_tokens": 0}, "max_tokens must be a positive integer"),
+                         ({"prompt": [prompt, prompt]}, "only one string prompt"),
+                         ({"prompt": prompt, "temperature": -1}, "temperature out of range"),
+                         ([1, 2], "JSON object")):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                post(bad)
+            assert err.value.code == 400 and why in err.value.read().decode()
         out = post({"model": b.config.model, "prompt": prompt, "max_tokens": 4})
         want = len(Tokenizer.from_file(str(tiny_qwen3 / "tokenizer.json")).encode(prompt).ids)
         assert out["usage"]["prompt_tokens"] == want and out["usage"]["completion_tokens"] >= 1
@@ -271,18 +278,28 @@ def test_worker_cancels_a_dropped_stream_counts_the_prompt_and_reports_a_killed_
         assert resp.readline().startswith(b"data: ")
         conn.close()
         time.sleep(0.5)
+        # and a non-streamed request of 1900 tokens whose client leaves after 0.1 s
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+        conn.request("POST", "/v1/completions", json.dumps({"model": b.config.model, "prompt": prompt, "max_tokens": 1900,
+                                                            "ignore_eos": True}), {"Content-Type": "application/json"})
+        time.sleep(0.1)
+        conn.close()
+        time.sleep(0.5)
         post({"model": b.config.model, "prompt": prompt, "max_tokens": 8, "ignore_eos": True})
-        # engine counters (they come with each request's end): 4 + the dropped stream's + 8
+        # engine counters (they come with each request's end): 4 + the two dropped requests' + 8
         steps = b.metrics()["bakeoff_worker:decode_steps_total"]
-        assert 4 + 1 + 8 <= steps < 1900, f"the dropped stream was not cancelled: {steps} decode steps"
+        assert 4 + 2 + 8 <= steps < 1900, f"a dropped request was not cancelled: {steps} decode steps"
 
         os.kill(b.ready_payload["info"]["engine_process"], signal.SIGKILL)
         time.sleep(0.5)
+        with pytest.raises(urllib.error.HTTPError) as err:  # seen while idle, before any request
+            urllib.request.urlopen(b.base_url.rstrip("/") + "/health", timeout=10)
+        assert err.value.code == 503 and "exited with code -9" in err.value.read().decode()
         with pytest.raises(EngineFailure, match="engine process exited with code -9"):
             asyncio.run(_collect(b, prompt=prompt, max_tokens=4))
         with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(b.base_url.rstrip("/") + "/health", timeout=10)
-        assert err.value.code == 503 and "exited" in err.value.read().decode()
+            post({"prompt": prompt, "max_tokens": 4})
+        assert err.value.code == 500 and "exited with code -9" in err.value.read().decode()
     finally:
         b.stop()
     assert b.proc is not None and not b.proc.group_alive()

@@ -133,3 +133,60 @@ def test_engine_death_fails_open_requests_and_later_sends(child_script):
     assert proc.dead and "code 7" in proc.dead
     with pytest.raises(RuntimeError, match="code 7"):
         proc.send(("gen", 2, {"n": 1}))
+
+
+def test_death_while_idle_is_noticed_and_reaped(child_script):
+    import os
+    import signal
+
+    proc = EngineProcess([sys.executable, str(child_script), "--mode", "ok"])
+    proc.wait_ready()
+
+    async def go():
+        proc.attach(asyncio.get_running_loop())  # what the worker does once its loop runs
+        os.kill(proc.proc.pid, signal.SIGKILL)
+        for _ in range(100):
+            if proc.dead:
+                break
+            await asyncio.sleep(0.05)
+
+    asyncio.run(go())
+    assert proc.dead and "exited with code -9" in proc.dead  # no request was needed to see it
+    assert proc.proc.returncode == -9  # reaped, not a zombie
+
+
+def test_a_full_command_pipe_does_not_block_the_loop(child_script):
+    """A stopped engine stops reading commands; sending a large one must not freeze the worker."""
+    import os
+    import signal
+
+    proc = EngineProcess([sys.executable, str(child_script), "--mode", "ok"])
+    proc.wait_ready()
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        proc.attach(loop)
+        chan = TokenChannel(loop)
+        proc.open(1, chan)
+        os.kill(proc.proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        proc.send(("gen", 1, {"n": 2, "pad": "x" * (4 << 20)}))  # 4 MB: more than any pipe buffer
+        sent_s = time.monotonic() - t0
+        assert proc.cmd_buf, "the rest should wait in the buffer"
+        ticks = 0
+        while time.monotonic() - t0 < 0.3:  # the loop keeps running meanwhile
+            await asyncio.sleep(0.01)
+            ticks += 1
+        os.kill(proc.proc.pid, signal.SIGCONT)
+        got = []
+        while not got or got[-1][0] != "end":
+            got += await asyncio.wait_for(chan.get_batch(), 10)
+        return sent_s, ticks, got
+
+    try:
+        sent_s, ticks, got = asyncio.run(go())
+        assert sent_s < 0.2 and ticks >= 10
+        assert [m[0] for m in got] == ["tok", "tok", "end"]
+    finally:
+        proc.proc.kill()
+        proc.proc.wait()

@@ -37,7 +37,7 @@ from typing import Any
 class _Decoder:
     """Incremental detokenizer: ``og.TokenizerStream`` or a cumulative ``tokenizers`` decode."""
 
-    def __init__(self, owner: "OrtGenaiEngine"):
+    def __init__(self, owner: OrtGenaiEngine):
         self.owner = owner
         self.stream = owner.tokenizer.create_stream() if owner.og_tokenizer else None
         self.ids: list[int] = []
@@ -79,7 +79,7 @@ class _Out:
 
     __slots__ = ("send", "rid", "interval_s", "decoder", "pending", "last_flush", "last_token", "last_id")
 
-    def __init__(self, send, rid: Any, interval_s: float, decoder: "_Decoder | None" = None):
+    def __init__(self, send, rid: Any, interval_s: float, decoder: _Decoder | None = None):
         self.send, self.rid, self.interval_s, self.decoder = send, rid, interval_s, decoder
         self.pending: list = []
         self.last_flush = self.last_token = float("-inf")
@@ -176,7 +176,7 @@ class OrtGenaiEngine:
         try:
             self.tokenizer = og.Tokenizer(self.model)
             reason = self._tokenizer_disagreement(os.path.join(src, "tokenizer.json"))
-        except Exception as exc:  # noqa: BLE001 - e.g. "Unsupported tokenizer class: Qwen3_5Tokenizer"
+        except Exception as exc:
             reason = f"og.Tokenizer refused the export's tokenizer: {exc}"
         self.og_tokenizer = reason is None
         self.tokenizer_source = "og.Tokenizer (export folder)"
@@ -281,6 +281,10 @@ class OrtGenaiEngine:
     def stats(self) -> dict[str, Any]:
         """Counters for the worker's ``/metrics``.
 
+        ``max_running_requests`` is the most requests this process had begun at once; with
+        ``og.Engine`` on CPU (static batching) those past ``engine_max_batch_size`` wait
+        inside og for the running batch to finish, so it is not the batch size.
+
         ``decode_own_seconds_total`` is the decode thread's time outside ONNX Runtime GenAI
         calls while requests ran (detokenizing, frames, bookkeeping; in ``generator`` mode
         ``is_done`` counts as og's), ``decode_og_seconds_total`` its time inside them
@@ -304,7 +308,7 @@ class OrtGenaiEngine:
             out = _Out(send, rid, self.stream_interval_s)
             try:
                 self._run_generator(rid, body, out)
-            except Exception as exc:  # noqa: BLE001 - one bad request, not the engine
+            except Exception as exc:
                 out.fail(exc)
             self.cancelled.discard(rid)
 
@@ -419,7 +423,7 @@ class OrtGenaiEngine:
             deadline = time.monotonic() + timeout_s
             while live and sink.result is None and time.monotonic() < deadline:
                 self._engine_step(live)
-        except Exception as exc:  # noqa: BLE001 - the Engine's own failure is the evidence
+        except Exception as exc:
             sink.result = exc
         if isinstance(sink.result, BaseException):
             print(f"og.Engine warm-up failed: {sink.result!r}", file=sys.stderr, flush=True)
@@ -446,7 +450,7 @@ class OrtGenaiEngine:
                     if rid in cancelled:
                         try:
                             req.cancel_turn(turn)  # 0.18.0: takes the id begin_turn returned
-                        except Exception as exc:  # noqa: BLE001 - closing it below still frees it
+                        except Exception as exc:
                             print(f"og.Request.cancel_turn failed: {exc!r}", file=sys.stderr, flush=True)
                         req.close()
                         del live[key]
@@ -456,7 +460,7 @@ class OrtGenaiEngine:
                 continue
             try:
                 step(live)
-            except Exception as exc:  # noqa: BLE001 - fail every running request, keep serving
+            except Exception as exc:
                 for _req, out, _rid, _turn in live.values():
                     out.fail(RuntimeError(f"og.Engine.run failed: {exc}"))
                 live.clear()
@@ -466,7 +470,7 @@ class OrtGenaiEngine:
         out = _Out(send, rid, self.stream_interval_s)
         try:
             self._begin(rid, body, out, live)
-        except Exception as exc:  # noqa: BLE001 - one bad request, not the engine
+        except Exception as exc:
             out.fail(exc)
 
     def _engine_step(self, live: dict) -> None:
@@ -516,7 +520,7 @@ def main(argv: list[str] | None = None) -> None:
     pipe = ChildPipe(args.cmd_fd, args.out_fd, args.bell_fd)
     try:
         engine = OrtGenaiEngine(args.model, json.loads(args.options))
-    except BaseException as exc:  # noqa: BLE001 - the worker re-raises it with these words
+    except BaseException as exc:
         traceback.print_exc()
         pipe.send(("failed", "".join(traceback.format_exception_only(exc)).strip()))
         sys.exit(1)

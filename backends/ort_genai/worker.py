@@ -62,6 +62,10 @@ class OrtGenaiProxy:
     def metrics(self) -> dict[str, float]:
         return {"generated_tokens": self.n_generated, "requests": self.n_requests, **self.stats}
 
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Watch the engine process from the server's loop (its death shows before any request)."""
+        self.proc.attach(loop)
+
     def healthy(self) -> str | None:
         """Why this worker cannot serve (the engine process died), or None."""
         return self.proc.dead
@@ -82,7 +86,7 @@ class OrtGenaiProxy:
             from tokenizers.decoders import DecodeStream
 
             stream, hf = DecodeStream(skip_special_tokens=True), self.hf_tokenizer
-            decode = lambda ids: "".join(stream.step(hf, t) or "" for t in ids)  # noqa: E731
+            decode = lambda ids: "".join(stream.step(hf, t) or "" for t in ids)
         try:
             self.proc.send(("gen", rid, body))
             while True:
