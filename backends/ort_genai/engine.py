@@ -11,7 +11,7 @@ HTTP server. Two schedulers:
   thread (0.18.0 raises "Engine operations must be called from the Engine owner thread"
   elsewhere). It schedules several requests per step, also on CPU (checked on 0.18.0).
 
-Frames of a dense stream are not sent one per token (see :class:`_Out`); their text is None
+Frames of a dense stream are not sent one per token (see :class:`backends.ort_genai.frames.Out`); their text is None
 when the worker process detokenizes (see ``OrtGenaiEngine._worker_detokenizer``).
 Commands (worker to engine): ``("gen", rid, body)``, ``("cancel", rid)``. Frames (engine to
 worker): ``("start", rid, n_prompt_tokens)``, ``("tok", rid, int32 token id bytes, text)``,
@@ -24,7 +24,6 @@ Options: ``batching``, ``execution_provider``, ``source_model``, ``intra_op_num_
 from __future__ import annotations
 
 import argparse
-import array
 import json
 import os
 import queue
@@ -33,115 +32,7 @@ import time
 import traceback
 from typing import Any
 
-
-class _Decoder:
-    """Incremental detokenizer: ``og.TokenizerStream`` or a cumulative ``tokenizers`` decode."""
-
-    def __init__(self, owner: OrtGenaiEngine):
-        self.owner = owner
-        self.stream = owner.tokenizer.create_stream() if owner.og_tokenizer else None
-        self.ids: list[int] = []
-        self.text = ""
-
-    def push(self, token: int) -> str:
-        if token in self.owner.eos_ids:
-            return ""
-        if self.stream is not None:
-            return self.stream.decode(token)
-        self.ids.append(token)
-        text = self.owner.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):  # incomplete multi-byte character: wait for more
-            return ""
-        delta, self.text = text[len(self.text):], text
-        return delta
-
-
-class _Out:
-    """One request's frames to the worker.
-
-    The engine loop only appends each step's token id and calls :meth:`due`; the generator
-    loop only counts its steps and, when a frame is due, slices the new ids out of
-    ``get_sequence(0)`` for :meth:`send_ids`. Framing (and detokenizing, where the worker
-    process does not) happens once per frame, for all its tokens at once. Python run between
-    two ~0.4 ms og steps runs on cold caches, several times slower than a hot microbenchmark
-    of the same calls: with a token list, a method call and a detokenizer step per token the
-    generator loop spent 19-21 us/step of its own on the 2-core host (the bare loop: 1 us);
-    laid out like this, 1.7 us/step more than the bare loop on the H200 host's CPU
-    (``benchmarks/bench_ort_genai.py``, in-run split).
-
-    A flush rings the worker's doorbell when its token is the stream's first (TTFT is never
-    held) or follows the previous token by at least ``interval_s`` (a sparse stream: each
-    token is an event of its own). Tokens of a dense stream leave in one frame per
-    ``interval_s`` without a doorbell; the worker's timer, same period, picks them up, so they
-    reach the client within two intervals, each listed in ``token_ids``. ``interval_s`` 0:
-    every token rings.
-    """
-
-    __slots__ = ("send", "rid", "interval_s", "decoder", "pending", "last_flush", "last_token", "last_id")
-
-    def __init__(self, send, rid: Any, interval_s: float, decoder: _Decoder | None = None):
-        self.send, self.rid, self.interval_s, self.decoder = send, rid, interval_s, decoder
-        self.pending: list = []
-        self.last_flush = self.last_token = float("-inf")
-        self.last_id: int | None = None
-
-    def start(self, n_prompt: int) -> None:
-        self.send(("start", self.rid, n_prompt), False)
-
-    def due(self, now: float) -> bool:
-        """After appending a token to :attr:`pending`: flush if its time has come; True if flushed."""
-        prev, self.last_token = self.last_token, now
-        if now - prev >= self.interval_s:
-            self.flush(now, True)
-            return True
-        if now - self.last_flush >= self.interval_s:
-            self.flush(now, False)
-            return True
-        return False
-
-    def flush(self, now: float, urgent: bool) -> None:
-        """Send the pending token ids (``og.Engine`` events' ints)."""
-        if self.pending:
-            raw = array.array("i", self.pending).tobytes()
-            self.pending.clear()
-            self.send_ids(raw, now, urgent)
-
-    def send_ids(self, raw: bytes, now: float, urgent: bool) -> None:
-        """Send token ids given as raw int32 bytes (cheaper to pickle than a list of ints)."""
-        text = None
-        if self.decoder is not None:
-            text = "".join(map(self.decoder.push, array.array("i", raw)))
-        self.send(("tok", self.rid, raw, text), urgent)
-        self.last_flush, self.last_id = now, int.from_bytes(raw[-4:], "little", signed=True)
-
-    def finish(self, reason: str, stats: dict[str, Any]) -> None:
-        self.flush(time.perf_counter(), False)
-        self.send(("end", self.rid, reason, stats))
-
-    def fail(self, exc: BaseException) -> None:
-        self.flush(time.perf_counter(), False)
-        self.send(("err", self.rid, f"{type(exc).__name__}: {exc}"))
-
-
-class _Collect:
-    """A sink that keeps what a request produced (the Engine warm-up)."""
-
-    def __init__(self) -> None:
-        self.result: str | BaseException | None = None
-        self.pending: list = []
-
-    def start(self, n_prompt: int) -> None:
-        pass
-
-    def due(self, now: float) -> bool:
-        self.pending.clear()
-        return False
-
-    def finish(self, reason: str, stats: dict[str, Any]) -> None:
-        self.result = reason
-
-    def fail(self, exc: BaseException) -> None:
-        self.result = exc
+from backends.ort_genai.frames import Collect, Decoder, Out
 
 
 class OrtGenaiEngine:
@@ -263,7 +154,7 @@ class OrtGenaiEngine:
             hf = Tokenizer.from_file(path)
             for text in self.PROBE_TEXTS:
                 ids = self.encode(text) + sorted(self.eos_ids)[:1]
-                dec, ds = _Decoder(self), DecodeStream(skip_special_tokens=True)
+                dec, ds = Decoder(self), DecodeStream(skip_special_tokens=True)
                 mine = "".join(dec.push(t) for t in ids)
                 theirs = "".join(ds.step(hf, t) or "" for t in ids)
                 if mine != theirs:
@@ -305,7 +196,7 @@ class OrtGenaiEngine:
             return
         while True:
             rid, body = self.inbox.get()
-            out = _Out(send, rid, self.stream_interval_s)
+            out = Out(send, rid, self.stream_interval_s)
             try:
                 self._run_generator(rid, body, out)
             except Exception as exc:
@@ -337,7 +228,7 @@ class OrtGenaiEngine:
         if body.get("ignore_eos"):
             opts["min_length"] = len(ids) + max_new
         params.set_search_options(**opts)
-        out.decoder = None if self.tokenizer_json else _Decoder(self)
+        out.decoder = None if self.tokenizer_json else Decoder(self)
         interval, base, sent = self.stream_interval_s, len(ids), 0
         last_token = last_flush = float("-inf")
         n = 0
@@ -355,7 +246,7 @@ class OrtGenaiEngine:
             t_out = clock()
             og_s += t_out - t_in
             n += 1
-            # _Out.due inlined (a method call per step costs ~1 us on this loop's cold caches);
+            # Out.due inlined (a method call per step costs ~1 us on this loop's cold caches);
             # the ids come from one get_sequence per frame instead of get_next_tokens per step
             if t_out - last_token >= interval or t_out - last_flush >= interval:
                 out.send_ids(gen.get_sequence(0)[base + sent:base + n].tobytes(), t_out, t_out - last_token >= interval)
@@ -406,8 +297,8 @@ class OrtGenaiEngine:
             self.notes["engine_seed"] = f"per-request seeds ignored: {exc}"
             to.clear_seed()
             turn = req.begin_turn(self.np.asarray(ids, dtype=self.np.int32), to)
-        if isinstance(out, _Out) and not self.tokenizer_json:
-            out.decoder = _Decoder(self)
+        if isinstance(out, Out) and not self.tokenizer_json:
+            out.decoder = Decoder(self)
         live[id(req)] = (req, out, rid, turn)
 
     def _warm_up_engine(self, timeout_s: float = 300) -> None:
@@ -417,7 +308,7 @@ class OrtGenaiEngine:
         that declare MRoPE's 3-D ones (Qwen3.5-MoE exports) and fails every request, while
         og.Generator runs the same export. Only when the user left ``batching`` unset.
         """
-        sink, live = _Collect(), {}
+        sink, live = Collect(), {}
         try:
             self._begin("warm-up", {"prompt": "hello", "max_tokens": 1}, sink, live)
             deadline = time.monotonic() + timeout_s
@@ -467,7 +358,7 @@ class OrtGenaiEngine:
 
     def _admit(self, item: tuple, live: dict, send) -> None:
         rid, body = item
-        out = _Out(send, rid, self.stream_interval_s)
+        out = Out(send, rid, self.stream_interval_s)
         try:
             self._begin(rid, body, out, live)
         except Exception as exc:
