@@ -125,6 +125,11 @@ def check_body(body: Any, chat: bool) -> str | None:
     return None
 
 
+def _engine_error(exc: BaseException) -> dict[str, Any]:
+    """The OpenAI-style error object for an engine failure (an SSE event or a JSON 500 body)."""
+    return {"error": {"message": f"{type(exc).__name__}: {exc}", "type": "engine_error"}}
+
+
 def _bad_request(message: str):
     from aiohttp import web
 
@@ -193,8 +198,7 @@ def build_app(engine: WorkerEngine, served_model: str):
             except Exception as exc:  # noqa: BLE001 - the engine failed: say why, keep serving
                 counters["errors_total"] += 1
                 traceback.print_exc()
-                return web.json_response({"error": {"message": f"{type(exc).__name__}: {exc}", "type": "engine_error"}},
-                                         status=500)
+                return web.json_response(_engine_error(exc), status=500)
             finally:
                 await gen.aclose()
             counters["generation_tokens_total"] += n_out
@@ -229,7 +233,7 @@ def build_app(engine: WorkerEngine, served_model: str):
         except Exception as exc:  # the engine failed mid-stream: tell the client, keep serving
             counters["errors_total"] += 1
             traceback.print_exc()
-            await resp.write(_sse({"error": {"message": f"{type(exc).__name__}: {exc}", "type": "engine_error"}}))
+            await resp.write(_sse(_engine_error(exc)))
         return resp
 
     app = web.Application(client_max_size=64 * 2**20)

@@ -1,7 +1,8 @@
 """The ORT GenAI engine process: ``og.Model`` and its scheduler, on its own interpreter.
 
 Started by :mod:`backends.ort_genai.worker` (the HTTP side) as ``python -m
-backends.ort_genai.engine --model EXPORT_DIR --options JSON --cmd-fd N --out-fd M``; the
+backends.ort_genai.engine --model EXPORT_DIR --options JSON --cmd-fd N --out-fd M
+--bell-fd B``; the
 two talk in :mod:`bakeoff.worker_pipe` frames, so the decode loop shares no GIL with the
 HTTP server. Two schedulers:
 
@@ -11,8 +12,9 @@ HTTP server. Two schedulers:
   thread (0.18.0 raises "Engine operations must be called from the Engine owner thread"
   elsewhere). It schedules several requests per step, also on CPU (checked on 0.18.0).
 
-Frames of a dense stream are not sent one per token (see :class:`backends.ort_genai.frames.Out`); their text is None
-when the worker process detokenizes (see ``OrtGenaiEngine._worker_detokenizer``).
+Frames of a dense stream are not sent one per token (see
+:class:`backends.ort_genai.frames.Out`); their text is None when the worker process
+detokenizes (see ``OrtGenaiEngine._worker_detokenizer``).
 Commands (worker to engine): ``("gen", rid, body)``, ``("cancel", rid)``. Frames (engine to
 worker): ``("start", rid, n_prompt_tokens)``, ``("tok", rid, int32 token id bytes, text)``,
 ``("end", rid, finish_reason, stats)``, ``("err", rid, message)``.
@@ -44,7 +46,7 @@ class OrtGenaiEngine:
             a 1-token warm-up fails), ``execution_provider`` (cpu|cuda|...),
             ``source_model`` (checkpoint folder, for the tokenizer fallback),
             ``intra_op_num_threads`` (decoder session threads; None: ORT's default),
-            ``stream_interval_ms`` (least time between two frames of one stream; 0: none).
+            ``stream_interval_ms`` (frame period of a dense stream; 0: a frame per token).
     """
 
     def __init__(self, model_dir: str, options: dict[str, Any]):
@@ -177,9 +179,8 @@ class OrtGenaiEngine:
         inside og for the running batch to finish, so it is not the batch size.
 
         ``decode_own_seconds_total`` is the decode thread's time outside ONNX Runtime GenAI
-        calls while requests ran (detokenizing, frames, bookkeeping; in ``generator`` mode
-        ``is_done`` counts as og's), ``decode_og_seconds_total`` its time inside them
-        (``generate_next_token`` + ``get_next_tokens``, or ``Engine.run``), and
+        calls while requests ran (frames, detokenizing where this process does it, bookkeeping), ``decode_og_seconds_total`` its time inside them
+        (``is_done`` + ``generate_next_token``, or ``Engine.run``), and
         ``decode_steps_total`` the steps. own / (own + og) is the share of the decode
         thread the worker takes, measured within the same requests, so it does not carry the
         run-to-run drift that a tokens/s comparison with a separate bare loop does.

@@ -75,8 +75,7 @@ class OrtGenaiProxy:
         return 0
 
     async def generate(self, body: dict[str, Any]):
-        self.proc.attach(asyncio.get_running_loop())
-        rid = next(self.ids)
+        rid = next(self.ids)  # frames are routed on the loop serve() attached
         chan = TokenChannel(asyncio.get_running_loop())
         self.proc.open(rid, chan)
         self.n_requests += 1
