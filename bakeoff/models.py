@@ -20,6 +20,7 @@ class Probe:
     task: str
     prompt: str
     expected: str
+    match: str = "prefix"
 
 
 @dataclass
@@ -55,7 +56,8 @@ class ResolvedModel:
         for line in path.read_text().splitlines():
             if line.strip():
                 d = json.loads(line)
-                out.append(Probe(id=d["id"], task=d.get("task", ""), prompt=d["prompt"], expected=d["expected"]))
+                out.append(Probe(id=d["id"], task=d.get("task", ""), prompt=d["prompt"], expected=d["expected"],
+                                 match=d.get("match", "prefix")))
         return out
 
 

@@ -8,15 +8,6 @@ import unicodedata
 from collections import Counter
 from typing import Any
 
-# Generic probes for real models (LLMPerf correctness-test spirit): checkable continuations.
-GENERIC_PROBES = [
-    {"id": "g-count", "task": "count", "prompt": "1, 2, 3, 4, 5, 6, 7,", "expected": " 8, 9"},
-    {"id": "g-alpha", "task": "copy", "prompt": "A B C D E F G H I", "expected": " J K"},
-    {"id": "g-words", "task": "number-to-words", "prompt": "one two three four five six", "expected": " seven eight"},
-    {"id": "g-arith", "task": "arithmetic", "prompt": "2 + 2 = 4\n3 + 3 = 6\n4 + 4 =", "expected": " 8"},
-    {"id": "g-copy", "task": "copy", "prompt": "Repeat: apple banana cherry. Repeat: apple banana cherry. Repeat:", "expected": " apple banana cherry"},
-]
-
 # Thresholds of the degeneration detectors. A repeated run of one token over 60% of a
 # 32+-token output, or distinct-2 below 0.2, is the usual signature of a broken decode
 # (see HELM / "neural text degeneration", Holtzman et al. 2020, on repetition).
@@ -25,13 +16,23 @@ MIN_DISTINCT2 = 0.2
 MIN_TOKENS_FOR_REPEAT = 32
 
 
-def probe_correct(output: str, expected: str) -> bool:
-    """A probe passes when the output starts with the expected continuation.
+def probe_correct(output: str, expected: str, match: str = "prefix") -> bool:
+    """Whether an output gives a probe's known answer.
 
-    Whitespace at the ends is normalised (engines differ in a leading space after
-    detokenization), inner text must match exactly.
+    ``prefix``: the output starts with the expected continuation, and the answer ends at a
+    boundary (end of output, or a character that is not a letter or digit), so " 1" does not
+    pass for an expected " 12" nor " 12" for " 1". ``contains``: the answer appears as a whole
+    word anywhere (chat replies wrap answers in prose). Whitespace at the ends is normalised
+    (engines differ in a leading space after detokenization); inner text must match exactly.
     """
-    return output.strip().startswith(expected.strip())
+    out, exp = output.strip(), expected.strip()
+    if not exp:
+        return not out
+    if match == "contains":
+        import re
+
+        return re.search(r"(?<![0-9A-Za-z])" + re.escape(exp) + r"(?![0-9A-Za-z])", out) is not None
+    return out.startswith(exp) and (len(out) == len(exp) or not out[len(exp)].isalnum())
 
 
 def longest_run(tokens: list[Any]) -> int:
@@ -96,33 +97,105 @@ def detectors(text: str, token_ids: list[int] | None, max_tokens: int, finish_re
             "flags": flags}
 
 
-def agreement(outputs: list[dict[str, Any]], reference: list[dict[str, Any]]) -> dict[str, Any]:
-    """Greedy agreement with the reference on the same prompts.
+# vLLM's HF-vs-vLLM model tests compare greedy outputs with 5 top logprobs per token
+# (tests/models/utils.py ``check_logprobs_close``; NUM_LOG_PROBS = 5 in the language-model tests).
+TIE_TOP_K = 5
+# Logprobs asked of every backend on the probes: the tie rule uses the top TIE_TOP_K, the KL
+# estimate all of them (20 is vLLM's default --max-logprobs and OpenAI's top_logprobs cap).
+PROBE_LOGPROBS = 20
 
-    Compares token ids when both sides have them, else characters of the text.
+
+def top_map(entry) -> dict:
+    """``{token: logprob}`` of one logprob entry, whose third item is a dict or, once stored as
+    JSON (whose object keys are strings), a list of ``[token, logprob]`` pairs."""
+    if entry is None or len(entry) < 3 or not entry[2]:
+        return {}
+    top = entry[2]
+    return dict(top) if isinstance(top, dict) else {t: v for t, v in top}
+
+
+def jsonable_logprobs(lps: list | None) -> list | None:
+    """Logprob entries as JSON-safe lists: ``[token, logprob, [[token, logprob], ...]]``."""
+    if not lps:
+        return None
+    return [[t, round(float(lp), 6), [[k, round(float(v), 6)] for k, v in top_map(e).items()]]
+            for e in lps for t, lp in [(e[0], e[1])]]
+
+
+def _top(entry, k: int) -> set | None:
+    """The k most likely tokens of one logprob entry (None when it has none)."""
+    top = top_map(entry)
+    if not top:
+        return None
+    return {t for t, _ in sorted(top.items(), key=lambda kv: -kv[1])[:k]}
+
+
+def compare_tie_aware(out: dict[str, Any], ref: dict[str, Any], top_k: int = TIE_TOP_K) -> dict[str, Any]:
+    """Compare one greedy output with the reference's, token by token, with vLLM's tie rule.
+
+    The rule of ``check_logprobs_close`` in vLLM's tests: at the first position where the two
+    greedy sequences differ, if each side's token is among the other side's ``top_k`` logprobs,
+    the two are numerically tied there (bf16 vs fp32, one CPU vs another) and the comparison
+    stops: a **tie** divergence. Otherwise it is a **real** divergence. Without logprobs on both
+    sides the divergence is **undetermined** (and counts as real in decisions).
 
     Args:
-        outputs / reference: ``[{"id", "text", "token_ids"}]`` in the same order.
+        out / ref: ``{"id", "text", "token_ids", "logprobs"}``; ``logprobs`` a list of
+            ``(token, logprob, {token: logprob})``, one per token of ``token_ids``.
+        top_k: how many of each side's top logprobs make a tie.
 
     Returns:
-        ``exact_match_rate``, ``mean_first_divergence`` (tokens or chars), per-prompt rows.
+        ``{"id", "outcome": exact|tie|real|undetermined, "first_divergence", "unit",
+        "output", "reference", "at_divergence"}``; ``at_divergence`` holds both tokens and each
+        side's logprobs of both, as evidence.
     """
-    rows = []
-    for out, ref in zip(outputs, reference):
-        a, b = out.get("token_ids"), ref.get("token_ids")
-        unit = "token"
-        if not a or not b:
-            a, b, unit = out.get("text", ""), ref.get("text", ""), "char"
-        n = min(len(a), len(b))
-        first = next((i for i in range(n) if a[i] != b[i]), None)
-        exact = first is None and len(a) == len(b)
-        if not exact and first is None and unit == "token" and abs(len(a) - len(b)) == 1 \
-                and out.get("text") == ref.get("text"):
-            # Engines differ in whether the final EOS id is streamed (vLLM and transformers send
-            # it, ORT GenAI does not): one trailing id with identical text is the same output.
-            exact = True
-        rows.append({"id": out.get("id"), "exact": exact, "first_divergence": first if first is not None else (None if exact else n),
-                     "unit": unit, "output": out.get("text"), "reference": ref.get("text")})
+    a, b = out.get("token_ids"), ref.get("token_ids")
+    unit = "token"
+    if not a or not b:
+        a, b, unit = out.get("text", "") or "", ref.get("text", "") or "", "char"
+    n = min(len(a), len(b))
+    first = next((i for i in range(n) if a[i] != b[i]), None)
+    row: dict[str, Any] = {"id": out.get("id"), "unit": unit, "output": out.get("text"), "reference": ref.get("text"),
+                           "first_divergence": first, "at_divergence": None}
+    if first is None:
+        if len(a) == len(b) or (unit == "token" and abs(len(a) - len(b)) == 1 and out.get("text") == ref.get("text")):
+            # Engines differ in whether the final EOS id is streamed: one trailing id with
+            # identical text is the same output.
+            row["outcome"] = "exact"
+            return row
+        row["first_divergence"] = first = n  # one side stopped where the other went on
+    row["outcome"] = "undetermined"
+    if unit != "token":
+        return row
+    la, lb = out.get("logprobs") or [], ref.get("logprobs") or []
+    ea = la[first] if first < len(la) else None
+    eb = lb[first] if first < len(lb) else None
+    ta, tb = a[first] if first < len(a) else None, b[first] if first < len(b) else None
+    top_a, top_b = _top(ea, top_k), _top(eb, top_k)
+    row["at_divergence"] = {
+        "output_token": ta, "reference_token": tb,
+        "output_logprobs": {str(t): round(v, 4) for t, v in sorted(top_map(ea).items(), key=lambda kv: -kv[1])[:top_k]},
+        "reference_logprobs": {str(t): round(v, 4) for t, v in sorted(top_map(eb).items(), key=lambda kv: -kv[1])[:top_k]},
+    }
+    if ta is None or tb is None or top_a is None or top_b is None:
+        return row  # a side stopped without its stop token's logprobs, or gave none
+    row["outcome"] = "tie" if (tb in top_a and ta in top_b) else "real"
+    return row
+
+
+def agreement(outputs: list[dict[str, Any]], reference: list[dict[str, Any]], top_k: int = TIE_TOP_K) -> dict[str, Any]:
+    """Greedy agreement with the reference on the same prompts (tie-aware, see
+    :func:`compare_tie_aware`).
+
+    Returns:
+        ``prompts``, ``exact``, ``tie``, ``real``, ``undetermined`` counts, ``exact_match_rate``,
+        ``mean_first_divergence`` (over diverging outputs), ``logprobs`` (whether both sides
+        gave them on every output), and the per-prompt ``rows``.
+    """
+    rows = [compare_tie_aware(o, r, top_k) for o, r in zip(outputs, reference)]
+    counts = {k: sum(r["outcome"] == k for r in rows) for k in ("exact", "tie", "real", "undetermined")}
     divs = [r["first_divergence"] for r in rows if r["first_divergence"] is not None]
-    return {"prompts": len(rows), "exact_match_rate": sum(r["exact"] for r in rows) / len(rows) if rows else None,
+    both = all(o.get("logprobs") for o in outputs) and all(r.get("logprobs") for r in reference)
+    return {"prompts": len(rows), **counts, "tie_top_k": top_k, "logprobs": both,
+            "exact_match_rate": counts["exact"] / len(rows) if rows else None,
             "mean_first_divergence": sum(divs) / len(divs) if divs else None, "rows": rows}

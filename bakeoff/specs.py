@@ -35,6 +35,9 @@ class GenerationRequest(Spec):
         ignore_eos: keep generating past EOS (vLLM's ``ignore_eos`` extension), so that a
             throughput point has a fixed output length.
         stop: stop strings.
+        logprobs: return the top-k log-probabilities of each generated token (k <= 20, the
+            usual server cap; vLLM's ``--max-logprobs`` default): the tie rule of the reference
+            comparison and the KL divergence need them. None: not asked for.
     """
 
     request_id: str
@@ -46,6 +49,13 @@ class GenerationRequest(Spec):
     seed: int | None = None
     ignore_eos: bool = False
     stop: list[str] | None = None
+    logprobs: int | None = Field(None, ge=1, le=20)
+
+
+# One generated token's log-probabilities: (token, logprob, {token: logprob} of the top k).
+# A token is an int id when the server names ids ("token_id:N", vLLM's
+# return_tokens_as_token_ids and bakeoff's workers), else the token's text.
+TokenLogprob = tuple[int | str, float, dict[int | str, float]]
 
 
 @dataclass(slots=True)
@@ -68,6 +78,7 @@ class TokenEvent:
         kind: ``text`` or ``reasoning`` (thinking deltas are counted apart).
         finish_reason: set on the last content event when the server gives one.
         usage: set on the final usage event.
+        logprobs: one :data:`TokenLogprob` per token of this delta, when asked for and given.
     """
 
     t_ns: int
@@ -76,6 +87,7 @@ class TokenEvent:
     kind: Literal["text", "reasoning"] = "text"
     finish_reason: str | None = None
     usage: Usage | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 class BackendInfo(Spec):
@@ -153,6 +165,7 @@ class RequestRecord:
     token_times_ns: list[int] = field(default_factory=list)
     output_text: str = ""
     output_token_ids: list[int] | None = None
+    output_logprobs: list[TokenLogprob] | None = None
     reasoning_tokens: int = 0
     input_tokens: int | None = None
     output_tokens: int | None = None

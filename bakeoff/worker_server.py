@@ -26,7 +26,10 @@ class WorkerEngine(Protocol):
     """What a worker engine adapter provides.
 
     ``generate`` yields ``(token_ids, text_delta, finish_reason)`` tuples; ``finish_reason``
-    is None until the last one. ``prompt_tokens`` counts the prompt's tokens; an engine that
+    is None until the last one. When the request body asks for ``logprobs`` (top k) and the
+    engine can give them, a tuple may carry a fourth item: per token of ``token_ids``,
+    ``(logprob, [(id, logprob), ...top k])``; they are sent in the completions ``logprobs``
+    shape with tokens named ``"token_id:N"`` (vLLM's ``return_tokens_as_token_ids``). ``prompt_tokens`` counts the prompt's tokens; an engine that
     counts them itself while generating (in another process) stores the count in
     ``body[PROMPT_TOKENS_KEY]`` instead, which wins. An engine may also have ``healthy()``,
     returning why it cannot serve (``/health`` then answers 503 with that reason) or None,
@@ -125,6 +128,13 @@ def check_body(body: Any, chat: bool) -> str | None:
     return None
 
 
+def logprobs_object(ids: list[int], lps: list) -> dict[str, Any]:
+    """OpenAI completions ``logprobs`` for ``ids``: ``lps[i] = (logprob, [(id, logprob), ...])``."""
+    return {"tokens": [f"token_id:{i}" for i in ids],
+            "token_logprobs": [round(float(lp), 6) for lp, _ in lps],
+            "top_logprobs": [{f"token_id:{t}": round(float(v), 6) for t, v in top} for _, top in lps]}
+
+
 def _engine_error(exc: BaseException) -> dict[str, Any]:
     """The OpenAI-style error object for an engine failure (an SSE event or a JSON 500 body)."""
     return {"error": {"message": f"{type(exc).__name__}: {exc}", "type": "engine_error"}}
@@ -189,7 +199,8 @@ def build_app(engine: WorkerEngine, served_model: str):
             finish = None
             gen = engine.generate(body)
             try:
-                async for ids, text, fr in gen:
+                async for item in gen:
+                    ids, text, fr = item[0], item[1], item[2]
                     n_out += len(ids)
                     texts.append(text)
                     finish = fr or finish
@@ -214,9 +225,12 @@ def build_app(engine: WorkerEngine, served_model: str):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         try:
-            async for ids, text, fr in engine.generate(body):
+            async for item in engine.generate(body):
+                ids, text, fr = item[0], item[1], item[2]
                 n_out += len(ids)
                 choice: dict[str, Any] = {"index": 0, "token_ids": ids, "finish_reason": fr}
+                if len(item) > 3 and item[3]:
+                    choice["logprobs"] = logprobs_object(ids, item[3])
                 if chat:
                     choice["delta"] = {"content": text}
                 else:
@@ -236,7 +250,24 @@ def build_app(engine: WorkerEngine, served_model: str):
             await resp.write(_sse(_engine_error(exc)))
         return resp
 
+    async def score(request):
+        """Teacher-forced log-probabilities (engines with ``score``: the transformers reference)."""
+        if not hasattr(engine, "score"):
+            return web.json_response({"error": {"message": "this engine does not score", "type": "not_found"}}, status=404)
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            return _bad_request(f"the body is not JSON: {exc}")
+        if not isinstance(body, dict):
+            return _bad_request("the body must be a JSON object")
+        try:
+            return web.json_response(await asyncio.to_thread(engine.score, body))
+        except Exception as exc:  # noqa: BLE001 - the engine failed: say why, keep serving
+            traceback.print_exc()
+            return web.json_response(_engine_error(exc), status=500)
+
     app = web.Application(client_max_size=64 * 2**20)
+    app.router.add_post("/v1/score", score)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from evaluations import plugin
+from evaluations import plugin, reference as _reference
 
 pytest_addoption = plugin.pytest_addoption
 pytest_configure = plugin.pytest_configure
@@ -25,7 +25,7 @@ run = plugin.run
 engine = plugin.engine
 engine_state = plugin.engine_state
 settings = plugin.settings
-reference = plugin.reference
-probes = plugin.probes
+reference = _reference.reference
+probes = _reference.probes
 
 __all__ = ["pytest"]

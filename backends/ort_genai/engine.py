@@ -199,7 +199,10 @@ class OrtGenaiEngine:
             rid, body = self.inbox.get()
             out = Out(send, rid, self.stream_interval_s)
             try:
-                self._run_generator(rid, body, out)
+                if body.get("logprobs"):
+                    self._run_with_logprobs(rid, body, out)
+                else:
+                    self._run_generator(rid, body, out)
             except Exception as exc:
                 out.fail(exc)
             self.cancelled.discard(rid)
@@ -218,17 +221,7 @@ class OrtGenaiEngine:
         out.start(len(ids))
         max_new = int(body.get("max_tokens") or 16)
         params = og.GeneratorParams(self.model)
-        opts: dict[str, Any] = {"max_length": len(ids) + max_new}
-        temperature = float(body.get("temperature") or 0.0)
-        if temperature > 0:
-            opts.update(do_sample=True, temperature=temperature, top_p=float(body.get("top_p") or 1.0), top_k=0)
-            if body.get("seed") is not None:
-                opts["random_seed"] = int(body["seed"])
-        else:
-            opts.update(do_sample=False)
-        if body.get("ignore_eos"):
-            opts["min_length"] = len(ids) + max_new
-        params.set_search_options(**opts)
+        params.set_search_options(**self._search_options(body, len(ids)))
         out.decoder = None if self.tokenizer_json else Decoder(self)
         interval, base, sent = self.stream_interval_s, len(ids), 0
         last_token = last_flush = float("-inf")
@@ -266,6 +259,54 @@ class OrtGenaiEngine:
             return
         eos = n < max_new or (not body.get("ignore_eos") and out.last_id in self.eos_ids)
         self.max_running = max(self.max_running, 1)
+        out.finish("stop" if eos else "length", self.stats())
+
+    def _search_options(self, body: dict[str, Any], n_prompt: int) -> dict[str, Any]:
+        max_new = int(body.get("max_tokens") or 16)
+        opts: dict[str, Any] = {"max_length": n_prompt + max_new}
+        temperature = float(body.get("temperature") or 0.0)
+        if temperature > 0:
+            opts.update(do_sample=True, temperature=temperature, top_p=float(body.get("top_p") or 1.0), top_k=0)
+            if body.get("seed") is not None:
+                opts["random_seed"] = int(body["seed"])
+        else:
+            opts.update(do_sample=False)
+        if body.get("ignore_eos"):
+            opts["min_length"] = n_prompt + max_new
+        return opts
+
+    def _run_with_logprobs(self, rid: Any, body: dict[str, Any], out) -> None:
+        """One request on ``og.Generator`` that also reports the top-k log-probabilities of
+        each generated token, from ``get_logits()`` read before each ``generate_next_token``
+        (the distribution the token is chosen from). Not the timed path: probes only."""
+        og, np = self.og, self.np
+        k = int(body["logprobs"])
+        ids = self.encode(body.get("prompt", ""))
+        out.start(len(ids))
+        max_new = int(body.get("max_tokens") or 16)
+        params = og.GeneratorParams(self.model)
+        params.set_search_options(**self._search_options(body, len(ids)))
+        out.decoder = None if self.tokenizer_json else Decoder(self)
+        gen = og.Generator(self.model, params)
+        gen.append_tokens(ids)
+        n = 0
+        while not gen.is_done() and n < max_new and rid not in self.cancelled:
+            logits = np.asarray(gen.get_logits(), dtype=np.float64)
+            row = logits.reshape(-1, logits.shape[-1])[-1]
+            m = row.max()
+            logp = row - (m + np.log(np.exp(row - m).sum()))
+            gen.generate_next_token()
+            token = int(gen.get_next_tokens()[0])
+            top = np.argsort(-logp)[:k]
+            out.send_ids(np.asarray([token], dtype=np.int32).tobytes(), time.perf_counter(), True,
+                         [(float(logp[token]), [(int(i), float(logp[i])) for i in top])])
+            n += 1
+        del gen
+        self.decode_steps += n
+        if rid in self.cancelled:
+            out.finish("abort", self.stats())
+            return
+        eos = n < max_new or (not body.get("ignore_eos") and out.last_id in self.eos_ids)
         out.finish("stop" if eos else "length", self.stats())
 
     # -- engine scheduler ----------------------------------------------------------------
@@ -361,6 +402,9 @@ class OrtGenaiEngine:
         rid, body = item
         out = Out(send, rid, self.stream_interval_s)
         try:
+            if body.get("logprobs"):  # og.Engine gives no logits: this request runs alone on og.Generator
+                self._run_with_logprobs(rid, body, out)
+                return
             self._begin(rid, body, out, live)
         except Exception as exc:
             out.fail(exc)

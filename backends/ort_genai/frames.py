@@ -82,12 +82,13 @@ class Out:
             self.pending.clear()
             self.send_ids(raw, now, urgent)
 
-    def send_ids(self, raw: bytes, now: float, urgent: bool) -> None:
-        """Send token ids given as raw int32 bytes (cheaper to pickle than a list of ints)."""
+    def send_ids(self, raw: bytes, now: float, urgent: bool, logprobs: list | None = None) -> None:
+        """Send token ids given as raw int32 bytes (cheaper to pickle than a list of ints),
+        with ``(logprob, [(id, logprob)...])`` per id when the request asked for logprobs."""
         text = None
         if self.decoder is not None:
             text = "".join(map(self.decoder.push, array.array("i", raw)))
-        self.send(("tok", self.rid, raw, text), urgent)
+        self.send(("tok", self.rid, raw, text) if logprobs is None else ("tok", self.rid, raw, text, logprobs), urgent)
         self.last_flush, self.last_id = now, int.from_bytes(raw[-4:], "little", signed=True)
 
     def finish(self, reason: str, stats: dict[str, Any]) -> None:

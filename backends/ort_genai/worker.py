@@ -93,6 +93,7 @@ class OrtGenaiProxy:
                 # SSE event, token_ids listing each token; counts stay exact.
                 ids: list[int] = []
                 text = ""
+                lps: list = []
                 for msg in await chan.get_batch():
                     if isinstance(msg, BaseException):
                         raise msg
@@ -102,13 +103,15 @@ class OrtGenaiProxy:
                         ids += new
                         text += msg[3] if msg[3] is not None else decode(new)
                         self.n_generated += len(new)
+                        if len(msg) > 4:
+                            lps += msg[4]
                     elif kind == "start":
                         body[PROMPT_TOKENS_KEY] = msg[2]
                     elif kind == "end":
                         done = True
                         self.stats.update(msg[3])
                         if ids:
-                            yield (ids, text, None)
+                            yield (ids, text, None, lps) if lps else (ids, text, None)
                         yield ([], "", msg[2])
                         return
                     elif kind == "err":
@@ -117,7 +120,7 @@ class OrtGenaiProxy:
                             yield (ids, text, None)
                         raise RuntimeError(msg[2])
                 if ids:
-                    yield (ids, text, None)
+                    yield (ids, text, None, lps) if lps else (ids, text, None)
         finally:
             self.proc.close(rid)
             if not done and not self.proc.dead:  # the client went away: stop generating for it

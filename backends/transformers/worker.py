@@ -72,6 +72,36 @@ class TransformersEngine:
     def prompt_tokens(self, prompt: str) -> int:
         return len(self.tokenizer(prompt)["input_ids"])
 
+    def score(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Teacher-forced log-probabilities of a continuation after a prompt (the judge's scorer).
+
+        Args:
+            body: ``prompt`` (text), ``continuation_ids`` (token ids) or ``continuation``
+                (text, tokenized here without special tokens), ``top_k`` (default 0).
+
+        Returns:
+            ``{"token_ids", "logprobs": [logprob of each token], "top_logprobs": [[[id,
+            logprob], ...] per token]}``, in this model's float32 log-softmax.
+        """
+        torch, tok = self.torch, self.tokenizer
+        k = int(body.get("top_k") or 0)
+        with self.lock:
+            p = tok(body.get("prompt") or "")["input_ids"]
+            c = body.get("continuation_ids")
+            c = [int(t) for t in c] if c is not None else tok(body.get("continuation") or "", add_special_tokens=False)["input_ids"]
+            if not p or not c:
+                return {"token_ids": c, "logprobs": [], "top_logprobs": []}
+            x = torch.tensor([p + c], device=self.device)
+            with torch.inference_mode():
+                logits = self.model(input_ids=x).logits[0, len(p) - 1:len(p) + len(c) - 1].float()
+            logp = torch.log_softmax(logits, dim=-1)
+            chosen = logp[torch.arange(len(c), device=logp.device), torch.tensor(c, device=logp.device)].tolist()
+            top: list = []
+            if k:
+                vals, idx = logp.topk(k, dim=-1)
+                top = [list(zip(i, v)) for i, v in zip(idx.tolist(), vals.tolist())]
+        return {"token_ids": c, "logprobs": chosen, "top_logprobs": top}
+
     async def generate(self, body: dict[str, Any]):
         if self.batcher is not None:
             async for item in self.batcher.generate(body):
@@ -96,7 +126,9 @@ class TransformersEngine:
         tok = self.tokenizer
         max_new = int(body.get("max_tokens") or 16)
         temperature = float(body.get("temperature") or 0.0)
+        top_k = int(body.get("logprobs") or 0) if not isinstance(body.get("logprobs"), bool) else 0
         put = lambda item: loop.call_soon_threadsafe(queue.put_nowait, item)  # noqa: E731
+        steps: list = []  # log-softmax of each step's logits, when logprobs are asked for
 
         class Streamer(BaseStreamer):
             def __init__(self):
@@ -115,7 +147,11 @@ class TransformersEngine:
                     delta = ""
                 else:
                     delta, self.text = text[len(self.text):], text
-                put((new, delta, None))
+                if top_k and steps:
+                    lps = [top_logprobs(steps.pop(0), t, top_k) for t in new]
+                    put((new, delta, None, lps))
+                else:
+                    put((new, delta, None))
 
             def end(self):
                 pass
@@ -132,6 +168,15 @@ class TransformersEngine:
                     kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
                 if body.get("ignore_eos"):
                     kwargs["min_new_tokens"] = max_new
+                if top_k:
+                    from transformers import LogitsProcessor, LogitsProcessorList
+
+                    class Record(LogitsProcessor):  # sees the scores greedy search picks from
+                        def __call__(self, input_ids, scores):
+                            steps.append(torch.log_softmax(scores[0].float(), dim=-1))
+                            return scores
+
+                    kwargs["logits_processor"] = LogitsProcessorList([Record()])
                 streamer = Streamer()
                 with torch.inference_mode():
                     self.model.generate(**enc, streamer=streamer, **kwargs)
@@ -141,6 +186,12 @@ class TransformersEngine:
             put(None)
         except BaseException as exc:  # surfaced to the client as an error event
             put(exc)
+
+
+def top_logprobs(logp, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    """``(logprob of token, [(id, logprob)] of the k most likely)`` from one step's log-softmax."""
+    vals, idx = logp.topk(k)
+    return float(logp[token]), list(zip(idx.tolist(), vals.tolist()))
 
 
 def hold_gpu_memory(torch, headroom_gib: float, held: list) -> float:

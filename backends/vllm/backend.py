@@ -130,7 +130,7 @@ class VllmBackend(ChildServerBackend):
         return cmd, envs.child_env(extra)
 
     def extra_body(self) -> dict[str, Any]:
-        return {"return_token_ids": True}
+        return {"return_token_ids": True, "return_tokens_as_token_ids": True}
 
     def start(self) -> BackendInfo:
         try:

@@ -114,6 +114,11 @@ class OpenAIClient:
                 body["ignore_eos"] = True
             if req.stop:
                 body["stop"] = req.stop
+            if req.logprobs:
+                if self.api == "chat":
+                    body["logprobs"], body["top_logprobs"] = True, req.logprobs
+                else:
+                    body["logprobs"] = req.logprobs
         elif req.stop:
             body["stop_sequences"] = req.stop
         body.update(self.extra_body)
@@ -194,6 +199,9 @@ class OpenAIClient:
                         ch = choices[0]
                         ids = ch.get("token_ids")
                         fr = ch.get("finish_reason")
+                        lps = ch.get("logprobs")
+                        if lps:
+                            lps = parse_logprobs(lps)
                         if is_chat:
                             delta = ch.get("delta") or {}
                             reasoning = delta.get("reasoning_content") or delta.get("reasoning")
@@ -203,8 +211,8 @@ class OpenAIClient:
                             text = delta.get("content") or ""
                         else:
                             text = ch.get("text") or ""
-                        if text or ids or fr:
-                            yield TokenEvent(t, text, ids, "text", fr)
+                        if text or ids or fr or lps:
+                            yield TokenEvent(t, text, ids, "text", fr, None, lps or None)
                         continue
                     for ev in self._parse(obj, name, t):
                         yield ev
@@ -251,10 +259,48 @@ class OpenAIClient:
                 text = delta.get("content") or ""
             else:
                 text = ch.get("text") or ""
-            if text or ids or ch.get("finish_reason"):
-                yield TokenEvent(t_ns=t, text=text, token_ids=ids, finish_reason=ch.get("finish_reason"))
+            lps = parse_logprobs(ch["logprobs"]) if ch.get("logprobs") else None
+            if text or ids or ch.get("finish_reason") or lps:
+                yield TokenEvent(t_ns=t, text=text, token_ids=ids, finish_reason=ch.get("finish_reason"),
+                                 logprobs=lps or None)
         if usage:
             yield TokenEvent(t_ns=t, usage=Usage(usage.get("prompt_tokens"), usage.get("completion_tokens")))
+
+
+def _token_key(token: Any) -> int | str:
+    """A logprob entry's token: the int id of ``"token_id:N"`` (vLLM's
+    ``return_tokens_as_token_ids``, bakeoff's workers), else the token text as given."""
+    if isinstance(token, str) and token.startswith("token_id:"):
+        try:
+            return int(token[9:])
+        except ValueError:
+            return token
+    return token
+
+
+def parse_logprobs(obj: Any) -> list:
+    """Per-token ``(token, logprob, {token: logprob})`` from a choice's ``logprobs``.
+
+    Both OpenAI shapes: completions (``tokens`` / ``token_logprobs`` / ``top_logprobs`` as
+    ``{token: logprob}`` maps) and chat (``content: [{token, logprob, top_logprobs: [{token,
+    logprob}]}]``). Anything else gives an empty list (logprobs are evidence, not a reason to
+    fail a stream).
+    """
+    out: list = []
+    try:
+        if isinstance(obj.get("content"), list):
+            for e in obj["content"]:
+                top = {_token_key(t["token"]): float(t["logprob"]) for t in e.get("top_logprobs") or []}
+                out.append((_token_key(e["token"]), float(e["logprob"]), top))
+            return out
+        tokens, lps = obj.get("tokens") or [], obj.get("token_logprobs") or []
+        tops = obj.get("top_logprobs") or [None] * len(tokens)
+        for tok, lp, top in zip(tokens, lps, tops):
+            out.append((_token_key(tok), float(lp) if lp is not None else float("-inf"),
+                        {_token_key(k): float(v) for k, v in (top or {}).items()}))
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return []
+    return out
 
 
 def _finish(resp, timeout_s: float) -> None:

@@ -72,7 +72,7 @@ async def run_request(backend, req: GenerationRequest, session: int = 0, schedul
                     usage_c = ev.usage.completion_tokens
             if ev.finish_reason:
                 rec.finish_reason = ev.finish_reason
-            if ev.text or ev.token_ids:
+            if ev.text or ev.token_ids or ev.logprobs:
                 evs.append(ev)
     except EngineFailure as exc:
         rec.status, rec.error, rec.error_class = "error", exc.message, exc.failure_class
@@ -105,6 +105,8 @@ def _account(rec: RequestRecord, evs: list, usage_p, usage_c, count_tokens) -> N
     rec.token_times_ns = times
     rec.first_token_ns = evs[0].t_ns if evs else None
     rec.output_text = "".join(ev.text for ev in evs if ev.kind == "text")
+    if any(ev.logprobs for ev in evs):
+        rec.output_logprobs = [lp for ev in evs if ev.logprobs for lp in ev.logprobs]
     if have_ids:
         rec.output_token_ids = [i for ev in evs for i in ev.token_ids]
         rec.client_output_tokens = len(rec.output_token_ids)

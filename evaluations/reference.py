@@ -1,0 +1,175 @@
+"""The probes, the transformers reference's outputs on them, and what known answers are judged against.
+
+Fixtures of the evaluations plugin (registered by ``conftest.py``):
+
+- ``probes``: the model's shipped probes (``probes.jsonl``), else bakeoff's generic probes
+  (:mod:`bakeoff.generic_probes`, chat form too when the checkpoint has a chat template).
+- ``reference``: greedy outputs of the transformers reference on the probes, with top-k
+  logprobs (the tie rule's evidence); cached by model and prompts. None when the backend under
+  test *is* the reference (transformers, same model, default options).
+- ``known_answer_baseline``: what ``sanity.known_answers`` compares the backend with
+  (see :func:`baseline`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import backends
+from bakeoff import envs
+from bakeoff.errors import EngineFailure
+from bakeoff.models import Probe, ResolvedModel
+from bakeoff.sanity import PROBE_LOGPROBS, probe_correct
+from bakeoff.specs import BackendConfig
+
+REFERENCE_CACHE_VERSION = 2  # 2: outputs carry top-k logprobs
+
+
+def is_reference_run(settings) -> bool:
+    """The backend under test is the reference itself: transformers on the reference model
+    with its default options (``dtype=float32`` or ``batching=continuous`` make it a candidate)."""
+    return (settings.backend == "transformers" and settings.reference_model.path == settings.model.path
+            and not settings.options)
+
+
+@pytest.fixture(scope="session")
+def probes(settings) -> tuple[list[Probe], str]:
+    """``(probes, source)``: source ``model`` (shipped with the model) or ``generic``."""
+    shipped = settings.model.probes() or settings.reference_model.probes()
+    if shipped:
+        return shipped, "model"
+    from bakeoff.generic_probes import chat_template_of, generic_probes
+
+    template, special = (chat_template_of(settings.reference_model.path) if settings.reference_model.local
+                         else (None, {}))
+    return [Probe(**p) for p in generic_probes(chat_template=template, special=special)], "generic"
+
+
+def _model_stamp(model: ResolvedModel) -> list:
+    if not model.local:
+        return [model.path]
+    return sorted((p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in Path(model.path).iterdir() if p.is_file())
+
+
+@pytest.fixture(scope="session")
+def reference(settings, run, probes):
+    """Greedy outputs (with top-k logprobs) of the transformers reference on the probes
+    (cached), or None when the backend under test is the reference. Runs before the engine
+    starts, then stops, so the two never hold the device at once."""
+    if is_reference_run(settings):
+        return None
+    from evaluations.probing import run_probes
+
+    items, _ = probes
+    key = hashlib.sha256(json.dumps([REFERENCE_CACHE_VERSION, settings.reference_model.path,
+                                     _model_stamp(settings.reference_model),
+                                     [p.prompt for p in items]]).encode()).hexdigest()[:16]
+    cache = envs.cache_root() / "reference" / f"{key}.json"
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    cls = backends.resolve("transformers")
+    cfg = BackendConfig(backend="transformers", model=settings.reference_model.path,
+                        workdir=str(run.dir.path / "engine" / "reference"), start_timeout_s=settings.start_timeout_s)
+    ref = cls(cfg)
+    try:
+        info = ref.start()
+        result = {"ok": True, "outputs": run_probes(ref, items, logprobs=PROBE_LOGPROBS),
+                  "engine": {"dtype": (info.notes or {}).get("dtype"), "device": info.device,
+                             "engine_version": info.engine_version}}
+    except EngineFailure as exc:
+        result = {"ok": False, "error": f"{exc.failure_class}: {exc.message}", "log_tail": ref.log_tail(60)}
+    finally:
+        ref.stop()
+    if result["ok"] and all(o["status"] == "ok" for o in result["outputs"]):
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tempfile.NamedTemporaryFile("w", dir=cache.parent, delete=False)
+        tmp.write(json.dumps(result))
+        tmp.close()
+        os.replace(tmp.name, cache)
+    return result
+
+
+# A baseline answering fewer than this share of its probes cannot judge anyone's answers.
+MIN_BASELINE_ACCURACY = 0.5
+
+
+@dataclass
+class Baseline:
+    """What a backend's known answers are compared with.
+
+    Attributes:
+        kind: ``builder`` (the fixture builder's per-probe record, paired), ``floor`` (a
+            negative-control fixture: the accuracy its trained twin promises, unpaired),
+            ``reference`` (the reference run's per-probe correctness, paired), ``self`` (the
+            backend is the reference: nothing to pair with), or ``none``.
+        correct: per-probe correctness, in probe order (paired kinds).
+        accuracy: the baseline's accuracy (or the floor).
+        source: one line saying where it comes from.
+        skip_reason: set when the baseline cannot judge (it fails most probes, or is missing).
+    """
+
+    kind: str
+    accuracy: float | None = None
+    correct: list[bool] = field(default_factory=list)
+    source: str = ""
+    skip_reason: str | None = None
+
+
+def _fixture_meta(settings) -> dict[str, Any] | None:
+    if not settings.model.local:
+        return None
+    path = Path(settings.model.path) / "fixture.json"
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def baseline(settings, reference, items: list[Probe]) -> Baseline:
+    """The known-answer baseline of this run (rules in ``evaluations/test_sanity.py``).
+
+    - A bakeoff fixture with a per-probe record (``fixture.json`` ``probe_results.per_probe``,
+      measured by its builder with transformers on the saved weights): that record, paired.
+      A record below ``MIN_BASELINE_ACCURACY`` makes the check skip (the fixture did not learn).
+    - A negative-control fixture (recipe ``twin_of``): the known-answer floor of its trained
+      twin, unpaired (the untrained twin must fail it).
+    - Otherwise the reference run on the same probes, paired; the reference answering fewer
+      than ``MIN_BASELINE_ACCURACY`` of them makes the check skip; the reference itself under
+      test is judged on its own accuracy against that bar.
+    """
+    meta = _fixture_meta(settings)
+    if meta is not None:
+        recipe = meta.get("recipe") or {}
+        if recipe.get("twin_of"):
+            floor = meta.get("known_answers_floor") or recipe.get("known_answers_floor")
+            if floor:
+                return Baseline("floor", accuracy=float(floor),
+                                source=f"negative control of {recipe['twin_of']}: the accuracy its builder must reach")
+        record = (meta.get("probe_results") or {}).get("per_probe")
+        if isinstance(record, dict) and all(p.id in record for p in items):
+            correct = [bool(record[p.id]) for p in items]
+            acc = sum(correct) / len(correct)
+            skip = (f"the fixture's builder measured {acc:.0%} on its own probes (< {MIN_BASELINE_ACCURACY:.0%}): "
+                    "it did not learn its tasks; rebuild it") if acc < MIN_BASELINE_ACCURACY else None
+            return Baseline("builder", accuracy=acc, correct=correct, skip_reason=skip,
+                            source=f"the fixture builder's record ({meta.get('built_at', '?')}, "
+                                   f"transformers {((meta.get('versions') or {}).get('transformers', '?'))}, bf16)")
+    if reference is None:
+        return Baseline("self", source="the backend is the reference")
+    if not reference.get("ok"):
+        return Baseline("none", skip_reason=f"the transformers reference could not run: {reference.get('error')}")
+    correct = [o["status"] == "ok" and probe_correct(o["text"], o["expected"], o.get("match", "prefix"))
+               for o in reference["outputs"]]
+    acc = sum(correct) / len(correct) if correct else 0.0
+    skip = (f"the reference answers only {acc:.0%} of the {len(correct)} probes (< {MIN_BASELINE_ACCURACY:.0%}): "
+            "known answers cannot judge this model") if acc < MIN_BASELINE_ACCURACY else None
+    return Baseline("reference", accuracy=acc, correct=correct, skip_reason=skip,
+                    source="the transformers reference on the same probes")

@@ -1,0 +1,115 @@
+"""The model-based garbage judge: the reference scores the backend's outputs (``bakeoff.judge``).
+
+- ``sanity.nll_judge``: the reference model's teacher-forced mean NLL per token of the
+  backend's open-ended outputs (``sanity.degeneration``'s, read from the run directory) beside
+  that of the reference's own greedy outputs on the same prompts; more than
+  ``NLL_GAP_NATS`` above is ``garbage-output``. It also reports, over the probe outputs that
+  came with top-k logprobs, the mean KL divergence from the reference and the top-1
+  agreement (report only).
+
+Runs last: the engine under test is stopped first, so the reference and the engine never
+hold the device at once. It reads what the sanity checks wrote, so it also judges a resumed
+run, and a run whose engine died after its sanity checks.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import backends
+from bakeoff.errors import EngineFailure
+from bakeoff.judge import NLL_GAP_NATS, divergence, nll_verdict, pooled_nll
+from bakeoff.sanity import PROBE_LOGPROBS
+from bakeoff.specs import BackendConfig, GenerationRequest
+from evaluations.measuring import send
+from evaluations.reference import is_reference_run
+from evaluations.test_sanity import OPEN_ENDED_TOKENS
+
+
+def _score(base_url: str, prompt: str, ids: list[int] | None, text: str, top_k: int = 0) -> dict:
+    import httpx
+
+    body = {"prompt": prompt, "top_k": top_k}
+    body.update({"continuation_ids": ids} if ids else {"continuation": text})
+    r = httpx.post(base_url + "/v1/score", json=body, timeout=300.0)
+    r.raise_for_status()
+    return r.json()
+
+
+def _read(run, rel: str):
+    path = run.dir.path / rel
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+@pytest.mark.check("sanity.nll_judge")
+def test_nll_judge(run, settings, pytestconfig):
+    from evaluations.plugin import KEY_ENGINE
+
+    with run.check("sanity.nll_judge", "garbage-output") as c:
+        if is_reference_run(settings):
+            c.skip("the backend under test is the transformers reference")
+        rows = _read(run, "evidence/sanity.degeneration/detectors.json")
+        if rows is None:
+            c.skip("no open-ended outputs to judge (sanity.degeneration did not run)")
+        opened = [r for r in rows if str(r.get("id", "")).startswith("open-") and r.get("status") == "ok"
+                  and (r.get("text") or r.get("token_ids"))]
+        if not opened:
+            c.skip("the backend produced no open-ended output to judge")
+        probe_outs = [o for o in ((_read(run, "evidence/sanity.outputs.json") or {}).get("outputs") or [])
+                      if o.get("status") == "ok" and o.get("logprobs") and o.get("token_ids")]
+        state = pytestconfig.stash.get(KEY_ENGINE, {})
+        if state.get("backend") is not None:  # the engine is done: free its device for the judge
+            state["backend"].stop()
+        cfg = BackendConfig(backend="transformers", model=settings.reference_model.path,
+                            workdir=str(run.dir.path / "engine" / "judge"), start_timeout_s=settings.start_timeout_s,
+                            progress_timeout_s=settings.progress_timeout_s)
+        scorer = backends.resolve("transformers")(cfg)
+        try:
+            try:
+                scorer.start()
+            except EngineFailure as exc:
+                c.evidence("reference.log.tail", scorer.log_tail(80))
+                c.skip(f"the reference could not start to judge: {exc.failure_class}: {exc.message}")
+            refs = send(scorer, [GenerationRequest(request_id=f"judge-{i}", prompt=r["prompt"],
+                                                   max_tokens=OPEN_ENDED_TOKENS)
+                                 for i, r in enumerate(opened)])
+            table, backend_lps, reference_lps = [], [], []
+            for r, ref in zip(opened, refs):
+                mine = _score(scorer.base_url, r["prompt"], r.get("token_ids"), r.get("text", ""))
+                own = _score(scorer.base_url, r["prompt"], ref.output_token_ids, ref.output_text) if ref.status == "ok" else None
+                backend_lps.append(mine["logprobs"])
+                reference_lps.append(own["logprobs"] if own else [])
+                b_nll, b_n = pooled_nll([mine["logprobs"]])
+                r_nll, r_n = pooled_nll([own["logprobs"]] if own else [])
+                table.append({"prompt": r["prompt"], "backend_output": r.get("text"), "reference_output": ref.output_text,
+                              "backend_nll_per_token": None if b_nll is None else round(b_nll, 4), "backend_tokens": b_n,
+                              "reference_nll_per_token": None if r_nll is None else round(r_nll, 4), "reference_tokens": r_n})
+            c.evidence("nll.json", table)
+            kl_rows = []
+            for o in probe_outs:
+                sc = _score(scorer.base_url, o["prompt"], o["token_ids"], o["text"], top_k=PROBE_LOGPROBS)
+                kl_rows.append((sc["top_logprobs"], o["logprobs"]))
+        finally:
+            scorer.stop()
+        b_nll, b_n = pooled_nll(backend_lps)
+        r_nll, r_n = pooled_nll(reference_lps)
+        div = divergence([t for tops, _ in kl_rows for t in tops], [e for _, lps in kl_rows for e in lps])
+        c.values.update({"backend_nll_per_token": None if b_nll is None else round(b_nll, 4), "backend_tokens": b_n,
+                         "reference_nll_per_token": None if r_nll is None else round(r_nll, 4), "reference_tokens": r_n,
+                         "nll_gap_nats": None if b_nll is None or r_nll is None else round(b_nll - r_nll, 4),
+                         "threshold_nats": NLL_GAP_NATS, "outputs": len(opened),
+                         "kl_positions": div["positions"], "top1_agreement": div["top1_agreement"],
+                         "mean_kl_nats": div["mean_kl_nats"]})
+        status, line = nll_verdict(b_nll, b_n, r_nll, r_n)
+        kl = (f"; top-1 agreement {div['top1_agreement']:.1%}, mean KL {div['mean_kl_nats']:.4f} nats over "
+              f"{div['positions']} probe positions" if div["positions"] else "; no logprobs for KL")
+        if status == "skip":
+            c.skip(line)
+        worst = max(table, key=lambda t: t["backend_nll_per_token"] or 0.0)
+        c.require(status == "pass", f"{line}; e.g. {worst['backend_output']!r:.80}")
+        c.summary = line + kl
