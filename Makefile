@@ -8,7 +8,7 @@ STAMP := $(VENV)/.bakeoff-installed
 BACKENDS ?= transformers,vllm,ort-genai,trtllm
 MODEL ?= fixture:tiny-qwen3
 
-.PHONY: qualify test install clean-venv chromium
+.PHONY: qualify test test-fresh install clean-venv chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,12 @@ qualify: $(STAMP)
 
 test: $(STAMP) chromium
 	$(VENV)/bin/python -m pytest tests/ -q -ra --durations=15
+
+# `make test` from an empty cache: BAKEOFF_CACHE is a temporary folder (removed at the end); the
+# engine environments are created, then the fixtures built, then the tests run; each phase is
+# timed (.ci/test-fresh). Takes long: the environments and the fixture training alone take minutes.
+test-fresh: $(STAMP) chromium
+	VENV=$(VENV) bash .ci/test-fresh
 
 # Headless Chromium renders the HTML report in a test; installed from Debian's packages when
 # this user may (root), else that test skips and says why.

@@ -64,18 +64,83 @@ def is_run_meta(meta: Any) -> bool:
             and isinstance(meta["options"], dict))
 
 
-def check_writable(root: Path) -> Path:
-    """Make sure ``root`` exists and is writable.
+ARTIFACTS_FIX = "pass --artifacts DIR with a writable folder"
+
+
+def check_creatable(path: Path, what: str = "artifacts folder", fix: str = ARTIFACTS_FIX) -> Path:
+    """Check, creating nothing, that ``path`` is a writable folder or could be created as one.
+
+    Walks up to the nearest part of ``path`` that exists: it must be a folder (not a file),
+    and a real probe (a temporary folder made and removed at once) must succeed there, since
+    ``os.access`` says yes to root on any permission bits (CI runs as root). Used before
+    anything expensive runs (a fixture build, an engine environment) so that a folder that
+    will refuse the results is refused first.
+
+    Args:
+        path: the folder that will be written.
+        what: how the error names it (``artifacts folder``, ``fixture cache``...).
+        fix: what the user should do, ending the error line.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        UserError: one line: ``{what} {path} is not writable ({reason}); {fix}``.
+    """
+    path = Path(path).expanduser()
+    target = probe_at = Path(os.path.abspath(path))
+
+    def refuse(reason: str, at: bool = True) -> UserError:  # names the part that refused when it is an ancestor
+        where = f": {probe_at}" if at and probe_at != target else ""
+        return UserError(f"{what} {path} is not writable ({reason}{where}); {fix}")
+
+    while True:
+        try:
+            os.stat(probe_at)
+            break
+        except (FileNotFoundError, NotADirectoryError):  # missing, or below a file (found further up)
+            if probe_at.parent == probe_at:
+                raise refuse("no part of it exists") from None
+            probe_at = probe_at.parent
+        except OSError as exc:  # no permission to look, a name too long, a symlink loop
+            raise refuse(exc.strerror or str(exc)) from None
+    if not probe_at.is_dir():
+        raise refuse("a file, not a folder" if probe_at == target else f"{probe_at} is a file, not a folder", at=False)
+    # A real write decides, not os.access: access() answers for the real uid and says yes to
+    # root whatever the permission bits, and cannot tell why it says no (a read-only mount, an
+    # immutable folder, missing permission). A refused probe writes nothing; one that works
+    # is removed at once.
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".bakeoff-write-probe-", dir=probe_at))
+    except OSError as exc:
+        raise refuse(exc.strerror or str(exc)) from None
+    return path
+
+
+def check_writable(root: Path, what: str = "artifacts folder", fix: str = ARTIFACTS_FIX) -> Path:
+    """Make sure ``root`` exists and is writable (:func:`check_creatable`, then create it).
 
     Raises:
         UserError: when it cannot be created or written.
     """
+    check_creatable(root, what, fix)
     try:
         root.mkdir(parents=True, exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=root, prefix=".write-probe-", delete=True)
-        probe.close()
     except OSError as exc:
-        raise UserError(f"artifacts folder {root} is not writable ({exc.strerror}); pass --artifacts DIR with a writable folder") from None
+        raise UserError(f"{what} {root} is not writable ({exc.strerror or exc}); {fix}") from None
+    return root
+
+
+def check_artifacts(root: Path, report: str | None = None) -> Path:
+    """Check, creating nothing, that ``root`` (an ``--artifacts`` folder) can hold
+    ``runs/`` and, when ``report`` is given, ``reports/<report>/``.
+
+    Raises:
+        UserError: a folder that is a file, cannot be created or cannot be written.
+    """
+    check_creatable(root)
+    for sub in ["runs"] + ([f"reports/{report}"] if report else []):
+        check_creatable(Path(root) / sub, "artifacts folder", ARTIFACTS_FIX)
     return root
 
 

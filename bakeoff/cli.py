@@ -56,7 +56,8 @@ def _plain_name(name: str, flag: str) -> str:
 
 def cmd_qualify(args) -> int:
     import backends
-    from bakeoff.artifacts import check_writable
+    from bakeoff.artifacts import check_artifacts, check_writable
+    from bakeoff.models import check as check_model
     from bakeoff.models import resolve
     from bakeoff.options import parse_kv, parse_options
     from bakeoff.report import write_report
@@ -87,12 +88,15 @@ def cmd_qualify(args) -> int:
             parse_options(n, backends.resolve(n).Options, parse_kv(merge_options(per[n], cell)))
     if args.profile not in ("quick", "full"):
         raise UserError(f"unknown profile {args.profile!r}; choose quick or full")
+    # everything is checked before the first fixture build (minutes) or write (issue 15)
+    check_model(args.model)
+    if args.reference_model:  # a fixture reference must be built already (bakeoff fixture build NAME)
+        ref = resolve(args.reference_model, build=False)
+        args.reference_model = ref.path if ref.local and not args.reference_model.startswith("fixture:") else args.reference_model
+    check_artifacts(Path(args.artifacts), report_name)
     model = resolve(args.model, log=lambda s: print(f"[fixture] {s}", flush=True))
     if model.local and not args.model.startswith("fixture:"):
         args.model = model.path  # absolute: the evaluation runs with the repository as its folder
-    if args.reference_model:
-        ref = resolve(args.reference_model, build=False)
-        args.reference_model = ref.path if ref.local and not args.reference_model.startswith("fixture:") else args.reference_model
     artifacts = check_writable(Path(args.artifacts)).resolve()
     runs: list[Path] = []
     print(f"qualifying {', '.join(names)} on {args.model} ({args.profile} profile)", flush=True)
@@ -143,6 +147,7 @@ def _resume(args) -> int:
         raise UserError(f"--resume continues a run with its own settings; drop {', '.join(given)}")
     if args.repeats < 1:
         raise UserError(f"--repeats must be at least 1, got {args.repeats}")
+    report_name = _plain_name(args.report, "--report")  # before the resumed run, not after it
     run_dir = Path(args.resume).resolve()
     try:
         meta = json.loads((run_dir / "run.json").read_text())
@@ -157,13 +162,18 @@ def _resume(args) -> int:
                         "artifacts/runs/ written by bakeoff")
     if verdict.get("finished_at"):
         raise UserError(f"run {run_dir.name} finished ({verdict.get('status')}); nothing to resume: start a new run")
+    from bakeoff.artifacts import check_creatable
+
+    check_creatable(run_dir, "run directory", "resume a run in a folder you can write (copy it elsewhere first)")
+    check_creatable(run_dir.parent.parent / "reports" / report_name, "report folder",
+                    "make the run's artifacts folder writable, or copy the run into one that is")
     cmd = [sys.executable, "-m", "pytest", str(REPO / "evaluations"), f"--resume={run_dir}", "-p", "no:cacheprovider",
            "-q", "--rootdir", str(REPO), "-o", "console_output_style=classic", f"--repeats={args.repeats}"]
     print(f"resuming {run_dir.name}\n$ {' '.join(cmd)}", flush=True)
     proc = subprocess.run(cmd, cwd=str(REPO))
     if proc.returncode in (3, 4):
         raise UserError(f"could not resume {run_dir.name} (pytest exit {proc.returncode}; see the error above)")
-    report = write_report([run_dir], run_dir.parent.parent / "reports" / _plain_name(args.report, "--report"))
+    report = write_report([run_dir], run_dir.parent.parent / "reports" / report_name)
     _print_summary([run_dir])
     print(f"\nreport: {report}")
     return 0
@@ -185,10 +195,13 @@ def _print_summary(runs: list[Path]) -> None:
 
 
 def _report_dest(args) -> Path:
-    """``artifacts/reports/NAME`` for ``report`` / ``compare``, the artifacts folder checked writable."""
-    from bakeoff.artifacts import check_writable
+    """``artifacts/reports/NAME`` for ``report`` / ``compare``, checked writable (nothing is
+    created: the runs are read and checked first, then the report folder is made)."""
+    from bakeoff.artifacts import check_creatable
 
-    return check_writable(Path(args.artifacts)) / "reports" / _plain_name(args.name, "--name")
+    name = _plain_name(args.name, "--name")
+    check_creatable(Path(args.artifacts))
+    return check_creatable(Path(args.artifacts) / "reports" / name)
 
 
 @contextlib.contextmanager
@@ -233,6 +246,10 @@ def cmd_fixture(args) -> int:
     for name in args.name:
         if name.removeprefix("fixture:") not in fixtures.names():
             raise UserError(f"unknown fixture {name!r}; choose one of: {', '.join(fixtures.names())}")
+    from bakeoff.artifacts import check_creatable
+
+    if args.force or not all(fixtures.is_built(n.removeprefix("fixture:")) for n in args.name):
+        check_creatable(fixtures.cache_root(), "fixture cache", "point BAKEOFF_CACHE at a writable folder")
     for name in args.name:
         print(fixtures.build(name.removeprefix("fixture:"), force=args.force, log=lambda s: print(s, flush=True)))
     return 0

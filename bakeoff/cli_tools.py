@@ -11,19 +11,42 @@ from bakeoff.errors import EngineFailure, UserError
 def cmd_quantize(args) -> int:
     """Quantize a checkpoint (``bakeoff quantize awq --model M --out DIR``)."""
     from adapters.awq_int4 import quantize_awq
+    from bakeoff.artifacts import check_creatable
+    from bakeoff.models import check as check_model
     from bakeoff.models import resolve
+    from bakeoff.preflight import describe_quantization
 
-    out = Path(args.out)
+    # everything is checked before the fixture build (minutes) and llm-compressor's
+    # environment (minutes), and nothing is written until then (issue 15)
+    if args.num_samples < 1:
+        raise UserError(f"--num-samples must be at least 1, got {args.num_samples}")
+    if args.dataset is not None and not Path(args.dataset).is_file():
+        raise UserError(f"--dataset {args.dataset} is not a file; pass a .jsonl with a text field, or one text per line")
+    out = Path(args.out).expanduser()
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {args.out} is a file; pass a new or empty folder for the quantized checkpoint")
-    from bakeoff.artifacts import check_writable
-
-    check_writable(out.resolve().parent)
-    model = resolve(args.model, log=lambda s: print(f"[fixture] {s}", flush=True))
-    if not model.local:
-        raise UserError(f"quantize needs a local checkpoint folder; {args.model} is not one (download it first)")
     try:
-        result = quantize_awq(model.path, Path(args.out), dataset=args.dataset, num_samples=args.num_samples,
+        not_empty = out.is_dir() and any(out.iterdir())
+    except OSError as exc:
+        raise UserError(f"--out {args.out} cannot be read ({exc.strerror or exc}); "
+                        "pass a new or empty folder you can write") from None
+    if not_empty:
+        raise UserError(f"output folder {args.out} exists and is not empty; choose a new one (nothing is overwritten)")
+    fix = "pass --out in a folder you can write"
+    check_creatable(out, "--out", fix)
+    check_creatable(out.resolve().parent, "the folder of --out", fix)  # the log and the result go beside --out
+    check_model(args.model)
+    if not args.model.startswith("fixture:"):
+        source = resolve(args.model, build=False)
+        if not source.local:
+            raise UserError(f"quantize needs a local checkpoint folder; {args.model} is not one (download it first)")
+        existing = describe_quantization(source.path)
+        if existing.get("quantized"):  # quantize_awq's own check, made before its environment is created
+            raise UserError(f"{args.model} is already quantized ({existing.get('method')} {existing.get('scheme')}); "
+                            "pass it to a backend as it is")
+    model = resolve(args.model, log=lambda s: print(f"[fixture] {s}", flush=True))
+    try:
+        result = quantize_awq(model.path, out, dataset=args.dataset, num_samples=args.num_samples,
                               log=lambda s: print(s, flush=True))
     except EngineFailure as exc:
         print(f"bakeoff: quantization failed: {exc.failure_class}: {exc.message}")

@@ -61,6 +61,20 @@ class ResolvedModel:
         return out
 
 
+def _fixture_name(spec: str) -> str:
+    """``NAME`` of ``fixture:NAME``.
+
+    Raises:
+        UserError: not a fixture bakeoff knows.
+    """
+    from bakeoff import fixtures
+
+    name = spec.split(":", 1)[1]
+    if name not in fixtures.names():
+        raise UserError(f"unknown fixture {name!r}; choose one of: {', '.join('fixture:' + n for n in fixtures.names())}")
+    return name
+
+
 def resolve(spec: str, build: bool = True, log=print) -> ResolvedModel:
     """Resolve ``--model``.
 
@@ -70,16 +84,17 @@ def resolve(spec: str, build: bool = True, log=print) -> ResolvedModel:
         log: progress printer for fixture builds.
 
     Raises:
-        UserError: unknown fixture, a path that does not exist or holds no ``config.json``.
+        UserError: unknown fixture, a fixture to build whose cache is not writable, a path that
+            does not exist or holds no ``config.json``.
     """
     if spec.startswith("fixture:"):
         from bakeoff import fixtures
 
-        name = spec.split(":", 1)[1]
-        if name not in fixtures.names():
-            raise UserError(f"unknown fixture {name!r}; choose one of: {', '.join('fixture:' + n for n in fixtures.names())}")
-        if not build and not fixtures.is_built(name):
-            raise UserError(f"fixture {name} is not built; run: bakeoff fixture build {name}")
+        name = _fixture_name(spec)
+        if not fixtures.is_built(name):
+            if not build:
+                raise UserError(f"fixture {name} is not built; run: bakeoff fixture build {name}")
+            check(spec)  # the cache takes the build, else one line before minutes of training
         return ResolvedModel(label=spec, path=str(fixtures.build(name, log=log)), local=True, fixture=name)
     if not spec.strip():
         raise UserError("--model is empty; pass a checkpoint folder, a hub id (org/name) or fixture:NAME")
@@ -102,6 +117,30 @@ def resolve(spec: str, build: bool = True, log=print) -> ResolvedModel:
     if spec.startswith((".", "/", "~")) or not HUB_ID.match(spec):
         raise UserError(f"model path {spec} does not exist; pass a checkpoint folder, a hub id (org/name) or fixture:NAME")
     return ResolvedModel(label=spec, path=spec, local=False)
+
+
+def check(spec: str) -> None:
+    """Everything :func:`resolve` would refuse in ``spec``, without building or writing anything.
+
+    A ``fixture:NAME`` must name a known fixture and, when it is not built yet, the fixture
+    cache must be writable (a real probe, made and removed); a path or hub id is checked as
+    :func:`resolve` does. Call it for every model of a command before the first build, then
+    :func:`resolve` to build.
+
+    Raises:
+        UserError: an unknown fixture, an unwritable cache for a fixture to build, a path that
+            is not a readable checkpoint folder.
+    """
+    if not spec.startswith("fixture:"):
+        resolve(spec, build=False)  # no side effects for paths and hub ids
+        return
+    from bakeoff import fixtures
+    from bakeoff.artifacts import check_creatable
+
+    name = _fixture_name(spec)
+    if not fixtures.is_built(name):  # is_built refuses a BAKEOFF_CACHE that is a file
+        check_creatable(fixtures.cache_root(), "fixture cache",
+                        f"fixture {name} is not built yet and is built there: point BAKEOFF_CACHE at a writable folder")
 
 
 QUANTIZATION_RECORD = "bakeoff-quantization.json"  # written by adapters.awq_int4 and adapters.trtllm_build

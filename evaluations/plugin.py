@@ -85,6 +85,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _settings(config: pytest.Config) -> Settings:
+    """Check every option, then the output folder, then resolve the models: a fixture that is
+    not cached is built only once nothing left can refuse the session (issue 15).
+
+    Raises:
+        UserError: bad input, one line naming the fix (nothing built or written).
+    """
     o = config.getoption
     name = backends.validate(o("--backend"))
     profile = o("--profile")
@@ -92,14 +98,11 @@ def _settings(config: pytest.Config) -> Settings:
         raise UserError(f"unknown profile {profile!r}; choose one of: {', '.join(PROFILES)}")
     options = parse_kv(o("--backend-opt"))
     cls = backends.resolve(name)
+    from bakeoff.artifacts import check_artifacts
+    from bakeoff.models import check as check_model
     from bakeoff.options import parse_options
 
     parse_options(name, cls.Options, options)  # fail fast, before anything is written
-    model = resolve(o("--model"))
-    if o("--reference-model"):
-        ref, ref_reason = resolve(o("--reference-model")), "--reference-model"
-    else:
-        ref, ref_reason = default_reference(model)
     mem = o("--memory-limit-gib")
     if mem is not None and mem <= 0:
         raise UserError(f"--memory-limit-gib must be a positive number of GiB, got {mem}")
@@ -111,6 +114,15 @@ def _settings(config: pytest.Config) -> Settings:
     mpa = o("--min-probe-accuracy")
     if mpa is not None and not 0 <= mpa <= 1:
         raise UserError("--min-probe-accuracy must be between 0 and 1")
+    check_model(o("--model"))  # known fixture, readable checkpoint; a fixture cache that takes a build
+    if o("--reference-model"):
+        check_model(o("--reference-model"))
+    check_artifacts(Path(o("--artifacts")))  # creates nothing: RunDir.create does, after the builds
+    model = resolve(o("--model"))
+    if o("--reference-model"):
+        ref, ref_reason = resolve(o("--reference-model")), "--reference-model"
+    else:
+        ref, ref_reason = default_reference(model)
     return Settings(backend=name, model=model, options=options, artifacts=Path(o("--artifacts")), profile=profile,
                     profile_cfg=PROFILES[profile], reference_model=ref, reference_reason=ref_reason, min_probe_accuracy=mpa,
                     start_timeout_s=o("--start-timeout"), progress_timeout_s=o("--progress-timeout"), requests_log=o("--requests-log"),
@@ -121,7 +133,7 @@ def _load_resume(config: pytest.Config) -> tuple[RunDir, Verdict]:
     """Read a cut-off run and make its settings this session's.
 
     Raises:
-        UserError: not a run directory, unreadable, or already finished.
+        UserError: not a run directory, unreadable, already finished, or not writable.
     """
     path = Path(config.getoption("--resume"))
     try:
@@ -135,6 +147,9 @@ def _load_resume(config: pytest.Config) -> tuple[RunDir, Verdict]:
                         "pass a run directory written by bakeoff")
     if verdict.finished_at is not None:
         raise UserError(f"run {path.name} finished ({verdict.status}); nothing to resume")
+    from bakeoff.artifacts import check_creatable
+
+    check_creatable(path, "run directory", "resume a run in a folder you can write (copy it elsewhere first)")
     o = config.option
     given = [f for f, v in (("--backend", o.backend != "transformers"), ("--model", o.model != "fixture:tiny-qwen3"),
                             ("--backend-opt", o.backend_opt), ("--reference-model", o.reference_model),

@@ -1,15 +1,19 @@
 """Bad user input beyond tests/test_cli.py: one line naming the fix, exit 2 (pytest: 4), nothing written.
 
 Covers unknown options, malformed ``--matrix`` / option values, model paths that are not
-checkpoints, an artifacts folder on a read-only file system, unreadable run directories given
-to ``compare`` and ``qualify --resume``, and options that conflict with ``--resume``.
+checkpoints, unwritable output folders (refused before a fixture is built: issue 15),
+unreadable run directories given to ``compare`` and ``qualify --resume``, and options that
+conflict with ``--resume``. Every command runs with an empty ``BAKEOFF_CACHE`` that must stay
+empty: bad input builds no fixture and creates no engine environment.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,8 +23,14 @@ BAKEOFF = [sys.executable, "-m", "bakeoff.cli"]
 PYTEST = [sys.executable, "-m", "pytest", "evaluations/", "-p", "no:cacheprovider"]
 
 
-def run(cmd: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
+def run(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``cmd`` from the repository with a fresh, empty ``BAKEOFF_CACHE`` (unless ``env``
+    names one) and check that it is still empty afterwards: nothing was built or cached."""
+    with tempfile.TemporaryDirectory(prefix="bakeoff-cache-") as cache:
+        full = {**os.environ, "BAKEOFF_CACHE": cache, **(env or {})}
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120, env=full)
+        assert not os.listdir(cache), f"bad input built or cached {os.listdir(cache)}:\n{proc.stdout[-2000:]}{proc.stderr}"
+    return proc
 
 
 def one_error_line(proc: subprocess.CompletedProcess, prefix: str = "bakeoff: error: ") -> str:
@@ -90,28 +100,270 @@ def test_model_path_that_is_not_a_checkpoint(tmp_path, kind, message):
     assert nothing_written(art)
 
 
+def _try(cmd: list[str]) -> str | None:
+    """Run a set-up command; its error (None when it worked)."""
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except OSError as exc:
+        return str(exc)
+    return None if res.returncode == 0 else (res.stderr.strip() or f"exit {res.returncode}")
+
+
+@pytest.fixture(params=["read-only-mount", "immutable", "under-a-file", "no-write-permission"])
+def unwritable(request, tmp_path) -> Path:
+    """A folder nobody may write into. Root ignores permission bits (and CI runs as root), so
+    besides mode 0555 (non-root only) it is a read-only tmpfs, an immutable folder
+    (``chattr +i``) or a path below a regular file; a kind this host cannot make skips, saying why."""
+    kind = request.param
+    if kind == "under-a-file":
+        (tmp_path / "a-file").write_text("x")
+        return tmp_path / "a-file" / "art"
+    folder = tmp_path / kind
+    folder.mkdir()
+    if kind == "read-only-mount":
+        err = _try(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)])
+        if err:
+            pytest.skip(f"cannot mount a read-only tmpfs here: {err}")
+        request.addfinalizer(lambda: _try(["umount", str(folder)]))
+    elif kind == "immutable":
+        err = _try(["chattr", "+i", str(folder)])
+        if err:
+            pytest.skip(f"cannot make an immutable folder here (chattr +i): {err}")
+        request.addfinalizer(lambda: _try(["chattr", "-i", str(folder)]))
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("running as root, which writes through mode 0555; the read-only mount, immutable "
+                        "and under-a-file cases cover root")
+        folder.chmod(0o555)
+        request.addfinalizer(lambda: folder.chmod(0o755))
+    return folder
+
+
 @pytest.fixture
-def read_only_dir(tmp_path):
-    """A read-only tmpfs: not writable even for root (skipped where mounting is refused)."""
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs: {res.stderr.strip() or res.returncode}")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], capture_output=True)
+def empty_cache(tmp_path) -> Path:
+    """A fresh ``BAKEOFF_CACHE``: no fixture is built, no engine environment exists."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    return cache
 
 
-def test_artifacts_on_read_only_file_system(read_only_dir):
-    proc = run(BAKEOFF + ["qualify", "--backends", "transformers", "--model", "fixture:tiny-qwen3-untrained",
-                          "--artifacts", str(read_only_dir / "art")])
-    assert proc.returncode == 2
+def test_qualify_refuses_unwritable_artifacts_before_building_the_fixture(unwritable, empty_cache):
+    """Issue 15: an uncached fixture and an artifacts folder that refuses writes: one line,
+    exit 2, within seconds; no fixture trained, nothing in the cache, no run directory."""
+    proc = run(BAKEOFF + ["qualify", "--backends", "transformers", "--model", "fixture:tiny-qwen3",
+                          "--artifacts", str(unwritable / "art")], env={"BAKEOFF_CACHE": str(empty_cache)})
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr
     line = one_error_line(proc)
-    assert "is not writable (Read-only file system)" in line and "--artifacts DIR" in line
-    proc = run(PYTEST + ["--backend", "transformers", "--model", "fixture:tiny-qwen3-untrained",
-                         "--artifacts", str(read_only_dir)])
-    assert proc.returncode == 4 and "is not writable" in one_error_line(proc, "ERROR: ")
-    assert not any(read_only_dir.iterdir())
+    assert f"artifacts folder {unwritable / 'art'} is not writable (" in line and "--artifacts DIR" in line
+    assert "[fixture]" not in proc.stdout and "qualifying" not in proc.stdout
+    assert not any(empty_cache.iterdir()) and nothing_written(unwritable)
+
+
+def test_pytest_refuses_unwritable_artifacts_before_building_the_fixture(unwritable, empty_cache):
+    proc = run(PYTEST + ["--backend=transformers", f"--artifacts={unwritable}", "--model=fixture:tiny-qwen3"],
+               env={"BAKEOFF_CACHE": str(empty_cache)})
+    assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr
+    line = one_error_line(proc, "ERROR: ")
+    assert f"artifacts folder {unwritable} is not writable (" in line and "--artifacts DIR" in line
+    assert "fixture tiny-qwen3: building" not in proc.stdout
+    assert not any(empty_cache.iterdir()) and nothing_written(unwritable)
+
+
+@pytest.mark.parametrize("command", ["qualify", "pytest"])
+def test_runs_folder_that_is_a_file_is_refused_before_the_build(tmp_path, empty_cache, command):
+    art = tmp_path / "art"
+    art.mkdir()
+    (art / "runs").write_text("not a folder")
+    cmd = (BAKEOFF + ["qualify", "--backends", "transformers", "--artifacts", str(art)] if command == "qualify"
+           else PYTEST + ["--backend=transformers", f"--artifacts={art}"])
+    proc = run(cmd + ["--model=fixture:tiny-qwen3"], env={"BAKEOFF_CACHE": str(empty_cache)})
+    assert proc.returncode == (2 if command == "qualify" else 4), proc.stderr
+    line = one_error_line(proc, "bakeoff: error: " if command == "qualify" else "ERROR: ")
+    assert f"{art / 'runs'} is not writable (a file, not a folder)" in line
+    assert sorted(p.name for p in art.iterdir()) == ["runs"] and not any(empty_cache.iterdir())
+
+
+@pytest.mark.parametrize("command", ["qualify", "pytest", "fixture"])
+def test_unwritable_fixture_cache_is_refused_before_the_build(tmp_path, command):
+    (tmp_path / "a-file").write_text("x")
+    cache = tmp_path / "a-file" / "cache"  # below a file: root cannot write there either
+    art = tmp_path / "art"
+    cmd = {"qualify": BAKEOFF + ["qualify", "--backends", "transformers", "--artifacts", str(art),
+                                 "--model", "fixture:tiny-qwen3"],
+           "pytest": PYTEST + ["--backend=transformers", f"--artifacts={art}", "--model=fixture:tiny-qwen3"],
+           "fixture": BAKEOFF + ["fixture", "build", "tiny-qwen3"]}[command]
+    proc = run(cmd, env={"BAKEOFF_CACHE": str(cache)})
+    assert proc.returncode == (4 if command == "pytest" else 2), proc.stderr
+    line = one_error_line(proc, "ERROR: " if command == "pytest" else "bakeoff: error: ")
+    assert f"fixture cache {cache / 'fixtures'} is not writable" in line and "BAKEOFF_CACHE" in line
+    assert not art.exists() and (tmp_path / "a-file").read_text() == "x"
+
+
+def test_qualify_refuses_an_unbuilt_reference_before_building_the_model(tmp_path, empty_cache):
+    art = tmp_path / "art"
+    proc = run(BAKEOFF + ["qualify", "--backends", "transformers", "--model", "fixture:tiny-qwen3",
+                          "--reference-model", "fixture:tiny-qwen3-untrained", "--artifacts", str(art)],
+               env={"BAKEOFF_CACHE": str(empty_cache)})
+    assert proc.returncode == 2
+    assert "fixture tiny-qwen3-untrained is not built; run: bakeoff fixture build" in one_error_line(proc)
+    assert not art.exists() and not any(empty_cache.iterdir())
+
+
+@pytest.mark.parametrize("command", ["pytest", "qualify"])
+def test_bad_options_are_refused_before_the_reference_fixture_is_built(tmp_path, empty_cache, command):
+    art = tmp_path / "art"
+    if command == "pytest":
+        cmd = PYTEST + ["--backend=transformers", f"--artifacts={art}", "--model=fixture:tiny-qwen3",
+                        "--reference-model=fixture:tiny-qwen3-untrained", "--start-timeout=0"]
+    else:
+        cmd = BAKEOFF + ["qualify", "--backends", "transformers", "--artifacts", str(art), "--repeats", "0"]
+    proc = run(cmd, env={"BAKEOFF_CACHE": str(empty_cache)})
+    assert proc.returncode == (4 if command == "pytest" else 2)
+    assert "must be" in one_error_line(proc, "ERROR: " if command == "pytest" else "bakeoff: error: ")
+    assert not art.exists() and not any(empty_cache.iterdir())
+
+
+def _cut_off_run(root: Path) -> Path:
+    run_dir = root / "runs" / "20260101T000000Z_transformers_tiny-qwen3_abcdef"
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps({"run_id": run_dir.name, "backend": "transformers",
+                                                  "model": "fixture:tiny-qwen3", "options": {}, "profile": "quick"}))
+    (run_dir / "verdict.json").write_text(json.dumps({"run_id": run_dir.name, "backend": "transformers",
+                                                      "model": "fixture:tiny-qwen3", "checks": []}))
+    return run_dir
+
+
+def test_resume_refuses_a_bad_report_name_before_resuming(tmp_path):
+    run_dir = _cut_off_run(tmp_path / "art")
+    before = {p: p.read_bytes() for p in run_dir.iterdir()}
+    proc = run(BAKEOFF + ["qualify", "--resume", str(run_dir), "--report", "../escaped"])
+    assert proc.returncode == 2 and "--report '../escaped' is not a plain name" in one_error_line(proc)
+    assert "resuming" not in proc.stdout and {p: p.read_bytes() for p in run_dir.iterdir()} == before
+    assert sorted(p.name for p in (tmp_path / "art").iterdir()) == ["runs"]
+
+
+@pytest.mark.parametrize("command", ["qualify", "pytest"])
+def test_resume_refuses_a_run_directory_it_cannot_write(tmp_path, command):
+    run_dir = _cut_off_run(tmp_path / "art")
+    err = _try(["chattr", "+i", str(run_dir)])
+    if err:
+        pytest.skip(f"cannot make an immutable folder here (chattr +i): {err}")
+    try:
+        cmd = (BAKEOFF + ["qualify", "--resume", str(run_dir)] if command == "qualify"
+               else PYTEST + [f"--resume={run_dir}"])
+        proc = run(cmd)
+    finally:
+        _try(["chattr", "-i", str(run_dir)])
+    assert proc.returncode == (2 if command == "qualify" else 4), proc.stdout[-2000:] + proc.stderr
+    line = one_error_line(proc, "bakeoff: error: " if command == "qualify" else "ERROR: ")
+    assert f"run directory {run_dir} is not writable (Operation not permitted)" in line
+    assert sorted(p.name for p in run_dir.iterdir()) == ["run.json", "verdict.json"]
+
+
+@pytest.mark.parametrize("command", ["compare", "report"])
+def test_report_and_compare_create_nothing_for_bad_runs(tmp_path, command):
+    art = tmp_path / "art"
+    proc = run(BAKEOFF + [command, str(tmp_path / "no-such-run"), "--artifacts", str(art)])
+    assert proc.returncode == 2, proc.stderr
+    one_error_line(proc)
+    assert not art.exists()  # not even an empty artifacts folder
+
+
+@pytest.mark.parametrize("command", ["compare", "report"])
+def test_report_and_compare_refuse_reports_that_is_a_file(tmp_path, command):
+    art = tmp_path / "art"
+    art.mkdir()
+    (art / "reports").write_text("x")
+    proc = run(BAKEOFF + [command, str(REPO / "examples" / "cpu"), "--artifacts", str(art)])
+    assert proc.returncode == 2, proc.stderr
+    assert f"{art / 'reports'} is a file, not a folder" in one_error_line(proc)
+    assert sorted(p.name for p in art.iterdir()) == ["reports"]
+
+
+@pytest.fixture
+def quantized_checkpoint(tmp_path) -> Path:
+    d = tmp_path / "w4a16"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "qwen3", "quantization_config": {
+        "quant_method": "compressed-tensors", "format": "pack-quantized"}}))
+    return d
+
+
+@pytest.mark.parametrize("case, message", [
+    ("out-not-empty", "exists and is not empty"),
+    ("out-is-a-file", "is a file; pass a new or empty folder"),
+    ("out-under-a-file", "/out is not writable ("),
+    ("num-samples", "--num-samples must be at least 1"),
+    ("dataset", "--dataset"),
+    ("unknown-fixture", "unknown fixture 'nope'"),
+    ("hub-id", "quantize needs a local checkpoint folder"),
+    ("already-quantized", "is already quantized"),
+])
+def test_quantize_refuses_before_building_or_installing(tmp_path, empty_cache, quantized_checkpoint, case, message):
+    """Every refusal comes before the fixture build and llm-compressor's environment
+    (both minutes; both under BAKEOFF_CACHE, which stays empty)."""
+    out = tmp_path / "out"
+    model = "fixture:tiny-qwen3"
+    extra: list[str] = []
+    if case == "out-not-empty":
+        out.mkdir()
+        (out / "keep.txt").write_text("mine")
+    elif case == "out-is-a-file":
+        out.write_text("mine")
+    elif case == "out-under-a-file":
+        (tmp_path / "a-file").write_text("x")
+        out = tmp_path / "a-file" / "out"
+    elif case == "num-samples":
+        extra = ["--num-samples", "0"]
+    elif case == "dataset":
+        extra = ["--dataset", str(tmp_path / "missing.jsonl")]
+    elif case == "unknown-fixture":
+        model = "fixture:nope"
+    elif case == "hub-id":
+        model = "org/model"
+    elif case == "already-quantized":
+        model = str(quantized_checkpoint)
+    before = sorted(tmp_path.rglob("*"))
+    proc = run(BAKEOFF + ["quantize", "awq", "--model", model, "--out", str(out), *extra],
+               env={"BAKEOFF_CACHE": str(empty_cache)})
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr
+    assert message in one_error_line(proc)
+    assert sorted(tmp_path.rglob("*")) == before and not any(empty_cache.iterdir())
+
+
+def test_jobs_submit_refuses_unwritable_artifacts_before_asking_the_hub(tmp_path):
+    """The job record is written after the (paid) submission: a folder that would refuse it is
+    refused before the Hub is asked anything."""
+    from fakes.hf_jobs_server import FakeHfJobsServer
+
+    (tmp_path / "a-file").write_text("x")
+    art = tmp_path / "a-file" / "art"
+    env = {"HF_TOKEN": "hf_" + "0" * 32, "HF_HOME": str(tmp_path / "hf-home")}
+    with FakeHfJobsServer() as srv:
+        proc = run(BAKEOFF + ["jobs", "export", "ort-genai", "--model", "org/m", "--push-to", "none",
+                              "--bakeoff-spec", "git+https://example.com/b.git@v1", "--endpoint", srv.url,
+                              "--artifacts", str(art)], env=env)
+        asked = list(srv.requests)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"artifacts folder {art / 'jobs'} is not writable" in one_error_line(proc)
+    assert asked == [], asked
+
+
+def test_jobs_refuse_an_unknown_fixture_before_rendering(tmp_path):
+    proc = run(BAKEOFF + ["jobs", "qualify", "--backends", "vllm", "--model", "fixture:tiny-qwen4", "--dry-run"])
+    assert proc.returncode == 2 and "--model: unknown fixture 'tiny-qwen4'" in one_error_line(proc)
+    assert "# /// script" not in proc.stdout
+
+
+def test_jobs_fetch_refuses_unwritable_artifacts_before_copying(tmp_path):
+    pushed = tmp_path / "pushed"
+    _verdict_run(pushed, "r1", json.dumps({"backend": "b", "model": "m", "checks": []}))
+    (tmp_path / "a-file").write_text("x")
+    art = tmp_path / "a-file" / "art"
+    proc = run(BAKEOFF + ["jobs", "fetch", "--from", f"file://{pushed}", "--artifacts", str(art)])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"artifacts folder {art / 'runs'} is not writable" in one_error_line(proc)
+    assert "fetched" not in proc.stdout
 
 
 @pytest.mark.parametrize("which, message", [

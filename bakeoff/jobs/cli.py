@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from bakeoff.artifacts import atomic_write_text
+from bakeoff.artifacts import atomic_write_text, check_creatable
 from bakeoff.errors import UserError
 from bakeoff.jobs import render, submit
 from bakeoff.jobs.specs import ExportTask, JobRequest, JobTask, PushTarget, QualifyTask
@@ -33,6 +33,18 @@ def _kv(items: list[str], flag: str) -> dict[str, str]:
             raise UserError(f"{flag} {item!r}: use KEY=VALUE")
         out[k] = v
     return out
+
+
+def _check_fixture(flag: str, spec: str | None) -> None:
+    """A ``fixture:NAME`` must name a fixture bakeoff knows (the job builds it: a typo would
+    be found only after the job started)."""
+    if spec and spec.startswith("fixture:"):
+        from bakeoff import fixtures
+
+        name = spec.split(":", 1)[1]
+        if name not in fixtures.names():
+            raise UserError(f"{flag}: unknown fixture {name!r}; choose one of: "
+                            f"{', '.join('fixture:' + n for n in fixtures.names())}")
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -93,11 +105,14 @@ def cmd_submit(args) -> int:
                 raise UserError(f"--save-script {t} exists; pass a new file name (bakeoff does not overwrite it)")
             if not t.resolve().parent.is_dir():
                 raise UserError(f"--save-script {t}: its folder does not exist; pass a file in an existing folder")
+            check_creatable(t.resolve().parent, "--save-script folder", "pass a file in a folder you can write")
     for f in flavors:
         submit.check_flavor(f)
     if args.push_to is None and not args.dry_run:
         raise UserError("name where the output goes: --push-to org/name (a Hub repo), or --push-to none")
     push = PushTarget.parse(args.push_to or "none")
+    for flag, spec in (("--model", args.model), ("--reference-model", getattr(args, "reference_model", None))):
+        _check_fixture(flag, spec)
     if not args.dry_run:
         if render.is_local_spec(args.bakeoff_spec):
             raise UserError(f"--bakeoff-spec {args.bakeoff_spec} is a path on this machine, which a job cannot reach; "
@@ -111,13 +126,18 @@ def cmd_submit(args) -> int:
     except ValidationError as exc:
         raise UserError(_first_error(exc)) from None
     tag = submit.new_tag()
+    # every check before the Hub is asked anything or a job (paid) is submitted: the task's
+    # options, the secrets' values, and the folder the job records go to (issue 15)
+    base_task = (_export_task if args.command_jobs == "export" else _qualify_task)(args, tag, push)
+    records = Path(args.artifacts) / "jobs"
+    if not args.dry_run:
+        submit.secret_values(list(request.secrets))  # read, not kept: submit() reads them again
+        check_creatable(records)
     api = None if args.dry_run else submit.api_for(args.endpoint)
     prices = [] if args.dry_run else submit.hardware(api)
-    records = Path(args.artifacts) / "jobs"
     for flavor in flavors:
-        task = (_export_task if args.command_jobs == "export" else _qualify_task)(args, tag, push)
-        task = task.model_copy(update={"flavor": flavor, "path_in_repo": task.path_in_repo or (
-            f"jobs/{tag}-{flavor}" if task.kind == "qualify" else "")})
+        task = base_task.model_copy(update={"flavor": flavor, "path_in_repo": base_task.path_in_repo or (
+            f"jobs/{tag}-{flavor}" if base_task.kind == "qualify" else "")})
         req = request.model_copy(update={"flavor": flavor})
         script = render.render_script(task, args.bakeoff_spec, render.torch_index_for(flavor, args.torch_index))
         if args.save_script:
@@ -182,6 +202,7 @@ def cmd_fetch(args) -> int:
         sources.append((PushTarget.parse(args.from_), args.path_in_repo or ""))
     if not sources:
         raise UserError("name JOB_IDs submitted from here, or --from org/name (or file:///path)")
+    check_creatable(artifacts / "runs")  # before anything is downloaded
     api = submit.api_for(args.endpoint) if any(t.kind == "hub" for t, _ in sources) else None
     total = 0
     for target, prefix in sources:
