@@ -1,0 +1,200 @@
+"""The verdict's rules on hand-made cases: McNemar's exact test, the tie rule, the NLL judge,
+the known-answer match rule and the generic probes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bakeoff.generic_probes import FAMILIES, chat_template_of, generic_probes, render_chat
+from bakeoff.judge import NLL_GAP_NATS, divergence, kl_topk, nll_verdict, pooled_nll
+from bakeoff.paired import (binomial_below, decide, mcnemar_exact_p, min_detectable_drop, paired_interval)
+from bakeoff.sanity import agreement, compare_tie_aware, jsonable_logprobs, probe_correct
+
+
+# ---- McNemar's exact test -------------------------------------------------------------------
+
+@pytest.mark.parametrize("b, c, p", [
+    (7, 0, 1 / 128),                       # 0.5^7
+    (5, 1, 7 / 64),                        # P(X >= 5 | n=6) = (6 + 1) / 64
+    (10, 2, 79 / 4096),                    # (C(12,10) + C(12,11) + 1) / 2^12
+    (0, 0, 1.0),                           # no discordant probe: no evidence
+    (0, 5, 1.0),                           # only gains: P(X >= 0) = 1
+    (2, 0, 0.25),
+])
+def test_mcnemar_exact_one_sided_p(b, c, p):
+    assert mcnemar_exact_p(b, c) == pytest.approx(p, rel=1e-12)
+
+
+def test_mcnemar_rejects_negative_counts():
+    with pytest.raises(ValueError):
+        mcnemar_exact_p(-1, 2)
+
+
+def test_two_probes_never_decide():
+    """The issue's case: 2 of 48 probes lost (66.7% vs 68.8%) is within noise, not a regression."""
+    ref = [True] * 33 + [False] * 15
+    cand = [True] * 31 + [False] * 17
+    d = decide(ref, cand)
+    assert (d.b, d.c) == (2, 0) and d.p_value == pytest.approx(0.25)
+    assert not d.regression
+    assert d.min_detectable_drop == pytest.approx(7 / 48)
+    lo, hi = d.ci95
+    assert lo < d.difference < hi and hi > 0  # the interval includes "no difference"
+
+
+def test_a_large_significant_drop_is_a_regression():
+    ref = [True] * 240
+    cand = [True] * 220 + [False] * 20
+    d = decide(ref, cand)
+    assert d.b == 20 and d.p_value == pytest.approx(0.5 ** 20) and d.regression
+    assert d.ci95[1] < 0
+    assert "McNemar" in d.sentence("reference") and "smallest detectable drop" in d.sentence("reference")
+
+
+def test_a_significant_drop_inside_the_tolerance_is_not_a_regression():
+    """Thousands of probes make a 1-point drop significant; the 2-point tolerance keeps it."""
+    n = 5000
+    ref = [True] * n
+    cand = [True] * (n - 50) + [False] * 50
+    d = decide(ref, cand)
+    assert d.p_value < 1e-10 and -d.difference == pytest.approx(0.01) and not d.regression
+
+
+def test_ties_count_as_agreement():
+    ref = [True] * 10
+    cand = [False] * 7 + [True] * 3
+    assert decide(ref, cand).regression
+    d = decide(ref, cand, ties=[True] * 7 + [False] * 3)
+    assert d.ties_excluded == 7 and d.b == 0 and not d.regression and d.difference == 0
+
+
+def test_decide_checks_its_input():
+    with pytest.raises(ValueError):
+        decide([True], [True, False])
+    with pytest.raises(ValueError):
+        decide([], [])
+
+
+def test_interval_and_power():
+    lo, hi = paired_interval(0, 0, 100)
+    assert lo < 0 < hi and hi - lo < 0.05
+    assert min_detectable_drop(240) == pytest.approx(7 / 240)
+    assert min_detectable_drop(5) is None  # 5 probes can never be significant at 1%
+
+
+def test_binomial_floor():
+    below, p = binomial_below(0, 240, 0.95)
+    assert below and p < 1e-100
+    below, p = binomial_below(229, 240, 0.95)  # 95.4%: not below 93%
+    assert not below and p > 0.5
+
+
+# ---- the tie rule ---------------------------------------------------------------------------
+
+def _out(ids, tops, text="t"):
+    """An output with a logprob entry per token: ``tops[i]`` = {token: logprob}."""
+    return {"id": "p", "text": text, "token_ids": ids,
+            "logprobs": [(t, top.get(t, -9.0), top) for t, top in zip(ids, tops)]}
+
+
+def test_tie_when_each_token_is_in_the_others_top_k():
+    a = _out([5, 7, 1], [{5: -0.1}, {7: -0.69, 8: -0.70}, {1: -0.1}])
+    b = _out([5, 8, 2], [{5: -0.1}, {8: -0.69, 7: -0.70}, {2: -0.1}])
+    row = compare_tie_aware(a, b)
+    assert row["outcome"] == "tie" and row["first_divergence"] == 1
+    assert row["at_divergence"]["output_token"] == 7 and row["at_divergence"]["reference_token"] == 8
+
+
+def test_real_divergence_when_a_token_is_outside_the_others_top_k():
+    a = _out([5, 7], [{5: -0.1}, {7: -0.01, 3: -5.0}])
+    b = _out([5, 8], [{5: -0.1}, {8: -0.01, 7: -6.0}])  # 7 is in b's top, 8 is not in a's
+    assert compare_tie_aware(a, b)["outcome"] == "real"
+
+
+def test_top_k_limits_the_tie():
+    top = {t: -0.1 * i for i, t in enumerate(range(10, 20))}  # 10 tokens; 19 is 10th
+    a = _out([19], [{**top}])
+    b = _out([10], [{**top}])
+    assert compare_tie_aware(a, b, top_k=5)["outcome"] == "real"
+    assert compare_tie_aware(a, b, top_k=10)["outcome"] == "tie"
+
+
+def test_exact_and_trailing_eos_and_missing_logprobs():
+    a = {"id": "p", "text": " 7", "token_ids": [9, 0]}
+    b = {"id": "p", "text": " 7", "token_ids": [9]}
+    assert compare_tie_aware(a, b)["outcome"] == "exact"  # one trailing EOS id, same text
+    c = {"id": "p", "text": " 8", "token_ids": [4]}
+    assert compare_tie_aware(c, b)["outcome"] == "undetermined"  # no logprobs: cannot call it a tie
+    assert compare_tie_aware({"id": "p", "text": "ab"}, {"id": "p", "text": "ac"})["unit"] == "char"
+
+
+def test_tie_rule_survives_json_storage():
+    """Stored logprobs have list-of-pairs tops (JSON object keys would turn ids into strings)."""
+    import json
+
+    a = _out([5, 7], [{5: -0.1}, {7: -0.69, 8: -0.70}])
+    b = _out([5, 8], [{5: -0.1}, {8: -0.69, 7: -0.70}])
+    a2 = {**a, "logprobs": json.loads(json.dumps(jsonable_logprobs(a["logprobs"])))}
+    b2 = {**b, "logprobs": json.loads(json.dumps(jsonable_logprobs(b["logprobs"])))}
+    assert compare_tie_aware(a2, b2)["outcome"] == "tie"
+    agr = agreement([a2, a2], [b2, a2])
+    assert (agr["exact"], agr["tie"], agr["real"]) == (1, 1, 0) and agr["logprobs"]
+
+
+# ---- the NLL judge and KL --------------------------------------------------------------------
+
+def test_nll_judge_rule():
+    assert pooled_nll([[-0.5, -1.5], [-1.0]]) == (1.0, 3)
+    status, line = nll_verdict(8.0, 100, 0.4, 100)
+    assert status == "fail" and "+7.60" in line
+    assert nll_verdict(0.9, 100, 0.4, 100)[0] == "pass"
+    assert nll_verdict(0.4 + NLL_GAP_NATS + 0.01, 100, 0.4, 100)[0] == "fail"
+    assert nll_verdict(9.0, 3, 0.4, 100)[0] == "skip"  # too few tokens to judge
+
+
+def test_kl_topk_and_top1_agreement():
+    same = {1: math.log(0.7), 2: math.log(0.2), 3: math.log(0.1)}
+    assert kl_topk(same, same) == pytest.approx(0.0, abs=1e-12)
+    other = {1: math.log(0.2), 2: math.log(0.7), 3: math.log(0.1)}
+    # full support on both sides: the exact KL, 0.7 ln(0.7/0.2) + 0.2 ln(0.2/0.7) = 0.5 ln 3.5
+    assert kl_topk(same, other) == pytest.approx(0.5 * math.log(3.5), rel=1e-9)
+    div = divergence([[(1, math.log(0.7)), (2, math.log(0.2))], [(2, -0.1)]],
+                     [(1, math.log(0.7), same), (2, -0.5, other)])
+    assert div["positions"] == 2 and div["top1_agreement"] == 1.0 and div["mean_kl_nats"] is not None
+
+
+# ---- known answers: the match rule and generic probes ----------------------------------------
+
+def test_probe_correct_needs_a_boundary():
+    assert probe_correct(" 37 38 39", "37 38") and not probe_correct("36", "37")
+    assert probe_correct(" 12\n3 +", " 12\n") and not probe_correct(" 123", " 12")
+    assert probe_correct(" 7", " 7") and probe_correct(" 7<eos>", " 7") and not probe_correct(" 70", " 7")
+    assert probe_correct("The letter after J is K.", "K", "contains")
+    assert not probe_correct("OK then", "K", "contains")
+
+
+def test_generic_probes_cover_six_families_deterministically():
+    probes = generic_probes()
+    assert len(probes) >= 200 and {p["task"] for p in probes} == set(FAMILIES)
+    assert len({p["id"] for p in probes}) == len(probes)
+    assert probes == generic_probes()  # seeded
+    for p in probes:
+        if p["task"] == "arithmetic":
+            a, b = p["prompt"].rsplit("\n", 1)[1].rstrip(" =").split(" + ")
+            assert p["expected"].strip() == str(int(a) + int(b))
+
+
+def test_chat_probes_render_the_checkpoint_template(tmp_path):
+    import json
+
+    tpl = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": tpl, "eos_token": "<|im_end|>"}))
+    template, special = chat_template_of(tmp_path)
+    probes = generic_probes(chat_template=template, special=special)
+    chat = [p for p in probes if p["match"] == "contains"]
+    assert len(chat) == 60 and all(p["prompt"].endswith("<|im_start|>assistant\n") for p in chat)
+    assert render_chat("{{ raise_exception('no') }}", [], {}) is None  # a template that refuses: no chat probes
+    assert chat_template_of(tmp_path / "missing") == (None, {})
