@@ -66,6 +66,12 @@ class CheckScope:
     def skip(self, reason: str) -> None:
         raise CheckSkipped(reason)
 
+    def report_only(self, summary: str) -> None:
+        """End the check as ``info``: it measured what it names (its values are kept) and
+        judges nothing, so it must not read ``pass``."""
+        self.summary = summary
+        self.informational = True
+
     def __enter__(self) -> "CheckScope":
         return self
 
@@ -73,6 +79,8 @@ class CheckScope:
         if exc is not None and not isinstance(exc, Exception):
             return False  # Ctrl-C / SIGTERM: the check did not complete; a resumed run redoes it
         status, fclass, summary = "pass", None, self.summary or "ok"
+        if exc is None and getattr(self, "informational", False):
+            status = "info"
         if isinstance(exc, CheckFailed):
             status, fclass, summary = "fail", exc.failure_class, exc.summary
         elif isinstance(exc, CheckSkipped):

@@ -27,7 +27,9 @@ FAILURE_CLASSES: dict[str, str] = {
     "ineffective-option": "an option was accepted but its measurable effect is absent",
 }
 
-CheckStatus = Literal["pass", "fail", "error", "skip"]
+# ``info``: a report-only check that measured what it names and judges nothing (e.g. the
+# warm-up TTFT); shown as such, it neither qualifies nor disqualifies.
+CheckStatus = Literal["pass", "fail", "error", "skip", "info"]
 RunStatus = Literal["qualified", "disqualified", "unavailable", "incomplete"]
 
 
@@ -41,7 +43,7 @@ class Check(Spec):
 
     Attributes:
         name: dotted name, e.g. ``sanity.known_answers``.
-        status: pass / fail / error / skip.
+        status: pass / fail / error / skip / info (report only: measured, judged nothing).
         failure_class: set when status is fail or error; one of ``FAILURE_CLASSES``.
         summary: one line a maintainer reads first.
         values: measured values; units are in the keys (``ttft_p50_ms``).
@@ -129,5 +131,7 @@ def decide(checks: list[Check], finished: bool) -> tuple[RunStatus, list[str]]:
     passed = {c.name for c in checks if c.status == "pass"}
     missing = [name for name in REQUIRED_CHECKS if name not in passed]
     if missing:
-        return "incomplete", [f"{name}: required to qualify, did not run" for name in missing]
+        skipped = {c.name: c.summary for c in checks if c.status == "skip"}
+        return "incomplete", [f"{name}: required to qualify, " + (f"skipped: {skipped[name]}" if name in skipped
+                                                                    else "did not run") for name in missing]
     return "qualified", reasons

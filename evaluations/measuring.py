@@ -13,12 +13,12 @@ import random
 import time
 from typing import Any
 
+from bakeoff.fixtures.corpus import KV_KEYS, kv_haystack, kv_pair, kv_prompt, kv_value
 from bakeoff.loadgen.sweep import run_request
 from bakeoff.specs import GenerationRequest, RequestRecord
 
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
-KV_KEYS = "abcdefghijklmnopqrstuvwxyz"  # the fixture corpus's kv task keys (bakeoff/fixtures/corpus.py)
 
 
 def send(engine, reqs: list[GenerationRequest], concurrency: int = 1) -> list[RequestRecord]:
@@ -87,9 +87,9 @@ def serves_one_at_a_time(engine) -> bool:
 
 
 def kv_unit(rng: random.Random, exclude: str = "") -> str:
-    """One fixture key-value pair ``"b=3"`` (format of the corpus's ``kv`` task)."""
+    """One fixture key-value pair in the corpus's ``kv`` format (:func:`bakeoff.fixtures.corpus.kv_pair`)."""
     keys = [k for k in KV_KEYS if k not in exclude]
-    return f"{rng.choice(keys)}={rng.randint(0, 9)}"
+    return kv_pair(rng.choice(keys), kv_value(rng))
 
 
 GENERIC_FILLER = ("The grass is green. The sky is blue. The sun is warm. Here we go. There and back again. ")
@@ -119,13 +119,13 @@ def tokens_per_unit(engine, fixture: bool, k: int = 40) -> tuple[float, str]:
 
 
 def _join(units: list[str], fixture: bool) -> str:
-    return ("keys: " + " ".join(units)) if fixture else " ".join(units)
+    return kv_haystack(units) if fixture else " ".join(units)
 
 
 def long_prompt(n_tokens: int, per_unit: float, fixture: bool, seed: int) -> tuple[str, str]:
     """A prompt of about ``n_tokens`` tokens that ends in a question with a known answer.
 
-    Fixture: ``keys: <pairs> ; q ->`` (answer: q's value, q placed first); generic: filler
+    Fixture: ``keys: <pairs> ; q`` (answer: q's value, q placed first); generic: filler
     sentences then ``The secret number is N`` asked at the end.
 
     Returns:
@@ -134,9 +134,9 @@ def long_prompt(n_tokens: int, per_unit: float, fixture: bool, seed: int) -> tup
     rng = random.Random(seed)
     n = max(4, int(n_tokens / per_unit) - 3)
     if fixture:
-        key, val = rng.choice(KV_KEYS), str(rng.randint(0, 9))
-        units = [f"{key}={val}"] + filler_units(n - 1, True, seed, exclude=key)
-        return _join(units, True) + f" ; {key} ->", " " + val
+        key, val = rng.choice(KV_KEYS), kv_value(rng)
+        units = [kv_pair(key, val)] + filler_units(n - 1, True, seed, exclude=key)
+        return kv_prompt(units, key), " " + val
     num = str(rng.randint(1000, 9999))
     return (f"The secret number is {num}. " + _join(filler_units(n, False, seed), False)
             + " What is the secret number? The secret number is"), " " + num

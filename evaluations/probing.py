@@ -90,5 +90,5 @@ def throughput_prompt(session: int, turn: int, fixture: bool) -> str:
     rng = random.Random(session * 1009 + turn)
     if fixture:
         start = rng.randrange(10, 60)
-        return "count: " + " ".join(str(start + i) for i in range(4))
+        return "count: " + " ".join(str(start + i) for i in range(4)) + " =>"
     return "Continue this list: " + " ".join(rng.choice(WORDS) for _ in range(12))

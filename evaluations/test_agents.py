@@ -24,7 +24,8 @@ import pytest
 
 from bakeoff.loadgen.sweep import run_request
 from bakeoff.specs import GenerationRequest
-from evaluations.measuring import (GENERIC_FILLER, PREFIX_HITS, PREFIX_QUERIES, KV_KEYS, decode_tokens_per_s, delta,
+from bakeoff.fixtures.corpus import KV_KEYS, kv_pair, kv_question, kv_value
+from evaluations.measuring import (GENERIC_FILLER, PREFIX_HITS, PREFIX_QUERIES, decode_tokens_per_s, delta,
                                    is_fixture, read_metrics, serves_one_at_a_time, tokens_per_unit, ttft_ms, wait_counter)
 
 # quick: contexts grow past vLLM's CPU KV block (128 tokens) from the second turn, so warm turns can hit.
@@ -37,13 +38,13 @@ def tool_result(agent: int, turn: int, n_units: int, fixture: bool) -> str:
     """A tool-result-sized chunk: fixture kv pairs, or generic JSON-like filler."""
     rng = random.Random(agent * 1000 + turn)
     if fixture:
-        return " " + " ".join(f"{rng.choice(KV_KEYS)}={rng.randint(0, 9)}" for _ in range(n_units))
+        return " " + " ".join(kv_pair(rng.choice(KV_KEYS), kv_value(rng)) for _ in range(n_units))
     return f' tool_result[{turn}] = "' + " ".join([GENERIC_FILLER.strip()] * n_units) + '"'
 
 
 def question(agent: int, turn: int, fixture: bool) -> str:
     rng = random.Random(-(agent * 1000 + turn))
-    return f" ; {rng.choice(KV_KEYS)} ->" if fixture else "\nNext step:"
+    return kv_question(rng.choice(KV_KEYS)) if fixture else "\nNext step:"
 
 
 @pytest.mark.check("agents.multiturn")

@@ -1,48 +1,52 @@
 """Long-context needle retrieval at several lengths and depths.
 
 A needle (one fact) sits at a depth (0 = start, 1 = end) of a haystack filling a fraction
-of the engine's context; the prompt ends by asking for it. Fixtures get the format of their
-training corpus's key-value recall task (``keys: a=5 q=7 z=2 ; q ->`` -> `` 7``, see
-bakeoff/fixtures/corpus.py): the haystack is pairs of other keys, the needle ``q=7``. Other
-models get the generic haystack "The secret number is N" among filler sentences.
+of the context; the prompt ends by asking for it. Fixtures get the format of their training
+corpus's key-value recall task (:func:`bakeoff.fixtures.corpus.needle_sample`): the haystack
+is pairs of other keys. Other models get the generic haystack "The secret number is N" among
+filler sentences.
 
-Status: report only (pass with the found/not-found table), failing only on request errors.
-Why: the fixture was trained on 64-token sequences, so its recall over 500-2,000 tokens is
-weak by construction and says nothing about the engine; a backend-caused loss shows as a
-difference against another backend in the same table (``bakeoff compare`` puts the heat
-maps side by side), and the sanity checks already judge output quality against the
-reference. Judging needles against the reference here would need the reference engine to
-run these prompts too, which this check does not do.
+Judgement: a bakeoff fixture records, in ``fixture.json``, the recall rate its builder measured
+with transformers at these lengths and depths (``probe_results.needles``). When that rate is
+at least ``MIN_RECORDED_RATE`` (the fixture can find needles), the backend fails
+(``accuracy-regression``) when it finds significantly fewer: one-sided exact binomial test
+against the recorded rate minus the 2-point tolerance, p < 0.01 (:mod:`bakeoff.paired`; with
+9 needles, 4 or fewer found fail a 100% record). Without such a record (other models, or a
+fixture that cannot find needles) the check ends ``skip``, report only, with the table in its
+values: a found/not-found table with nothing to compare it with verifies nothing.
+Failing requests are a failed check in either case.
 """
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 
+from bakeoff.fixtures.corpus import NEEDLE_DEPTHS, NEEDLE_FRACTIONS, needle_sample
+from bakeoff.paired import binomial_below
+from bakeoff.sanity import probe_correct
 from bakeoff.specs import GenerationRequest
-from evaluations.measuring import GENERIC_FILLER, KV_KEYS, filler_units, is_fixture, send, serves_one_at_a_time, tokens_per_unit
+from evaluations.measuring import GENERIC_FILLER, is_fixture, send, serves_one_at_a_time, tokens_per_unit
 
-FRACTIONS = {"quick": [0.25, 0.5, 0.9], "full": [0.1, 0.25, 0.5, 0.75, 0.9]}
-DEPTHS = {"quick": [0.0, 0.5, 1.0], "full": [0.0, 0.25, 0.5, 0.75, 1.0]}
 ANSWER_TOKENS = 8
+MIN_RECORDED_RATE = 0.8
 
 
 def needle_prompt(n_units: int, depth: float, fixture: bool, seed: int) -> tuple[str, str]:
     """A haystack of ``n_units`` units with the needle at ``depth``.
 
     Returns:
-        ``(prompt, expected)``; found when ``expected.strip()`` starts the output (fixture) or
-        appears in it (generic).
+        ``(prompt, expected)``; found when the output starts with ``expected`` (fixture) or
+        contains it (generic).
     """
     rng = random.Random(seed)
-    pos = round(depth * n_units)
     if fixture:
-        key, val = rng.choice(KV_KEYS), str(rng.randint(0, 9))
-        units = filler_units(n_units, True, seed, exclude=key)
-        units.insert(pos, f"{key}={val}")
-        return "keys: " + " ".join(units) + f" ; {key} ->", " " + val
+        s = needle_sample(rng, n_units, depth)
+        return s.prompt, s.expected
+    pos = round(depth * n_units)
     num = str(rng.randint(1000, 9999))
     units = [GENERIC_FILLER.strip()] * n_units
     units.insert(pos, f"The secret number is {num}.")
@@ -50,16 +54,32 @@ def needle_prompt(n_units: int, depth: float, fixture: bool, seed: int) -> tuple
 
 
 def found(output: str, expected: str, fixture: bool) -> bool:
-    return output.strip().startswith(expected.strip()) if fixture else expected.strip() in output
+    return probe_correct(output, expected, "prefix" if fixture else "contains")
+
+
+def recorded_rate(settings) -> dict | None:
+    """The fixture builder's needle record (``fixture.json``), or None."""
+    if not settings.model.local:
+        return None
+    try:
+        meta = json.loads((Path(settings.model.path) / "fixture.json").read_text())
+    except (OSError, ValueError):
+        return None
+    rec = (meta.get("probe_results") or {}).get("needles")
+    return rec if isinstance(rec, dict) and rec.get("accuracy") is not None else None
 
 
 @pytest.mark.check("needles.retrieval")
 def test_needles(run, settings, engine):
     fixture = is_fixture(settings)
+    record = recorded_rate(settings) if fixture else None
     with run.check("needles.retrieval", "runtime-crash") as c:
         max_len = (engine.info.max_model_len if engine.info else None) or 2048
+        if record and record.get("context_tokens"):  # the lengths the fixture's builder measured
+            max_len = min(max_len, int(record["context_tokens"]))
         per_unit, src = tokens_per_unit(engine, fixture)
-        fracs, depths = FRACTIONS.get(settings.profile, FRACTIONS["quick"]), DEPTHS.get(settings.profile, DEPTHS["quick"])
+        fracs = NEEDLE_FRACTIONS.get(settings.profile, NEEDLE_FRACTIONS["quick"])
+        depths = NEEDLE_DEPTHS.get(settings.profile, NEEDLE_DEPTHS["quick"])
         cases, reqs = [], []
         for fi, f in enumerate(fracs):
             n_units = max(4, int((f * max_len - 12) / per_unit))
@@ -82,12 +102,25 @@ def test_needles(run, settings, engine):
         c.values.update({"format": "fixture kv recall" if fixture else "generic secret number",
                          "max_model_len": max_len, "token_calibration": src, "tokens_per_unit": round(per_unit, 3),
                          "fractions": fracs, "depths": depths, "found": n_found, "cases": len(rows),
-                         "table": table, "judgement": "report only (see module docstring)",
+                         "table": table,
                          "rows": [{k: r[k] for k in ("fraction", "depth", "prompt_tokens", "found", "output", "expected")}
                                   for r in rows]})
         if errs:
             c.evidence("engine.log.tail", engine.log_tail(150))
             c.fail(f"{len(errs)}/{len(rows)} needle requests failed: {errs[0]['error']}")
         lens = sorted({r["prompt_tokens"] for r in rows if r["prompt_tokens"]})
-        c.summary = (f"{n_found}/{len(rows)} needles found at {len(fracs)} lengths "
-                     f"({lens[0] if lens else '?'}-{lens[-1] if lens else '?'} tokens) x {len(depths)} depths; report only")
+        where = (f"{n_found}/{len(rows)} needles found at {len(fracs)} lengths "
+                 f"({lens[0] if lens else '?'}-{lens[-1] if lens else '?'} tokens) x {len(depths)} depths")
+        if not record:
+            c.skip(f"{where}; report only: {'no recorded recall rate to judge against' if not fixture else 'the fixture records no needle recall rate'}")
+        rate = float(record["accuracy"])
+        c.values.update({"recorded_rate": rate, "recorded_by": "the fixture builder (transformers, bf16)"})
+        if rate < MIN_RECORDED_RATE:
+            c.skip(f"{where}; report only: the fixture itself finds {rate:.0%} of needles at these lengths "
+                   f"(< {MIN_RECORDED_RATE:.0%}), so a miss says nothing about the engine")
+        below, p = binomial_below(n_found, len(rows), rate)
+        c.values["p_value"] = float(f"{p:.4g}")
+        c.require(not below, f"{where}, significantly fewer than the fixture's recorded {rate:.0%} (exact binomial "
+                             f"p={p:.2g}); e.g. depth {next((r for r in rows if not r['found']), {}).get('depth')}",
+                  "accuracy-regression")
+        c.summary = f"{where}; the fixture's builder found {rate:.0%} (p={p:.2g}: not significantly fewer)"

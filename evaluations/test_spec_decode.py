@@ -37,8 +37,8 @@ MAX_TOKENS = 64
 
 def _prompts(fixture: bool, n: int) -> list[str]:
     if fixture:
-        base = ["copy: abc dde fgh =>", "count: 20 21 22 23", "copy: hgd hcd hjc =>", "count: 41 42 43 44",
-                "reverse: k m p =>", "copy: pa bo ci dd =>", "count: 7 8 9 10", "copy: mn op mn op =>"]
+        base = ["copy: abc dde fgh =>", "count: 20 21 22 23 =>", "copy: hgd hcd hjc =>", "count: 41 42 43 44 =>",
+                "reverse: k m p =>", "copy: pa bo ci dd =>", "count: 7 8 9 10 =>", "copy: mn op mn op =>"]
     else:
         base = [("Repeat after me: " + " ".join(["red green blue yellow"] * 4) + ". Again: red green")] * 2 + [
             "Count from one to twenty: one, two, three, four, five,", "List the weekdays: Monday, Tuesday, Wednesday,"]

