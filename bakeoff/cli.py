@@ -86,6 +86,7 @@ def cmd_qualify(args) -> int:
     for n in names:
         for cell in cells:
             parse_options(n, backends.resolve(n).Options, parse_kv(merge_options(per[n], cell)))
+    parse_options("transformers", backends.resolve("transformers").Options, parse_kv(args.reference_opt))
     if args.profile not in ("quick", "full"):
         raise UserError(f"unknown profile {args.profile!r}; choose quick or full")
     # everything is checked before the first fixture build (minutes) or write (issue 15)
@@ -113,6 +114,7 @@ def cmd_qualify(args) -> int:
             cmd.append(f"--backend-opt={o}")
         if args.reference_model:
             cmd.append(f"--reference-model={args.reference_model}")
+        cmd += [f"--reference-opt={o}" for o in args.reference_opt]
         if args.no_preflight:
             cmd.append("--no-preflight")
         env = dict(os.environ, BAKEOFF_RUN_FILE=run_file)
@@ -140,7 +142,8 @@ def _resume(args) -> int:
     from bakeoff.report import write_report
 
     given = [f for f, v in (("--backends", args.backends), ("--model", args.model), ("--backend-opt", args.backend_opt),
-                            ("--matrix", args.matrix), ("--reference-model", args.reference_model)) if v]
+                            ("--matrix", args.matrix), ("--reference-model", args.reference_model),
+                            ("--reference-opt", args.reference_opt)) if v]
     given += [f for f, v in (("--profile", args.profile != "quick"), ("--artifacts", args.artifacts != str(REPO / "artifacts")),
                              ("--no-preflight", args.no_preflight)) if v]
     if given:
@@ -280,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--artifacts", default=str(REPO / "artifacts"))
     q.add_argument("--report", default="latest", help="report name under artifacts/reports/")
     q.add_argument("--reference-model", default=None)
+    q.add_argument("--reference-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="option of the transformers reference, e.g. device=cpu")
     q.add_argument("--no-preflight", action="store_true", help="let each engine decide whether it loads the checkpoint")
     q.add_argument("--matrix", action="append", default=[], metavar="KEY=V1,V2",
                    help="run every combination (repeatable): a backend option or a preset "

@@ -52,6 +52,7 @@ class Settings:
     preflight: bool = True
     memory_limit_gib: float | None = None
     backend_cls: type = field(repr=False, default=None)
+    reference_options: dict[str, Any] = field(default_factory=dict)
 
 
 KEY_SETTINGS = pytest.StashKey[Settings]()
@@ -68,6 +69,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--artifacts", default="artifacts", help="where run directories are written (default: artifacts)")
     g.addoption("--profile", default="quick", help="quick | full")
     g.addoption("--reference-model", default=None, help="model the transformers reference runs (default: --model)")
+    g.addoption("--reference-opt", action="append", default=[], metavar="KEY=VALUE",
+                help="option of the transformers reference (e.g. device=cpu to judge a GPU run against a CPU reference)")
     g.addoption("--min-probe-accuracy", type=float, default=None,
                 help="known-answer accuracy required (default: 90%% of what a fixture's builder measured; 0.8 on other shipped probes, 0.6 on generic probes)")
     g.addoption("--start-timeout", type=float, default=420.0, help="seconds allowed for the engine to start")
@@ -103,6 +106,8 @@ def _settings(config: pytest.Config) -> Settings:
     from bakeoff.options import parse_options
 
     parse_options(name, cls.Options, options)  # fail fast, before anything is written
+    ref_options = parse_kv(o("--reference-opt"))
+    parse_options("transformers", backends.resolve("transformers").Options, ref_options)
     mem = o("--memory-limit-gib")
     if mem is not None and mem <= 0:
         raise UserError(f"--memory-limit-gib must be a positive number of GiB, got {mem}")
@@ -126,7 +131,7 @@ def _settings(config: pytest.Config) -> Settings:
     return Settings(backend=name, model=model, options=options, artifacts=Path(o("--artifacts")), profile=profile,
                     profile_cfg=PROFILES[profile], reference_model=ref, reference_reason=ref_reason, min_probe_accuracy=mpa,
                     start_timeout_s=o("--start-timeout"), progress_timeout_s=o("--progress-timeout"), requests_log=o("--requests-log"),
-                    memory_limit_gib=mem, backend_cls=cls)
+                    memory_limit_gib=mem, backend_cls=cls, reference_options=ref_options)
 
 
 def _load_resume(config: pytest.Config) -> tuple[RunDir, Verdict]:
@@ -153,6 +158,7 @@ def _load_resume(config: pytest.Config) -> tuple[RunDir, Verdict]:
     o = config.option
     given = [f for f, v in (("--backend", o.backend != "transformers"), ("--model", o.model != "fixture:tiny-qwen3"),
                             ("--backend-opt", o.backend_opt), ("--reference-model", o.reference_model),
+                            ("--reference-opt", o.reference_opt),
                             ("--profile", o.profile != "quick"), ("--artifacts", o.artifacts != "artifacts")) if v]
     if given:
         raise UserError(f"--resume continues a run with its own settings; drop {', '.join(given)}")
@@ -162,6 +168,8 @@ def _load_resume(config: pytest.Config) -> tuple[RunDir, Verdict]:
     config.option.profile = meta["profile"]
     if meta.get("reference_reason") == "--reference-model":
         config.option.reference_model = meta["reference_model"]
+    config.option.reference_opt = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}"
+                                   for k, v in (meta.get("reference_options") or {}).items()]
     config.option.artifacts = str(path.parent.parent)
     verdict.checks = [c for c in verdict.checks if c.status != "error" and c.name != "load"]
     verdict.resumed = (verdict.resumed or 0) + 1
@@ -194,7 +202,7 @@ def pytest_configure(config: pytest.Config) -> None:
     rundir.write_json("run.json", {"run_id": rundir.run_id, "backend": s.backend, "model": s.model.label,
                                    "model_path": s.model.path, "options": s.options, "profile": s.profile,
                                    "profile_settings": s.profile_cfg, "reference_model": s.reference_model.label,
-                                   "reference_reason": s.reference_reason,
+                                   "reference_reason": s.reference_reason, "reference_options": s.reference_options,
                                    "command": sys.argv, "cwd": os.getcwd()})
     config.stash[KEY_SETTINGS] = s
     config.stash[KEY_RUN] = RunContext(rundir, verdict)

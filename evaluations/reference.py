@@ -35,9 +35,17 @@ REFERENCE_CACHE_VERSION = 2  # 2: outputs carry top-k logprobs
 
 def is_reference_run(settings) -> bool:
     """The backend under test is the reference itself: transformers on the reference model
-    with its default options (``dtype=float32`` or ``batching=continuous`` make it a candidate)."""
+    with the reference's options (``dtype=float32`` or ``device=cuda`` against a default or
+    CPU reference make it a candidate)."""
     return (settings.backend == "transformers" and settings.reference_model.path == settings.model.path
-            and not settings.options)
+            and settings.options == settings.reference_options)
+
+
+def reference_config(settings, workdir) -> BackendConfig:
+    """How the transformers reference (and the judge's scorer) starts: ``--reference-opt`` options."""
+    return BackendConfig(backend="transformers", model=settings.reference_model.path, options=settings.reference_options,
+                         workdir=str(workdir), start_timeout_s=settings.start_timeout_s,
+                         progress_timeout_s=settings.progress_timeout_s)
 
 
 @pytest.fixture(scope="session")
@@ -70,20 +78,17 @@ def reference(settings, run, probes):
 
     items, _ = probes
     key = hashlib.sha256(json.dumps([REFERENCE_CACHE_VERSION, settings.reference_model.path,
-                                     _model_stamp(settings.reference_model),
+                                     _model_stamp(settings.reference_model), settings.reference_options,
                                      [p.prompt for p in items]]).encode()).hexdigest()[:16]
     cache = envs.cache_root() / "reference" / f"{key}.json"
     if cache.is_file():
         return json.loads(cache.read_text())
-    cls = backends.resolve("transformers")
-    cfg = BackendConfig(backend="transformers", model=settings.reference_model.path,
-                        workdir=str(run.dir.path / "engine" / "reference"), start_timeout_s=settings.start_timeout_s)
-    ref = cls(cfg)
+    ref = backends.resolve("transformers")(reference_config(settings, run.dir.path / "engine" / "reference"))
     try:
         info = ref.start()
         result = {"ok": True, "outputs": run_probes(ref, items, logprobs=PROBE_LOGPROBS),
-                  "engine": {"dtype": (info.notes or {}).get("dtype"), "device": info.device,
-                             "engine_version": info.engine_version}}
+                  "engine": {"device": info.device, "engine_version": info.engine_version,
+                             "options": settings.reference_options}}
     except EngineFailure as exc:
         result = {"ok": False, "error": f"{exc.failure_class}: {exc.message}", "log_tail": ref.log_tail(60)}
     finally:

@@ -22,9 +22,9 @@ import backends
 from bakeoff.errors import EngineFailure
 from bakeoff.judge import NLL_GAP_NATS, divergence, nll_verdict, pooled_nll
 from bakeoff.sanity import PROBE_LOGPROBS
-from bakeoff.specs import BackendConfig, GenerationRequest
+from bakeoff.specs import GenerationRequest
 from evaluations.measuring import send
-from evaluations.reference import is_reference_run
+from evaluations.reference import is_reference_run, reference_config
 from evaluations.test_sanity import OPEN_ENDED_TOKENS
 
 
@@ -65,10 +65,7 @@ def test_nll_judge(run, settings, pytestconfig):
         state = pytestconfig.stash.get(KEY_ENGINE, {})
         if state.get("backend") is not None:  # the engine is done: free its device for the judge
             state["backend"].stop()
-        cfg = BackendConfig(backend="transformers", model=settings.reference_model.path,
-                            workdir=str(run.dir.path / "engine" / "judge"), start_timeout_s=settings.start_timeout_s,
-                            progress_timeout_s=settings.progress_timeout_s)
-        scorer = backends.resolve("transformers")(cfg)
+        scorer = backends.resolve("transformers")(reference_config(settings, run.dir.path / "engine" / "judge"))
         try:
             try:
                 scorer.start()
