@@ -53,6 +53,9 @@ def test_nll_judge(run, settings, pytestconfig):
     with run.check("sanity.nll_judge", "garbage-output") as c:
         if is_reference_run(settings):
             c.skip("the backend under test is the transformers reference")
+        state = pytestconfig.stash.get(KEY_ENGINE, {})
+        if "error" in state:
+            c.skip(f"backend did not load ({state['error']})")
         rows = _read(run, "evidence/sanity.degeneration/detectors.json")
         if rows is None:
             c.skip("no open-ended outputs to judge (sanity.degeneration did not run)")
@@ -62,7 +65,6 @@ def test_nll_judge(run, settings, pytestconfig):
             c.skip("the backend produced no open-ended output to judge")
         probe_outs = [o for o in ((_read(run, "evidence/sanity.outputs.json") or {}).get("outputs") or [])
                       if o.get("status") == "ok" and o.get("logprobs") and o.get("token_ids")]
-        state = pytestconfig.stash.get(KEY_ENGINE, {})
         if state.get("backend") is not None:  # the engine is done: free its device for the judge
             state["backend"].stop()
         scorer = backends.resolve("transformers")(reference_config(settings, run.dir.path / "engine" / "judge"))

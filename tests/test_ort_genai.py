@@ -63,6 +63,18 @@ def tiny_qwen3(tmp_path_factory) -> Path:
     return _tiny_checkpoint(tmp_path_factory.mktemp("q3") / "tiny-qwen3-random", "Qwen3ForCausalLM")
 
 
+def _with_context(src: Path, dst: Path, tokens: int) -> Path:
+    """A copy of a checkpoint declaring a longer context (its outputs past the trained length
+    do not matter where this is used: generations long enough to cancel mid-way)."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["max_position_embeddings"] = tokens
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
 def _prompts(model: Path) -> list[str]:
     probes = model / "probes.jsonl"
     if not probes.is_file():
@@ -244,7 +256,8 @@ def test_worker_cancels_a_dropped_stream_counts_the_prompt_and_reports_a_killed_
     from backends import resolve
     from bakeoff.specs import BackendConfig
 
-    b = resolve("ort-genai")(BackendConfig(backend="ort-genai", model=str(tiny_qwen3), workdir=str(tmp_path),
+    model = _with_context(tiny_qwen3, tmp_path / "long-context", 2048)
+    b = resolve("ort-genai")(BackendConfig(backend="ort-genai", model=str(model), workdir=str(tmp_path),
                                            options={"precision": "fp32", "batching": batching}))
     try:
         info = b.start()
