@@ -67,7 +67,7 @@ def test_other_cell_qualifies_with_measurements(matrix_runs):
     assert checks["prefix_cache.prefill"]["status"] == "pass"
     assert pc["counters"] == "available" and min(pc["warm_hits_tokens"]) > 0
     assert pc["warm_ttft_ms"]["median"] < pc["cold_ttft_ms"]["median"], pc
-    assert pc["prompt_tokens"] > 1000
+    assert pc["prompt_tokens"] >= 0.9 * pc["target_prompt_tokens"] > 300  # 0.73 of the fixture's 512-token context
     assert checks["prefix_cache.correctness"]["status"] == "pass"
     kv = checks["capacity.kv_cache"]["values"]
     assert kv["kv_cache_tokens"] > 0 and kv["max_concurrency"] > 0
