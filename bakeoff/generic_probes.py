@@ -114,7 +114,9 @@ def generic_probes(seed: int = 0, per_family: int = PER_FAMILY, chat_template: s
                 continue
             seen.add(prompt)
             out.append({"id": f"g-{fam}-{i:02d}", "task": fam, "prompt": prompt, "expected": expected, "match": "prefix"})
-            if chat_template and i < chat_per_family:
+            # a one-letter answer that is also a word ("I", "A") would be found in any reply
+            if chat_template and len(chat) < chat_per_family * (FAMILIES.index(fam) + 1) \
+                    and _chat_answer(fam, expected) not in ("I", "A"):
                 chat.append({"id": f"g-chat-{fam}-{i:02d}", "task": f"chat-{fam}", "question": question,
                              "expected": _chat_answer(fam, expected), "match": "contains"})
             i += 1

@@ -36,6 +36,8 @@ def pooled_nll(scored: Iterable[list[float]]) -> tuple[float | None, int]:
     total, n = 0.0, 0
     for lps in scored:
         for lp in lps:
+            if lp is None or lp != lp:  # NaN: the scorer's numbers are broken; say so, never pass
+                return float("nan"), n + 1
             total += -max(lp, -100.0)  # a -inf logprob (token the model rules out) counts as 100 nats
             n += 1
     return (total / n if n else None), n
@@ -43,6 +45,10 @@ def pooled_nll(scored: Iterable[list[float]]) -> tuple[float | None, int]:
 
 def kl_topk(ref_top: dict[Any, float], cand_top: dict[Any, float]) -> float | None:
     """``KL(P_ref || P_cand)`` in nats on the union of both top-k sets (see module docstring)."""
+    if not ref_top or not cand_top:
+        return None
+    ref_top = {t: v for t, v in ref_top.items() if math.isfinite(v)}
+    cand_top = {t: v for t, v in cand_top.items() if math.isfinite(v)}
     if not ref_top or not cand_top:
         return None
     floor_r, floor_c = min(ref_top.values()), min(cand_top.values())
@@ -91,7 +97,9 @@ def nll_verdict(backend_nll: float | None, backend_tokens: int, reference_nll: f
                 reference_tokens: int) -> tuple[str, str]:
     """``(status, sentence)`` of the judge: ``fail`` when the backend's pooled NLL exceeds the
     reference's by more than ``NLL_GAP_NATS``; ``skip`` when too few tokens were scored."""
-    if backend_nll is None or reference_nll is None or min(backend_tokens, reference_tokens) < MIN_SCORED_TOKENS:
+    if backend_nll is None or reference_nll is None or not (math.isfinite(backend_nll) and math.isfinite(reference_nll)):
+        return "skip", f"the reference gave no finite score (backend {backend_nll}, reference {reference_nll})"
+    if min(backend_tokens, reference_tokens) < MIN_SCORED_TOKENS:
         return "skip", (f"too few scored tokens to judge ({backend_tokens} backend, {reference_tokens} reference; "
                         f"at least {MIN_SCORED_TOKENS} each)")
     gap = backend_nll - reference_nll

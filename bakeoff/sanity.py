@@ -103,6 +103,10 @@ TIE_TOP_K = 5
 # Logprobs asked of every backend on the probes: the tie rule uses the top TIE_TOP_K, the KL
 # estimate all of them (20 is vLLM's default --max-logprobs and OpenAI's top_logprobs cap).
 PROBE_LOGPROBS = 20
+# bakeoff's addition to that rule: at a tie each side's own token may lead the other's by at
+# most this many nats in its own distribution (a near-tie). Membership alone would call a
+# decoder that always takes the second-best token (-0.01 vs -5 nats) a string of ties.
+TIE_MAX_GAP_NATS = 1.0
 
 
 def top_map(entry) -> dict:
@@ -118,8 +122,8 @@ def jsonable_logprobs(lps: list | None) -> list | None:
     """Logprob entries as JSON-safe lists: ``[token, logprob, [[token, logprob], ...]]``."""
     if not lps:
         return None
-    return [[t, round(float(lp), 6), [[k, round(float(v), 6)] for k, v in top_map(e).items()]]
-            for e in lps for t, lp in [(e[0], e[1])]]
+    return [None if e is None else [e[0], round(float(e[1]), 6), [[k, round(float(v), 6)] for k, v in top_map(e).items()]]
+            for e in lps]
 
 
 def _top(entry, k: int) -> set | None:
@@ -136,8 +140,10 @@ def compare_tie_aware(out: dict[str, Any], ref: dict[str, Any], top_k: int = TIE
     The rule of ``check_logprobs_close`` in vLLM's tests: at the first position where the two
     greedy sequences differ, if each side's token is among the other side's ``top_k`` logprobs,
     the two are numerically tied there (bf16 vs fp32, one CPU vs another) and the comparison
-    stops: a **tie** divergence. Otherwise it is a **real** divergence. Without logprobs on both
-    sides the divergence is **undetermined** (and counts as real in decisions).
+    stops: a **tie** divergence. bakeoff adds a bound: each side's own token leads the other's
+    by at most ``TIE_MAX_GAP_NATS`` in its own distribution. Otherwise it is a **real**
+    divergence. Without comparable logprobs on both sides (none, or ids on one side and token
+    strings on the other) the divergence is **undetermined** (and counts as real in decisions).
 
     Args:
         out / ref: ``{"id", "text", "token_ids", "logprobs"}``; ``logprobs`` a list of
@@ -179,7 +185,14 @@ def compare_tie_aware(out: dict[str, Any], ref: dict[str, Any], top_k: int = TIE
     }
     if ta is None or tb is None or top_a is None or top_b is None:
         return row  # a side stopped without its stop token's logprobs, or gave none
-    row["outcome"] = "tie" if (tb in top_a and ta in top_b) else "real"
+    if not all(isinstance(t, type(ta)) for t in (tb, *top_a, *top_b)):
+        return row  # ids on one side, token strings on the other: cannot be matched
+    ma, mb = top_map(ea), top_map(eb)
+    gap_a = ma[ta] - ma[tb] if ta in ma and tb in ma else None
+    gap_b = mb[tb] - mb[ta] if ta in mb and tb in mb else None
+    row["at_divergence"].update({"output_gap_nats": gap_a, "reference_gap_nats": gap_b})
+    near = gap_a is not None and gap_b is not None and gap_a <= TIE_MAX_GAP_NATS and gap_b <= TIE_MAX_GAP_NATS
+    row["outcome"] = "tie" if (tb in top_a and ta in top_b and near) else "real"
     return row
 
 

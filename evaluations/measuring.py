@@ -107,15 +107,16 @@ def tokens_per_unit(engine, fixture: bool, k: int = 40) -> tuple[float, str]:
     """Prompt tokens per haystack unit, from the engine's usage on k and 2k units.
 
     Returns:
-        ``(tokens_per_unit, source)``; source ``engine-usage`` or ``estimate`` (4 tokens per
-        fixture pair / 20 per generic sentence, when the engine reports no prompt usage).
+        ``(tokens_per_unit, source)``; source ``engine-usage`` or ``estimate`` (1 token per
+        fixture pair, each pair being one token of its tokenizer / 20 per generic sentence, when
+        the engine reports no prompt usage).
     """
     reqs = [GenerationRequest(request_id=f"calib-{n}-{time.monotonic_ns()}",
                               prompt=_join(filler_units(n, fixture, 99), fixture), max_tokens=1) for n in (k, 2 * k)]
     recs = send(engine, reqs)
     if all(r.status == "ok" and r.input_tokens for r in recs):
         return max(0.5, (recs[1].input_tokens - recs[0].input_tokens) / k), "engine-usage"
-    return (4.0 if fixture else 20.0), "estimate"
+    return (1.0 if fixture else 20.0), "estimate"
 
 
 def _join(units: list[str], fixture: bool) -> str:

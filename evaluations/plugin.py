@@ -271,7 +271,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def pytest_collection_modifyitems(session, config, items) -> None:
     def key(item):
         mod = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
-        return MODULE_ORDER.index(mod) if mod in MODULE_ORDER else len(MODULE_ORDER)
+        # a module not listed runs before the judge, which stops the engine
+        return MODULE_ORDER.index(mod) if mod in MODULE_ORDER else MODULE_ORDER.index("test_judge") - 0.5
     items.sort(key=key)
     run = config.stash.get(KEY_RUN, None)
     if run is not None and config.getoption("--resume"):
@@ -390,6 +391,8 @@ def engine(engine_state):
     names the load failure (recorded in the verdict by ``pytest_runtest_makereport``)."""
     if "error" in engine_state:
         pytest.skip(f"backend did not load ({engine_state['error']})")
+    if "stopped" in engine_state:
+        pytest.skip(engine_state["stopped"])
     return engine_state["backend"]
 
 

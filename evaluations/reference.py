@@ -79,7 +79,7 @@ def reference(settings, run, probes):
     items, _ = probes
     key = hashlib.sha256(json.dumps([REFERENCE_CACHE_VERSION, settings.reference_model.path,
                                      _model_stamp(settings.reference_model), settings.reference_options,
-                                     [p.prompt for p in items]]).encode()).hexdigest()[:16]
+                                     [[p.prompt, p.expected, p.match] for p in items]]).encode()).hexdigest()[:16]
     cache = envs.cache_root() / "reference" / f"{key}.json"
     if cache.is_file():
         return json.loads(cache.read_text())
@@ -171,8 +171,8 @@ def baseline(settings, reference, items: list[Probe]) -> Baseline:
         return Baseline("self", source="the backend is the reference")
     if not reference.get("ok"):
         return Baseline("none", skip_reason=f"the transformers reference could not run: {reference.get('error')}")
-    correct = [o["status"] == "ok" and probe_correct(o["text"], o["expected"], o.get("match", "prefix"))
-               for o in reference["outputs"]]
+    correct = [o["status"] == "ok" and probe_correct(o["text"], p.expected, p.match)
+               for o, p in zip(reference["outputs"], items)]
     acc = sum(correct) / len(correct) if correct else 0.0
     skip = (f"the reference answers only {acc:.0%} of the {len(correct)} probes (< {MIN_BASELINE_ACCURACY:.0%}): "
             "known answers cannot judge this model") if acc < MIN_BASELINE_ACCURACY else None

@@ -15,6 +15,7 @@ run, and a run whose engine died after its sanity checks.
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -46,6 +47,30 @@ def _read(run, rel: str):
         return None
 
 
+def _judge(scorer, opened: list[dict], probe_outs: list[dict]) -> tuple[list, list, list, list]:
+    """The reference's greedy outputs on the open-ended prompts, teacher-forced scores of both
+    sides' outputs, and its top-k on the backend's probe outputs: ``(table, backend logprobs,
+    reference logprobs, [(reference tops, backend logprobs)] per probe)``."""
+    refs = send(scorer, [GenerationRequest(request_id=f"judge-{i}", prompt=r["prompt"], max_tokens=OPEN_ENDED_TOKENS)
+                         for i, r in enumerate(opened)])
+    table, backend_lps, reference_lps = [], [], []
+    for r, ref in zip(opened, refs):
+        mine = _score(scorer.base_url, r["prompt"], r.get("token_ids"), r.get("text", ""))
+        own = _score(scorer.base_url, r["prompt"], ref.output_token_ids, ref.output_text) if ref.status == "ok" else None
+        backend_lps.append(mine["logprobs"])
+        reference_lps.append(own["logprobs"] if own else [])
+        b_nll, b_n = pooled_nll([mine["logprobs"]])
+        r_nll, r_n = pooled_nll([own["logprobs"]] if own else [])
+        table.append({"prompt": r["prompt"], "backend_output": r.get("text"), "reference_output": ref.output_text,
+                      "backend_nll_per_token": None if b_nll is None else round(b_nll, 4), "backend_tokens": b_n,
+                      "reference_nll_per_token": None if r_nll is None else round(r_nll, 4), "reference_tokens": r_n})
+    kl_rows = []
+    for o in probe_outs:
+        sc = _score(scorer.base_url, o["prompt"], o["token_ids"], o["text"], top_k=PROBE_LOGPROBS)
+        kl_rows.append((sc["top_logprobs"], o["logprobs"][:len(o["token_ids"])]))
+    return table, backend_lps, reference_lps, kl_rows
+
+
 @pytest.mark.check("sanity.nll_judge")
 def test_nll_judge(run, settings, pytestconfig):
     from evaluations.plugin import KEY_ENGINE
@@ -67,6 +92,7 @@ def test_nll_judge(run, settings, pytestconfig):
                       if o.get("status") == "ok" and o.get("logprobs") and o.get("token_ids")]
         if state.get("backend") is not None:  # the engine is done: free its device for the judge
             state["backend"].stop()
+            state["stopped"] = "the judge stopped the engine to free its device (sanity.nll_judge runs last)"
         scorer = backends.resolve("transformers")(reference_config(settings, run.dir.path / "engine" / "judge"))
         try:
             try:
@@ -74,38 +100,28 @@ def test_nll_judge(run, settings, pytestconfig):
             except EngineFailure as exc:
                 c.evidence("reference.log.tail", scorer.log_tail(80))
                 c.skip(f"the reference could not start to judge: {exc.failure_class}: {exc.message}")
-            refs = send(scorer, [GenerationRequest(request_id=f"judge-{i}", prompt=r["prompt"],
-                                                   max_tokens=OPEN_ENDED_TOKENS)
-                                 for i, r in enumerate(opened)])
-            table, backend_lps, reference_lps = [], [], []
-            for r, ref in zip(opened, refs):
-                mine = _score(scorer.base_url, r["prompt"], r.get("token_ids"), r.get("text", ""))
-                own = _score(scorer.base_url, r["prompt"], ref.output_token_ids, ref.output_text) if ref.status == "ok" else None
-                backend_lps.append(mine["logprobs"])
-                reference_lps.append(own["logprobs"] if own else [])
-                b_nll, b_n = pooled_nll([mine["logprobs"]])
-                r_nll, r_n = pooled_nll([own["logprobs"]] if own else [])
-                table.append({"prompt": r["prompt"], "backend_output": r.get("text"), "reference_output": ref.output_text,
-                              "backend_nll_per_token": None if b_nll is None else round(b_nll, 4), "backend_tokens": b_n,
-                              "reference_nll_per_token": None if r_nll is None else round(r_nll, 4), "reference_tokens": r_n})
-            c.evidence("nll.json", table)
-            kl_rows = []
-            for o in probe_outs:
-                sc = _score(scorer.base_url, o["prompt"], o["token_ids"], o["text"], top_k=PROBE_LOGPROBS)
-                kl_rows.append((sc["top_logprobs"], o["logprobs"]))
+            try:
+                scored = _judge(scorer, opened, probe_outs)
+            except Exception as exc:  # the judge failed, not the backend: no verdict from it
+                c.evidence("reference.log.tail", scorer.log_tail(80))
+                c.skip(f"the reference could not score the outputs: {type(exc).__name__}: {str(exc)[:200]}")
         finally:
             scorer.stop()
+        table, backend_lps, reference_lps, kl_rows = scored
+        c.evidence("nll.json", table)
         b_nll, b_n = pooled_nll(backend_lps)
         r_nll, r_n = pooled_nll(reference_lps)
-        div = divergence([t for tops, _ in kl_rows for t in tops], [e for _, lps in kl_rows for e in lps])
-        c.values.update({"backend_nll_per_token": None if b_nll is None else round(b_nll, 4), "backend_tokens": b_n,
-                         "reference_nll_per_token": None if r_nll is None else round(r_nll, 4), "reference_tokens": r_n,
-                         "nll_gap_nats": None if b_nll is None or r_nll is None else round(b_nll - r_nll, 4),
+        pairs = [(t, e) for tops, lps in kl_rows for t, e in zip(tops, lps)]  # aligned within each output
+        div = divergence([t for t, _ in pairs], [e for _, e in pairs])
+        fin = lambda x: None if x is None or not math.isfinite(x) else round(x, 4)  # noqa: E731
+        c.values.update({"backend_nll_per_token": fin(b_nll), "backend_tokens": b_n,
+                         "reference_nll_per_token": fin(r_nll), "reference_tokens": r_n,
+                         "nll_gap_nats": None if b_nll is None or r_nll is None else fin(b_nll - r_nll),
                          "threshold_nats": NLL_GAP_NATS, "outputs": len(opened),
                          "kl_positions": div["positions"], "top1_agreement": div["top1_agreement"],
                          "mean_kl_nats": div["mean_kl_nats"]})
         status, line = nll_verdict(b_nll, b_n, r_nll, r_n)
-        kl = (f"; top-1 agreement {div['top1_agreement']:.1%}, mean KL {div['mean_kl_nats']:.4f} nats over "
+        kl = (f"; top-1 agreement {div['top1_agreement']:.1%}, mean KL {div['mean_kl_nats']} nats over "
               f"{div['positions']} probe positions" if div["positions"] else "; no logprobs for KL")
         if status == "skip":
             c.skip(line)

@@ -11,7 +11,7 @@ with transformers at these lengths and depths (``probe_results.needles``). When 
 at least ``MIN_RECORDED_RATE`` (the fixture can find needles), the backend fails
 (``accuracy-regression``) when it finds significantly fewer: one-sided exact binomial test
 against the recorded rate minus the 2-point tolerance, p < 0.01 (:mod:`bakeoff.paired`; with
-9 needles, 4 or fewer found fail a 100% record). Without such a record (other models, or a
+9 needles, 6 or fewer found fail a 100% record: p(7 of 9 | 98%) = 0.013). Without such a record (other models, or a
 fixture that cannot find needles) the check ends ``skip``, report only, with the table in its
 values: a found/not-found table with nothing to compare it with verifies nothing.
 Failing requests are a failed check in either case.
@@ -32,7 +32,7 @@ from bakeoff.specs import GenerationRequest
 from evaluations.measuring import GENERIC_FILLER, is_fixture, send, serves_one_at_a_time, tokens_per_unit
 
 ANSWER_TOKENS = 8
-MIN_RECORDED_RATE = 0.8
+MIN_RECORDED_RATE = 0.6
 
 
 def needle_prompt(n_units: int, depth: float, fixture: bool, seed: int) -> tuple[str, str]:

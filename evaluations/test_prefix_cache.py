@@ -58,7 +58,8 @@ def long_len(engine, settings):
 
 
 def _caching_disabled(run) -> bool:
-    return run.verdict.options.get("enable_prefix_caching") is False
+    v = run.verdict.options.get("enable_prefix_caching")
+    return v is False or (isinstance(v, str) and v.strip().lower() in ("false", "0", "off", "no"))
 
 
 @pytest.mark.check("prefix_cache.prefill")
@@ -98,7 +99,9 @@ def test_prefill_cold_warm(run, settings, engine, long_len):
                          "warm_queries_tokens": [r["queries_delta"] for r in warm],
                          "warm_hit_rate": round(sum(hits) / max(1.0, sum(r["queries_delta"] or 0 for r in warm)), 3)})
         if _caching_disabled(run):
-            c.summary = f"prefix caching off: warm hits {sum(hits):.0f} tokens (expected 0); TTFT cold {cs['median']} / warm {ws['median']} ms"
+            c.require(sum(hits) == 0, f"prefix caching is off, yet a repeated {tok}-token prompt got {sum(hits):.0f} "
+                                      "hit tokens", "ineffective-option")
+            c.summary = f"prefix caching off, verified: 0 hit tokens; TTFT cold {cs['median']} / warm {ws['median']} ms"
             return
         c.require(min(hits) > 0, f"prefix cache on but a repeated {tok}-token prompt got {min(hits):.0f} hit tokens "
                                  f"(queries {warm[0]['queries_delta']:.0f})")

@@ -198,3 +198,37 @@ def test_chat_probes_render_the_checkpoint_template(tmp_path):
     assert len(chat) == 60 and all(p["prompt"].endswith("<|im_start|>assistant\n") for p in chat)
     assert render_chat("{{ raise_exception('no') }}", [], {}) is None  # a template that refuses: no chat probes
     assert chat_template_of(tmp_path / "missing") == (None, {})
+
+
+def test_a_decoder_taking_the_second_best_token_is_not_a_tie():
+    """Membership in the top-k is not enough: each side's token must lead by at most 1 nat."""
+    a = _out([5, 8], [{5: -0.1}, {7: -0.01, 8: -5.0}])  # took its own second choice, 5 nats down
+    b = _out([5, 7], [{5: -0.1}, {7: -0.01, 8: -5.0}])
+    row = compare_tie_aware(a, b)
+    assert row["outcome"] == "real" and row["at_divergence"]["reference_gap_nats"] == pytest.approx(4.99)
+
+
+def test_ids_against_token_strings_is_undetermined():
+    a = {"id": "p", "text": "x", "token_ids": [5], "logprobs": [(5, -0.5, {5: -0.5, 6: -0.9})]}
+    b = {"id": "p", "text": "y", "token_ids": [6], "logprobs": [("y", -0.5, {"y": -0.5, "x": -0.9})]}
+    assert compare_tie_aware(a, b)["outcome"] == "undetermined"
+
+
+def test_judge_never_passes_on_broken_scores():
+    nan, n = pooled_nll([[-0.1, float("nan")]])
+    assert nan != nan and nll_verdict(nan, 40, 0.5, 40)[0] == "skip"
+    assert kl_topk({1: float("-inf")}, {1: -0.1}) is None
+
+
+def test_logprobs_stay_aligned_with_token_ids():
+    """An event without logprobs keeps its place: later positions are not shifted."""
+    from bakeoff.loadgen.sweep import _account
+    from bakeoff.specs import RequestRecord, TokenEvent
+
+    evs = [TokenEvent(1, "a", [1], logprobs=[(1, -0.1, {1: -0.1})]), TokenEvent(2, "bc", [2, 3]),
+           TokenEvent(3, "d", [4], logprobs=[(4, -0.2, {4: -0.2})])]
+    rec = RequestRecord(request_id="r")
+    _account(rec, evs, None, None, None)
+    assert rec.output_token_ids == [1, 2, 3, 4]
+    assert [e[0] if e else None for e in rec.output_logprobs] == [1, None, None, 4]
+    assert jsonable_logprobs(rec.output_logprobs)[1] is None

@@ -17,7 +17,9 @@ Frames of a dense stream are not sent one per token (see
 detokenizes (see ``OrtGenaiEngine._worker_detokenizer``).
 Commands (worker to engine): ``("gen", rid, body)``, ``("cancel", rid)``. Frames (engine to
 worker): ``("start", rid, n_prompt_tokens)``, ``("tok", rid, int32 token id bytes, text)``,
-``("end", rid, finish_reason, stats)``, ``("err", rid, message)``.
+``("end", rid, finish_reason, stats)``, ``("err", rid, message)``; a request that asks for
+``logprobs`` runs alone on ``og.Generator`` and its ``"tok"`` frames carry a fifth item,
+``[(logprob, [(id, logprob), ...top k])]`` per id.
 
 Options: ``batching``, ``execution_provider``, ``source_model``, ``intra_op_num_threads``,
 ``stream_interval_ms``.

@@ -105,8 +105,12 @@ def _account(rec: RequestRecord, evs: list, usage_p, usage_c, count_tokens) -> N
     rec.token_times_ns = times
     rec.first_token_ns = evs[0].t_ns if evs else None
     rec.output_text = "".join(ev.text for ev in evs if ev.kind == "text")
-    if any(ev.logprobs for ev in evs):
-        rec.output_logprobs = [lp for ev in evs if ev.logprobs for lp in ev.logprobs]
+    if any(ev.logprobs for ev in evs):  # one entry per token: None where an event's logprobs are missing or short
+        rec.output_logprobs = []
+        for ev in evs:
+            n = len(ev.token_ids) if ev.token_ids else len(ev.logprobs or [])
+            lps = list(ev.logprobs or [])[:n]
+            rec.output_logprobs += lps + [None] * (n - len(lps))
     if have_ids:
         rec.output_token_ids = [i for ev in evs for i in ev.token_ids]
         rec.client_output_tokens = len(rec.output_token_ids)
