@@ -223,7 +223,7 @@ class OrtGenaiEngine:
         out.start(len(ids))
         max_new = int(body.get("max_tokens") or 16)
         params = og.GeneratorParams(self.model)
-        params.set_search_options(**self._search_options(body, len(ids)))
+        params.set_search_options(**self.search_options(body, len(ids)))
         out.decoder = None if self.tokenizer_json else Decoder(self)
         interval, base, sent = self.stream_interval_s, len(ids), 0
         last_token = last_flush = float("-inf")
@@ -263,7 +263,7 @@ class OrtGenaiEngine:
         self.max_running = max(self.max_running, 1)
         out.finish("stop" if eos else "length", self.stats())
 
-    def _search_options(self, body: dict[str, Any], n_prompt: int) -> dict[str, Any]:
+    def search_options(self, body: dict[str, Any], n_prompt: int) -> dict[str, Any]:
         max_new = int(body.get("max_tokens") or 16)
         opts: dict[str, Any] = {"max_length": n_prompt + max_new}
         temperature = float(body.get("temperature") or 0.0)
@@ -278,38 +278,9 @@ class OrtGenaiEngine:
         return opts
 
     def _run_with_logprobs(self, rid: Any, body: dict[str, Any], out) -> None:
-        """One request on ``og.Generator`` that also reports the top-k log-probabilities of
-        each generated token, from ``get_logits()`` read before each ``generate_next_token``
-        (the distribution the token is chosen from). Not the timed path: probes only."""
-        og, np = self.og, self.np
-        k = int(body["logprobs"])
-        ids = self.encode(body.get("prompt", ""))
-        out.start(len(ids))
-        max_new = int(body.get("max_tokens") or 16)
-        params = og.GeneratorParams(self.model)
-        params.set_search_options(**self._search_options(body, len(ids)))
-        out.decoder = None if self.tokenizer_json else Decoder(self)
-        gen = og.Generator(self.model, params)
-        gen.append_tokens(ids)
-        n = 0
-        while not gen.is_done() and n < max_new and rid not in self.cancelled:
-            logits = np.asarray(gen.get_logits(), dtype=np.float64)
-            row = logits.reshape(-1, logits.shape[-1])[-1]
-            m = row.max()
-            logp = row - (m + np.log(np.exp(row - m).sum()))
-            gen.generate_next_token()
-            token = int(gen.get_next_tokens()[0])
-            top = np.argsort(-logp)[:k]
-            out.send_ids(np.asarray([token], dtype=np.int32).tobytes(), time.perf_counter(), True,
-                         [(float(logp[token]), [(int(i), float(logp[i])) for i in top])])
-            n += 1
-        del gen
-        self.decode_steps += n
-        if rid in self.cancelled:
-            out.finish("abort", self.stats())
-            return
-        eos = n < max_new or (not body.get("ignore_eos") and out.last_id in self.eos_ids)
-        out.finish("stop" if eos else "length", self.stats())
+        from backends.ort_genai.logprobs import run_with_logprobs
+
+        run_with_logprobs(self, rid, body, out)
 
     # -- engine scheduler ----------------------------------------------------------------
     def _begin(self, rid: Any, body: dict[str, Any], out, live: dict) -> None:
