@@ -219,3 +219,39 @@ def test_pool_loop_keeps_concurrency_until_the_queue_drains(server):
         in_flight += d
         peak = max(peak, in_flight)
     assert peak <= 3 and wall > 0
+
+
+def test_a_transport_closed_under_the_write_is_a_transport_error():
+    """A server dying between the pool's check and the write gives asyncio's RuntimeError
+    ("unable to perform operation on <TCPTransport closed=True>"): it must be a TransportError
+    (retried once on a pooled connection), so the backend names the engine's death."""
+    import asyncio
+
+    from bakeoff.loadgen.http import Pool, TransportError, _Conn
+
+    class Closed:
+        def write(self, data):
+            raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
+
+        def is_closing(self):
+            return False
+
+        def close(self):
+            pass
+
+    async def main():
+        pool = Pool()
+        loop = asyncio.get_running_loop()
+        calls = []
+
+        async def fake_get(scheme, host, port):
+            conn = _Conn(loop)
+            conn.transport = Closed()
+            calls.append(1)
+            return conn, len(calls) == 1  # pooled first, fresh on the retry
+        pool._get = fake_get
+        try:
+            await pool.request("POST", "http://127.0.0.1:9/v1/completions", {}, b"{}")
+        except TransportError as exc:
+            return exc.kind, len(calls)
+    assert asyncio.run(main()) == ("connect", 2)

@@ -289,9 +289,13 @@ class Pool:
             conn, reused = await self._get(scheme, host, port)
             if on_sent is not None:
                 on_sent(time.monotonic_ns())
-            conn.transport.write(raw)
             conn.used += 1
             try:
+                try:
+                    conn.transport.write(raw)
+                except RuntimeError as exc:  # the transport closed between the pool's check and the write
+                    raise TransportError("cut" if reused else "connect", f"connection closed before the request was "
+                                         f"sent: {exc}") from None
                 return await self._read_head(conn, method, timeout_s)
             except TransportError as exc:
                 conn.close()
