@@ -172,6 +172,7 @@ class RequestRecord:
     output_tokens_source: str | None = None
     client_output_tokens: int | None = None
     accounting_mismatch: bool = False
+    response_headers: dict[str, str] | None = None
     finish_reason: str | None = None
     status: Literal["ok", "error"] = "ok"
     error: str | None = None

@@ -23,8 +23,11 @@ from bakeoff.loadgen.http import Pool, TransportError
 from bakeoff.specs import GenerationRequest, TokenEvent, Usage
 
 Api = Literal["completions", "chat", "messages"]
-# run_request puts a one-item list here; stream() stores the time its request bytes were written
-# (after the connection was ready), so "TTFT from send" excludes the client's own preparation.
+# run_request puts a two-item list here; stream() stores in [0] the time its request bytes were
+# written (after the connection was ready), so "TTFT from send" excludes the client's own
+# preparation, and in [1] the response headers that tell of a proxy or buffering (TRANSPORT_HEADERS).
+TRANSPORT_HEADERS = ("via", "x-accel-buffering", "content-encoding", "content-length", "transfer-encoding",
+                     "server", "x-cache", "cf-ray")
 SENT_NS: contextvars.ContextVar[list | None] = contextvars.ContextVar("bakeoff_sent_ns", default=None)
 _loads = json.JSONDecoder().decode  # str in: skips json.loads' per-call encoding detection
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "messages": "/v1/messages"}
@@ -158,6 +161,8 @@ class OpenAIClient:
         try:
             resp = await self._pool().request("POST", self.base_url + path, headers, payload,
                                               self.read_timeout_s, sent)
+            if holder is not None and len(holder) > 1:
+                holder[1] = {k: v for k, v in resp.headers.items() if k in TRANSPORT_HEADERS}
             if resp.status >= 400:
                 text = (await resp.read_all(self.read_timeout_s)).decode("utf-8", "replace")[:2000]
                 cls = "runtime-crash" if resp.status >= 500 else "config-rejected"

@@ -61,7 +61,7 @@ async def run_request(backend, req: GenerationRequest, session: int = 0, schedul
     rec.scheduled_ns = scheduled_ns or rec.sent_ns
     evs: list = []
     usage_p = usage_c = None
-    holder: list = [None]
+    holder: list = [None, None]
     token = SENT_NS.set(holder)
     try:
         async for ev in backend.stream(req):
@@ -82,6 +82,7 @@ async def run_request(backend, req: GenerationRequest, session: int = 0, schedul
     SENT_NS.reset(token)
     if holder[0] is not None:  # the HTTP client reported when the request bytes were written
         rec.sent_ns = holder[0]
+    rec.response_headers = holder[1]
     _account(rec, evs, usage_p, usage_c, count_tokens)
     return rec
 
