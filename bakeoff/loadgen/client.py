@@ -20,6 +20,7 @@ from typing import Any, AsyncIterator, Literal
 
 from bakeoff.errors import EngineFailure
 from bakeoff.loadgen.http import Pool, TransportError
+from bakeoff.loadgen.sse import SSEParser
 from bakeoff.specs import GenerationRequest, TokenEvent, Usage
 
 Api = Literal["completions", "chat", "messages"]
@@ -168,29 +169,17 @@ class OpenAIClient:
                 cls = "runtime-crash" if resp.status >= 500 else "config-rejected"
                 raise EngineFailure(cls, f"HTTP {resp.status} from {path}: {text.strip()[:300]}",
                                     {"response.txt": text})
-            buf = b""
+            feed = SSEParser().feed  # comments (": keep-alive") and events without data never come out
             api_is_messages, is_chat = self.api == "messages", self.api == "chat"
             async for t, piece in resp.chunks(self.read_timeout_s):
-                buf = buf + piece if buf else piece
-                if b"\r" in piece:
-                    buf = buf.replace(b"\r\n", b"\n")
-                if b"\n\n" not in buf:
-                    continue
-                *blocks, buf = buf.split(b"\n\n")
-                for block in blocks:
-                    if block[:6] == b"data: " and b"\n" not in block:
-                        data, name = block[6:], None
-                    else:
-                        data, name = _sse_fields(block)
-                        if data is None:
-                            continue  # comments (": keep-alive") and empty blocks carry no token
-                    if data == b"[DONE]":
+                for t, data, name, _ in feed(t, piece):
+                    if data == "[DONE]":
                         done = True
                         continue
                     try:
-                        obj = _loads(data.decode("utf-8", "replace"))
+                        obj = _loads(data)
                     except ValueError:
-                        malformed.append(data[:200].decode("utf-8", "replace"))
+                        malformed.append(data[:200])
                         continue
                     if api_is_messages:
                         for ev in _parse_messages(obj, name, t):
@@ -329,18 +318,6 @@ def _finish(resp, timeout_s: float) -> None:
 
 
 _STOP = object()
-
-
-def _sse_fields(block: bytes) -> tuple[bytes | None, str | None]:
-    """``(data, event name)`` of one SSE event block (data lines joined by newlines)."""
-    data_lines, name = [], None
-    for line in block.split(b"\n"):
-        if line.startswith(b"data:"):
-            v = line[5:]
-            data_lines.append(v[1:] if v[:1] == b" " else v)
-        elif line.startswith(b"event:"):
-            name = line[6:].strip().decode()
-    return (b"\n".join(data_lines) if data_lines else None), name
 
 
 def _parse_messages(obj: dict, event_name: str | None, t: int):
