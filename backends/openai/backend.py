@@ -155,6 +155,17 @@ class OpenAIBackend(Backend):
 
         return parse_prometheus(body)
 
+    def tokenize(self, texts: list[str], chat: bool = False) -> list[list[int]] | None:
+        """The server's own ids through its ``/tokenize`` route where it has one in vLLM's or
+        SGLang's shape (:mod:`backends._tokenize`), with this backend's authorization; None,
+        with the reason in ``tokenize_note``, where it has none (a hosted API, llama.cpp's
+        other shape)."""
+        from backends._tokenize import server_tokenize
+
+        model = self.info.served_model if self.info is not None else self.options.model
+        ids, self.tokenize_note = server_tokenize(self.base_url, texts, chat=chat, model=model, headers=self._auth())
+        return ids
+
     def stop(self) -> None:
         """Nothing to stop: the server is not ours (connections close with their event loop)."""
 

@@ -15,7 +15,8 @@ HTTP server. Two schedulers:
 Frames of a dense stream are not sent one per token (see
 :class:`backends.ort_genai.frames.Out`); their text is None when the worker process
 detokenizes (see ``OrtGenaiEngine._worker_detokenizer``).
-Commands (worker to engine): ``("gen", rid, body)``, ``("cancel", rid)``. Frames (engine to
+Commands (worker to engine): ``("gen", rid, body)``, ``("cancel", rid)``, ``("tokenize", rid, text)``
+(answered ``("ids", rid, int32 id bytes)`` by the main thread, with generation's tokenizer). Frames (engine to
 worker): ``("start", rid, n_prompt_tokens)``, ``("tok", rid, int32 token id bytes, text)``,
 ``("end", rid, finish_reason, stats)``, ``("err", rid, message)``; a request that asks for
 ``logprobs`` runs alone on ``og.Generator`` and its ``"tok"`` frames carry a fifth item,
@@ -36,7 +37,7 @@ import time
 import traceback
 from typing import Any
 
-from backends.ort_genai.frames import Collect, Decoder, Out
+from backends.ort_genai.frames import TOKENIZE, Collect, Decoder, Out, answer_tokenize
 
 
 class OrtGenaiEngine:
@@ -199,6 +200,9 @@ class OrtGenaiEngine:
             return
         while True:
             rid, body = self.inbox.get()
+            if TOKENIZE in body:
+                answer_tokenize(self, send, rid, body[TOKENIZE])
+                continue
             out = Out(send, rid, self.stream_interval_s)
             try:
                 if body.get("logprobs"):
@@ -215,6 +219,8 @@ class OrtGenaiEngine:
             self.inbox.put((msg[1], msg[2]))
         elif msg[0] == "cancel":
             self.cancelled.add(msg[1])
+        elif msg[0] == "tokenize":
+            self.inbox.put((msg[1], {TOKENIZE: msg[2]}))
 
     # -- generator scheduler -------------------------------------------------------------
     def _run_generator(self, rid: Any, body: dict[str, Any], out) -> None:
@@ -373,6 +379,9 @@ class OrtGenaiEngine:
 
     def _admit(self, item: tuple, live: dict, send) -> None:
         rid, body = item
+        if TOKENIZE in body:
+            answer_tokenize(self, send, rid, body[TOKENIZE])
+            return
         out = Out(send, rid, self.stream_interval_s)
         try:
             if body.get("logprobs"):  # og.Engine gives no logits: this request runs alone on og.Generator

@@ -100,6 +100,20 @@ class Out:
         self.send(("err", self.rid, f"{type(exc).__name__}: {exc}"))
 
 
+# A command body that asks for the engine's ids of a text (``body[TOKENIZE]``), not a generation.
+TOKENIZE = "_bakeoff_tokenize"
+
+
+def answer_tokenize(engine: Any, send, rid: Any, text: str) -> None:
+    """Send ``("ids", rid, int32 id bytes)``: ``engine.encode(text)``, the ids its generations
+    start from (og.Tokenizer, or the ``tokenizer.json`` fallback the engine chose at load), or
+    ``("err", rid, message)``."""
+    try:
+        send(("ids", rid, array.array("i", engine.encode(text)).tobytes()))
+    except Exception as exc:  # noqa: BLE001 - the worker answers it as an engine error
+        send(("err", rid, f"{type(exc).__name__}: {exc}"))
+
+
 class Collect:
     """A sink that keeps what a request produced (the Engine warm-up)."""
 

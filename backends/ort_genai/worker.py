@@ -74,6 +74,30 @@ class OrtGenaiProxy:
         """Only for requests that failed before the engine counted their prompt."""
         return 0
 
+    async def tokenize(self, prompt: str) -> list[int]:
+        """The ids the engine process feeds the model for ``prompt``: its own tokenizer, the one
+        its generations use (og.Tokenizer, or the ``tokenizer.json`` fallback it chose at load;
+        ``engine.py`` ``OrtGenaiEngine.encode``), never this process's detokenizer.
+
+        Raises:
+            RuntimeError: the engine failed to encode, or its process is gone.
+        """
+        rid = next(self.ids)
+        chan = TokenChannel(asyncio.get_running_loop())
+        self.proc.open(rid, chan)
+        try:
+            self.proc.send(("tokenize", rid, prompt))
+            while True:
+                for msg in await chan.get_batch():
+                    if isinstance(msg, BaseException):
+                        raise msg
+                    if msg[0] == "ids":
+                        return array.array("i", msg[2]).tolist()
+                    if msg[0] == "err":
+                        raise RuntimeError(msg[2])
+        finally:
+            self.proc.close(rid)
+
     async def generate(self, body: dict[str, Any]):
         rid = next(self.ids)  # frames are routed on the loop serve() attached
         chan = TokenChannel(asyncio.get_running_loop())

@@ -70,7 +70,13 @@ class TransformersEngine:
         return {"generated_tokens": self.n_generated}
 
     def prompt_tokens(self, prompt: str) -> int:
-        return len(self.tokenizer(prompt)["input_ids"])
+        return len(self.tokenize(prompt))
+
+    def tokenize(self, prompt: str) -> list[int]:
+        """The ids ``generate`` gets for ``prompt`` (both batching modes): this worker's
+        tokenizer with the special tokens it adds by default (a BOS where the checkpoint's
+        tokenizer adds one)."""
+        return self.tokenizer(prompt)["input_ids"]
 
     def score(self, body: dict[str, Any]) -> dict[str, Any]:
         """Teacher-forced log-probabilities of a continuation after a prompt (the judge's scorer).

@@ -13,7 +13,8 @@ API facts (read from TensorRT-LLM's source, ``tensorrt_llm/llmapi/llm.py`` and
   ``RequestOutput`` iterated with ``async for``; each item's ``outputs[0]`` is CUMULATIVE
   (``text``, ``token_ids``); the new part since the previous item is ``text_diff`` /
   ``token_ids_diff``; ``finished`` and ``outputs[0].finish_reason`` at the end;
-- ``llm.tokenizer.encode(text)``; ``llm.shutdown()``.
+- ``llm.tokenizer.encode(text)`` (what the input processor calls for a text prompt, with
+  ``add_special_tokens`` from the sampling params, default True); ``llm.shutdown()``.
 
 Run as ``python -m backends.trtllm.worker --model M --port P --ready-file F --options JSON``.
 """
@@ -97,7 +98,13 @@ class TrtllmEngine:
         return {"generated_tokens": self.n_generated, "requests": self.n_requests}
 
     def prompt_tokens(self, prompt: str) -> int:
-        return len(self.llm.tokenizer.encode(prompt))
+        return len(self.tokenize(prompt))
+
+    def tokenize(self, prompt: str) -> list[int]:
+        """The ids ``generate_async`` feeds the model for a text prompt: TensorRT-LLM's input
+        processor encodes it with ``llm.tokenizer`` and ``SamplingParams.add_special_tokens``
+        (default True, as here)."""
+        return [int(t) for t in self.llm.tokenizer.encode(prompt)]
 
     async def generate(self, body: dict[str, Any]):
         """Yield ``(token_ids, text_delta, finish_reason)``: the diffs of cumulative outputs."""

@@ -1,0 +1,86 @@
+"""Sanity: the engine under test turns the sanity prompts into the reference's token ids.
+
+Runs before the other sanity checks (``MODULE_ORDER``), so a tokenizer that differs is named
+first: every later comparison with the reference is of outputs for different inputs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from evaluations.tokenizing import (describer, example, mismatches, reference_ids, reference_tokenizer, sanity_prompts,
+                                    uses_chat)
+
+# Notes of the backend's start that say which tokenizer the engine chose (ORT GenAI's fallback).
+ENGINE_TOKENIZER_NOTES = ("tokenizer", "tokenizer_fallback")
+
+
+@pytest.mark.check("sanity.tokenizer")
+def test_tokenizer(run, settings, engine, probes):
+    """Every sanity prompt (the probes, chat-rendered ones included, and the open-ended
+    openings) tokenized by the reference and by the engine under test
+    (:meth:`backends.base.Backend.tokenize`, the engine's own tokenizer): the ids must be equal.
+
+    BOS and other special tokens: compared like with like, as each side's generation starts.
+    The reference calls its tokenizer as the transformers worker does (``tok(prompt)``: a BOS
+    where the checkpoint's tokenizer adds one); the engine reports the ids it feeds its model
+    (vLLM's ``/tokenize`` with ``add_special_tokens=true``, its completions default; og's
+    encode; TensorRT-LLM's input processor). A chat run (the backend's client sends chat
+    messages) also compares each prompt as one user message, rendered with the chat template
+    and the generation prompt and no further special tokens on either side. A BOS that only one
+    side adds is a failure (the model sees another input) and the evidence says that it is
+    the only difference.
+
+    Rule: pass only when ids were compared for every form the run sends and all are equal;
+    fail on any differing prompt (one is enough: the same text reaches the model as another
+    input, and no tolerance makes that a numerical effect); skip, with the reason, when the
+    engine cannot report its ids or the reference tokenizer cannot be loaded.
+
+    Failure class ``accuracy-regression`` ("the output disagrees with the reference"): the
+    engine accepted and served the checkpoint, so nothing was rejected (``config-rejected`` is
+    for a reader that refuses); what the verdict must gate on is that its outputs cannot agree
+    with the reference's, whatever the cause (an engine's silent tokenizer fallback, another
+    normalizer or pre-tokenizer, a BOS). The engine's own tokenizer notes are quoted.
+    """
+    items, source = probes
+    with run.check("sanity.tokenizer", "accuracy-regression") as c:
+        ref_path = settings.reference_model.path
+        tok, why = reference_tokenizer(ref_path, bool(settings.reference_options.get("trust_remote_code", False)))
+        if tok is None:
+            c.skip(why)
+        texts = sanity_prompts(items)
+        notes = {k: v for k, v in ((getattr(engine.info, "notes", None) or {}).items()) if k in ENGINE_TOKENIZER_NOTES}
+        forms = ["text"] + (["chat"] if uses_chat(engine) else [])
+        c.values.update({"prompts": len(texts), "probe_source": source, "forms": forms,
+                         "reference_tokenizer": f"{type(tok).__name__} ({ref_path})", "engine_tokenizer_notes": notes,
+                         "special_tokens": "each side's generation defaults (module docstring)"})
+        describe = describer(tok)
+        rows: list[dict] = []
+        compared: dict[str, int] = {}
+        not_compared: dict[str, str] = {}
+        for form in forms:
+            got = engine.tokenize(texts, chat=form == "chat")
+            if got is None or got is NotImplemented:
+                not_compared[form] = engine.tokenize_note or f"the {settings.backend} backend cannot report token ids"
+                continue
+            want, why = reference_ids(tok, texts, form == "chat")
+            if want is None:
+                not_compared[form] = why
+                continue
+            if len(got) != len(texts):
+                c.fail(f"the engine answered {len(got)} token lists for {len(texts)} prompts ({form})", "runtime-crash")
+            compared[form] = len(texts)
+            rows += mismatches(texts, want, got, form, describe, set(tok.all_special_ids))
+        c.values.update({"compared": compared, "not_compared": not_compared, "mismatched": len(rows)})
+        if rows:
+            c.evidence("mismatches.json", rows)
+            by_form = ", ".join(f"{sum(r['form'] == f for r in rows)}/{n} {f}" for f, n in compared.items())
+            note = "; engine notes: " + "; ".join(f"{k}: {v}" for k, v in notes.items()) if notes else ""
+            c.fail(f"the engine tokenizes {by_form} prompts differently from the reference "
+                   f"({type(tok).__name__}); e.g. {example(rows[0])}{note}")
+        if not_compared:
+            c.skip("token ids not compared for "
+                   + "; ".join(f"{f} prompts: {why}" for f, why in not_compared.items())
+                   + (f" ({sum(compared.values())} {'/'.join(compared)} prompts compared, all equal)" if compared else ""))
+        c.summary = (f"{sum(compared.values())} prompts ({', '.join(compared)}) tokenize to the reference's ids "
+                     f"({type(tok).__name__})")

@@ -1,0 +1,102 @@
+"""The reference's token ids for the sanity prompts, and where an engine's ids differ from them.
+
+Helpers of ``evaluations/test_tokenizer.py`` (the ``sanity.tokenizer`` check), kept apart so the
+framework's tests can use them without the plugin.
+
+Like with like: each side gives the ids its generation starts from. The reference is the
+transformers ``AutoTokenizer`` of the reference model with the reference's
+``trust_remote_code`` (what :mod:`backends.transformers.worker` loads for the reference run),
+called as that worker calls it, ``tok(prompt)``: the special tokens it adds by default, so a
+BOS where the checkpoint's tokenizer adds one. A chat run's prompts are one user message
+each, rendered with the reference tokenizer's chat template and the generation prompt,
+tokenized without further special tokens (the template carries them), as vLLM's chat route does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from evaluations.probing import open_ended_prompts
+
+
+def sanity_prompts(items) -> list[str]:
+    """The prompts the sanity checks send (the probes', then the open-ended ones), each once."""
+    return list(dict.fromkeys([p.prompt for p in items] + open_ended_prompts(items)))
+
+
+def uses_chat(engine) -> bool:
+    """Whether the backend sends prompts as chat messages (its client's ``chat`` or ``messages`` API)."""
+    return getattr(getattr(engine, "client", None), "api", "completions") in ("chat", "messages")
+
+
+def reference_tokenizer(path: str, trust_remote_code: bool = False) -> tuple[Any | None, str]:
+    """``(tokenizer, '')`` of the reference model, or ``(None, why)`` when it does not load or is empty."""
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - any loader failure means: cannot compare
+        return None, f"the reference tokenizer of {path} does not load: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    if len(tok) == 0:  # transformers 5 builds an empty tokenizer when a checkpoint has no tokenizer files
+        return None, f"the reference model {path} has no tokenizer (transformers built an empty one)"
+    return tok, ""
+
+
+def reference_ids(tok, texts: list[str], chat: bool) -> tuple[list[list[int]] | None, str]:
+    """The reference's ids for each text (module docstring), or ``(None, why)``."""
+    if not chat:
+        return [list(tok(t)["input_ids"]) for t in texts], ""
+    if not getattr(tok, "chat_template", None):
+        return None, "the reference tokenizer has no chat template to render chat prompts with"
+    return [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                         tokenize=True, return_dict=False)) for t in texts], ""
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first position where ``a`` and ``b`` differ (the shorter one's length when one
+    is a prefix of the other), None when they are equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def describer(tok) -> Callable[[int | None], dict[str, Any] | None]:
+    """``id -> {"id", "piece", "text"}`` by the reference tokenizer (None past the end of a list)."""
+    def describe(tid: int | None) -> dict[str, Any] | None:
+        if tid is None:
+            return None
+        try:
+            return {"id": tid, "piece": tok.convert_ids_to_tokens(tid), "text": tok.decode([tid])}
+        except Exception:  # noqa: BLE001 - an id outside the reference's vocabulary
+            return {"id": tid, "piece": None, "text": None}
+    return describe
+
+
+def mismatches(texts: list[str], want: list[list[int]], got: list[list[int]], form: str,
+               describe: Callable[[int | None], dict[str, Any] | None], special_ids: set[int] = frozenset()) -> list[dict]:
+    """One row per text whose ids differ: both id lists, the first differing position and the
+    token each side has there (decoded with the reference tokenizer), and a note when the only
+    difference is one leading special token (a BOS one side adds)."""
+    rows = []
+    for text, w, g in zip(texts, want, got):
+        i = first_difference(w, g)
+        if i is None:
+            continue
+        note = ""
+        if g[1:] == w and g and g[0] in special_ids:
+            note = f"only a leading special token differs: the engine adds id {g[0]}, the reference does not"
+        elif w[1:] == g and w and w[0] in special_ids:
+            note = f"only a leading special token differs: the reference adds id {w[0]}, the engine does not"
+        rows.append({"form": form, "prompt": text, "reference_ids": w, "engine_ids": g, "first_difference": i,
+                     "reference_token": describe(w[i] if i < len(w) else None),
+                     "engine_token": describe(g[i] if i < len(g) else None), "note": note})
+    return rows
+
+
+def example(row: dict) -> str:
+    """One line naming a mismatch: the prompt, the position, both tokens."""
+    def name(t: dict | None) -> str:
+        return "(end)" if t is None else f"{t['piece']!r} (id {t['id']})"
+    return (f"{row['prompt'][:60]!r} ({row['form']}): token {row['first_difference']} is "
+            f"{name(row['reference_token'])} in the reference, {name(row['engine_token'])} in the engine"
+            + (f"; {row['note']}" if row["note"] else ""))
