@@ -172,6 +172,12 @@ class RequestRecord:
     output_tokens_source: str | None = None
     client_output_tokens: int | None = None
     accounting_mismatch: bool = False
+    # the three counts of bakeoff/loadgen/accounting.py and what they say together
+    usage_output_tokens: int | None = None
+    text_output_tokens: int | None = None
+    content_events: int = 0
+    accounting: str | None = None
+    event_times_ns: list[int] = field(default_factory=list)
     response_headers: dict[str, str] | None = None
     finish_reason: str | None = None
     status: Literal["ok", "error"] = "ok"

@@ -1,9 +1,11 @@
 """Helpers of the engine-side measurement checks (capacity, prefix cache, needles, spec
 decode, agents): sequential requests, engine counter deltas, prompts sized in tokens.
 
-No tokenizer runs in the parent process (an engine may use one bakeoff cannot load), so
-prompt sizes are calibrated against the engine's own usage: the prompt tokens it reports
-for a prompt of k and 2k repeated units give tokens per unit.
+Prompt sizes are calibrated against the engine's own usage (the prompt tokens it reports for a
+prompt of k and 2k repeated units give tokens per unit), not a tokenizer in this process: an
+engine may tokenize with one bakeoff cannot load. Output tokens are counted here too, with the
+model's ``tokenizer.json`` where there is one (:func:`client_token_counter`), to check the
+server's usage (bakeoff/loadgen/accounting.py).
 """
 
 from __future__ import annotations
@@ -71,6 +73,21 @@ def wait_counter(engine, key: str, base: float, expect_at_least: float, timeout_
         if m.get(key, 0.0) - base >= expect_at_least or time.monotonic() > t_end:
             return m
         time.sleep(0.1)
+
+
+def client_token_counter(settings, engine) -> tuple[Any, str]:
+    """``(count_tokens or None, where it came from)``: the backend's own client tokenizer
+    (``--backend-opt tokenizer=DIR`` of the openai backend), else the ``tokenizer.json`` of a
+    local ``--model``."""
+    from bakeoff.loadgen.accounting import model_token_counter
+
+    own = getattr(engine, "count_tokens", None)
+    if own is not None:
+        return own, f"the backend's tokenizer ({getattr(own, 'path', 'tokenizer=')})"
+    counter = model_token_counter(settings.model.path if settings.model.local else None)
+    if counter is not None:
+        return counter, f"the model's tokenizer ({counter.path})"
+    return None, "no tokenizer: the model is not a local folder with tokenizer.json (pass --backend-opt tokenizer=DIR)"
 
 
 def is_fixture(settings) -> bool:

@@ -47,8 +47,8 @@ def test_clean_stream_matches_server(server, api):
     b.client.api = api
     rec = one(b, req(tag=f"clean-{api}"))
     assert rec.status == "ok", rec.error
-    assert rec.output_tokens == N and rec.output_tokens_source == "server-usage"
-    assert len(rec.token_times_ns) == N and not rec.accounting_mismatch
+    assert rec.output_tokens == N and rec.output_tokens_source == "server-usage (agrees with client-events)"
+    assert len(rec.token_times_ns) == N and not rec.accounting_mismatch and rec.accounting == "agree"
     assert rec.output_text.startswith(f"[clean-{api}-0-0]")
     cmp = compare_to_server([rec], server.records(expect=1))
     assert cmp["matched_requests"] == 1 and cmp["token_count_mismatches"] == 0
@@ -122,8 +122,9 @@ def test_accounting_mismatch_is_flagged(server):
     b = _backend(server.url, {"synth": {"usage_delta": 2}, "return_token_ids": True})
     b.client.extra_body["synth"]["token_ids"] = "always"
     rec = one(b, req(tag="acct"))
-    assert rec.output_tokens == N + 2 and rec.client_output_tokens == N
-    assert rec.accounting_mismatch
+    # the figures use the ids the client received, not the server's claim
+    assert rec.output_tokens == N and rec.client_output_tokens == N and rec.usage_output_tokens == N + 2
+    assert rec.accounting_mismatch and rec.output_tokens_source == "token-ids"
     s = summarize([rec], 1.0, 1)
     assert s["accounting_mismatches"] == 1 and s["accounting_failure_class"] == "client-accounting"
 

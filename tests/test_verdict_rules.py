@@ -222,13 +222,13 @@ def test_judge_never_passes_on_broken_scores():
 
 def test_logprobs_stay_aligned_with_token_ids():
     """An event without logprobs keeps its place: later positions are not shifted."""
-    from bakeoff.loadgen.sweep import _account
+    from bakeoff.loadgen.accounting import account
     from bakeoff.specs import RequestRecord, TokenEvent
 
     evs = [TokenEvent(1, "a", [1], logprobs=[(1, -0.1, {1: -0.1})]), TokenEvent(2, "bc", [2, 3]),
            TokenEvent(3, "d", [4], logprobs=[(4, -0.2, {4: -0.2})])]
     rec = RequestRecord(request_id="r")
-    _account(rec, evs, None, None, None)
+    account(rec, evs, None, None, None)
     assert rec.output_token_ids == [1, 2, 3, 4]
     assert [e[0] if e else None for e in rec.output_logprobs] == [1, None, None, 4]
     assert jsonable_logprobs(rec.output_logprobs)[1] is None

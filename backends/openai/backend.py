@@ -16,13 +16,13 @@ import os
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Literal
 
 from pydantic import Field
 
 from backends.base import Backend
 from bakeoff.errors import EngineFailure
+from bakeoff.loadgen.accounting import TokenCounter
 from bakeoff.loadgen.client import OpenAIClient
 from bakeoff.specs import BackendInfo, GenerationRequest, Spec, TokenEvent
 
@@ -60,6 +60,7 @@ class OpenAIBackend(Backend):
     def __init__(self, config):
         super().__init__(config)
         self.client: OpenAIClient | None = None
+        # the client-side token count of --backend-opt tokenizer=DIR (bakeoff/loadgen/accounting.py)
         self.count_tokens: Callable[[str], int] | None = None
         self.base_url = self.options.base_url.rstrip("/")
         if self.base_url.endswith("/v1"):
@@ -175,19 +176,10 @@ async def _not_started() -> AsyncIterator[TokenEvent]:
     yield  # pragma: no cover - makes this an async generator
 
 
-def load_token_counter(path: str) -> Callable[[str], int]:
-    """``text -> token count`` from a ``tokenizer.json`` (file or folder) with ``tokenizers``.
+def load_token_counter(path: str) -> TokenCounter:
+    """``text -> token count`` from a ``tokenizer.json`` (file or folder).
 
     Raises:
         EngineFailure: ``config-rejected`` when the file is missing or unreadable.
     """
-    p = Path(path)
-    if p.is_dir():
-        p = p / "tokenizer.json"
-    try:
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(str(p))
-    except Exception as exc:
-        raise EngineFailure("config-rejected", f"cannot load tokenizer {p}: {type(exc).__name__}: {exc}") from None
-    return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
+    return TokenCounter(path)

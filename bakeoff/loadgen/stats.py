@@ -27,7 +27,9 @@ def per_request(r: RequestRecord) -> dict[str, Any]:
                            "input_tokens": r.input_tokens, "output_tokens": r.output_tokens,
                            "output_tokens_source": r.output_tokens_source,
                            "client_output_tokens": r.client_output_tokens,
-                           "accounting_mismatch": r.accounting_mismatch, "reasoning_tokens": r.reasoning_tokens}
+                           "accounting_mismatch": r.accounting_mismatch, "reasoning_tokens": r.reasoning_tokens,
+                           "usage_output_tokens": r.usage_output_tokens, "text_output_tokens": r.text_output_tokens,
+                           "content_events": r.content_events, "accounting": r.accounting}
     ttft = (r.first_token_ns - r.sent_ns) / 1e6 if r.first_token_ns else None
     e2e = (r.end_ns - r.sent_ns) / 1e6 if r.end_ns else None
     out["ttft_ms"] = ttft

@@ -15,34 +15,26 @@ from typing import Any, Callable
 import numpy as np
 
 from bakeoff.errors import EngineFailure
+from bakeoff.loadgen.accounting import account
 from bakeoff.loadgen.client import SENT_NS
 from bakeoff.loadgen.stats import summarize
 from bakeoff.specs import GenerationRequest, RequestRecord
 from bakeoff.loadgen import run_loop
 
 
-def _spread(n_tokens: int, n_events: int) -> list[int]:
-    """Split ``n_tokens`` evenly over ``n_events`` events (servers that batch tokens send a fixed
-    number per event: vLLM's ``stream_interval``); the remainder goes to the first events."""
-    base, rest = divmod(n_tokens, n_events)
-    return [base + (1 if i < rest else 0) for i in range(n_events)]
-
-
 async def run_request(backend, req: GenerationRequest, session: int = 0, scheduled_ns: int | None = None,
                       count_tokens: Callable[[str], int] | None = None) -> RequestRecord:
     """Send one request through ``backend.stream`` and time it.
 
-    Token counts (DESIGN.md "Measurement"): server usage first, then streamed token ids, then
-    ``count_tokens`` on the text (client re-tokenization), then the number of content events.
-    The client's own count (ids or re-tokenization) disagreeing with usage sets
-    ``accounting_mismatch`` (failure class ``client-accounting``); a bare event count is not
-    a token count and is never compared.
+    Token counts and their agreement: :func:`bakeoff.loadgen.accounting.account` (streamed
+    token ids, the client's tokenizer on each event's text, server usage; a disagreement sets
+    ``accounting_mismatch``, failure class ``client-accounting``, and the figures use the
+    client's count).
 
     Per-token times: an event carrying k tokens (k from its token ids, else from
     ``count_tokens`` on its text) contributes k entries to ``token_times_ns`` with its arrival
-    time, so ITL is per token (k - 1 zero gaps). When neither is known and usage reports more
-    tokens than events, usage's count is spread evenly over the events. Reasoning (thinking) events are output tokens too, counted apart in
-    ``reasoning_tokens``; their text is not in ``output_text``.
+    time, so ITL is per token (k - 1 zero gaps). Reasoning (thinking) events are output tokens
+    too, counted apart in ``reasoning_tokens``; their text is not in ``output_text``.
 
     Args:
         backend: a started Backend (anything with ``stream(request)``).
@@ -83,54 +75,8 @@ async def run_request(backend, req: GenerationRequest, session: int = 0, schedul
     if holder[0] is not None:  # the HTTP client reported when the request bytes were written
         rec.sent_ns = holder[0]
     rec.response_headers = holder[1]
-    _account(rec, evs, usage_p, usage_c, count_tokens)
+    account(rec, evs, usage_p, usage_c, count_tokens)
     return rec
-
-
-def _account(rec: RequestRecord, evs: list, usage_p, usage_c, count_tokens) -> None:
-    """Fill token counts and per-token times of ``rec`` from its content events."""
-    have_ids = bool(evs) and all(ev.token_ids for ev in evs)
-    if have_ids:
-        ks = [len(ev.token_ids) for ev in evs]
-    elif count_tokens is not None:
-        ks = [max(1, count_tokens(ev.text)) for ev in evs]
-    elif usage_c is not None and usage_c > len(evs) and rec.status == "ok":
-        ks = _spread(usage_c, len(evs))
-    else:
-        ks = [1] * len(evs)
-    times: list[int] = []
-    for ev, k in zip(evs, ks):
-        times.extend([ev.t_ns] * k)
-        if ev.kind == "reasoning":
-            rec.reasoning_tokens += k
-    rec.token_times_ns = times
-    rec.first_token_ns = evs[0].t_ns if evs else None
-    rec.output_text = "".join(ev.text for ev in evs if ev.kind == "text")
-    if any(ev.logprobs for ev in evs):  # one entry per token: None where an event's logprobs are missing or short
-        rec.output_logprobs = []
-        for ev in evs:
-            n = len(ev.token_ids) if ev.token_ids else len(ev.logprobs or [])
-            lps = list(ev.logprobs or [])[:n]
-            rec.output_logprobs += lps + [None] * (n - len(lps))
-    if have_ids:
-        rec.output_token_ids = [i for ev in evs for i in ev.token_ids]
-        rec.client_output_tokens = len(rec.output_token_ids)
-    elif count_tokens is not None:
-        reasoning = "".join(ev.text for ev in evs if ev.kind == "reasoning")
-        rec.client_output_tokens = count_tokens(rec.output_text) + (count_tokens(reasoning) if reasoning else 0)
-    else:
-        rec.client_output_tokens = len(evs)
-    independent = have_ids or count_tokens is not None
-    if usage_c is not None:
-        rec.output_tokens, rec.output_tokens_source = usage_c, "server-usage"
-        rec.accounting_mismatch = independent and rec.status == "ok" and rec.client_output_tokens != usage_c
-    elif have_ids:
-        rec.output_tokens, rec.output_tokens_source = rec.client_output_tokens, "token-ids"
-    elif count_tokens is not None:
-        rec.output_tokens, rec.output_tokens_source = rec.client_output_tokens, "client-tokenizer"
-    else:
-        rec.output_tokens, rec.output_tokens_source = len(times), "client-events"
-    rec.input_tokens = usage_p
 
 
 async def sessions_loop(backend, make_request: Callable[[int, int], GenerationRequest], session_ids: list[int],

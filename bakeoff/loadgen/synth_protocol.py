@@ -155,7 +155,7 @@ def build_events(api: str, req: dict, cfg, rid: str, rng: random.Random, t0: int
             data = _frame(b'data: {"choices":[{"index":0,"text":"' + text.encode() + b'"\n\n')
         yield (t, data, kind, len(g))
     t_end = times[-1]
-    n_usage = n + cfg.usage_delta
+    n_usage = round(n * cfg.usage_factor) + cfg.usage_delta
     usage = {"prompt_tokens": p_tokens, "completion_tokens": n_usage, "total_tokens": p_tokens + n_usage}
     if api == "messages":
         yield (t_end, _data({"type": "content_block_stop", "index": block}, "content_block_stop"), "meta", 0)

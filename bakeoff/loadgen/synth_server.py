@@ -102,6 +102,8 @@ class SynthConfig(BaseModel):
         missing_done: end the stream without ``[DONE]`` / ``message_stop``.
         usage_delta: usage reports this many tokens more than were sent (a server whose
             accounting disagrees with its stream).
+        usage_factor: usage reports the tokens sent times this (2.0: a server counting each
+            token twice), before ``usage_delta`` is added.
         record: keep per-event send times (for ``/_sent`` and the log).
     """
 
@@ -124,6 +126,7 @@ class SynthConfig(BaseModel):
     malformed_at_token: int | None = Field(None, ge=0)
     missing_done: bool = False
     usage_delta: int = 0
+    usage_factor: float = Field(1.0, ge=0)
     record: bool = True
 
 

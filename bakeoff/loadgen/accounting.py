@@ -1,0 +1,161 @@
+"""Token accounting: how many tokens a request produced, counted independently of the server.
+
+A server's ``usage.completion_tokens`` is a claim. Every figure bakeoff publishes (tokens/s,
+TPOT, ITL) divides by a token count, so the count is checked against what the client itself
+received, in this order of strength:
+
+1. ``token-ids``: the stream carried token ids (vLLM's ``return_token_ids``, bakeoff's own
+   workers). Exact: usage must equal the number of ids received.
+2. ``client-tokenizer``: the model's tokenizer in the client process (the tokenizer of
+   ``--model``, or ``--backend-opt tokenizer=DIR``) counts each content event's text; an event
+   counts at least one token (a step whose text is empty: an EOS under ``ignore_eos``, a
+   partial UTF-8 character held back by the server's detokenizer).
+3. ``client-events``: without either, the number of content events (one step each), a lower
+   bound that is exact for servers streaming one token per event.
+
+Tolerance (:data:`ABS_TOLERANCE_TOKENS`, :data:`REL_TOLERANCE`): a text count agrees with
+usage when ``|usage - count| <= 2 + ceil(10% of the tokens counted in events whose text
+re-tokenized to more than one token)``. The 2 tokens cover a final EOS or stop token some
+servers count without streaming a chunk for it; the 10% covers detokenization boundaries (the
+text of a multi-token event, or of a non-canonical token, can re-tokenize to more or fewer
+tokens than were generated). A stream of one token per event is held to 2 tokens, so a hop
+dropping every tenth event is caught. Token ids need no tolerance. An event count can only confirm usage or refute a
+usage below it: usage above it is ``unverified`` (events may carry several tokens).
+
+The request's figures use the count the check trusts: token ids when streamed, server usage
+when it agrees with the client's count, else the client's count (``output_tokens_source``
+says which, and why); ``token_times_ns`` come from the per-event counts, never from spreading
+an unverified usage over events (that invented 0 ms ITLs), except when usage is all there is.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable
+
+from bakeoff.errors import EngineFailure
+from bakeoff.specs import RequestRecord
+
+ABS_TOLERANCE_TOKENS = 2
+REL_TOLERANCE = 0.10
+
+
+class TokenCounter:
+    """``text -> token count`` with a ``tokenizers`` tokenizer (no special tokens added).
+
+    Args:
+        path: ``tokenizer.json`` or the folder that holds it.
+
+    Raises:
+        EngineFailure: ``config-rejected`` when the file is missing or unreadable.
+    """
+
+    def __init__(self, path: str | Path):
+        p = Path(path)
+        if p.is_dir():
+            p = p / "tokenizer.json"
+        try:
+            from tokenizers import Tokenizer
+
+            self._tok = Tokenizer.from_file(str(p))
+        except Exception as exc:
+            raise EngineFailure("config-rejected", f"cannot load tokenizer {p}: {type(exc).__name__}: {exc}") from None
+        self.path = str(p)
+
+    def __call__(self, text: str) -> int:
+        return len(self._tok.encode(text, add_special_tokens=False).ids) if text else 0
+
+    def each(self, texts: list[str]) -> list[int]:
+        """Counts of many texts in one call (the Rust side batches them)."""
+        if not texts:
+            return []
+        return [len(e.ids) for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+
+def model_token_counter(path: str | None) -> TokenCounter | None:
+    """The tokenizer of a local model folder, or None when it has no ``tokenizer.json``."""
+    if not path or not (Path(path) / "tokenizer.json").is_file():
+        return None
+    try:
+        return TokenCounter(path)
+    except EngineFailure:
+        return None
+
+
+def tolerance(ks: list[int]) -> int:
+    """Tokens by which a count of per-event token counts ``ks`` and server usage may differ
+    and still agree (the module docstring's rule)."""
+    return ABS_TOLERANCE_TOKENS + math.ceil(REL_TOLERANCE * sum(k for k in ks if k > 1))
+
+
+def _spread(n_tokens: int, n_events: int) -> list[int]:
+    """Split ``n_tokens`` evenly over ``n_events`` events; the remainder goes to the first."""
+    base, rest = divmod(n_tokens, n_events)
+    return [base + (1 if i < rest else 0) for i in range(n_events)]
+
+
+def account(rec: RequestRecord, evs: list, usage_p: int | None, usage_c: int | None,
+            count_tokens: Callable[[str], int] | None) -> None:
+    """Fill token counts, their agreement and per-token times of ``rec`` from its content events."""
+    rec.usage_output_tokens, rec.input_tokens, rec.content_events = usage_c, usage_p, len(evs)
+    have_ids = bool(evs) and all(ev.token_ids is not None for ev in evs)
+    ks_text = None
+    if count_tokens is not None and evs:
+        each = getattr(count_tokens, "each", None)
+        texts = [ev.text for ev in evs]
+        counts = each(texts) if each else [count_tokens(t) for t in texts]
+        ks_text = [max(1, k) for k in counts]
+        rec.text_output_tokens = sum(ks_text)
+    ok = rec.status == "ok"
+    if have_ids:
+        ks = [len(ev.token_ids) for ev in evs]
+        rec.client_output_tokens = sum(ks)
+        rec.output_token_ids = [i for ev in evs for i in ev.token_ids]
+        agree = usage_c is None or usage_c == rec.client_output_tokens
+        rec.accounting = "agree" if usage_c is not None and agree else ("no-usage" if usage_c is None else "disagree")
+        rec.output_tokens, rec.output_tokens_source = rec.client_output_tokens, "token-ids"
+    else:
+        ks = ks_text or [1] * len(evs)
+        rec.client_output_tokens = sum(ks)
+        basis = "client-tokenizer" if ks_text else "client-events"
+        if usage_c is None:
+            rec.accounting = "no-usage"
+            rec.output_tokens, rec.output_tokens_source = rec.client_output_tokens, basis
+        elif abs(usage_c - rec.client_output_tokens) <= tolerance(ks):
+            rec.accounting = "agree"
+            rec.output_tokens, rec.output_tokens_source = usage_c, f"server-usage (agrees with {basis})"
+        elif basis == "client-events" and usage_c > rec.client_output_tokens:
+            rec.accounting = "unverified"  # events may carry several tokens: only a tokenizer can tell
+            rec.output_tokens, rec.output_tokens_source = usage_c, "server-usage (unverified)"
+            if ok and evs:
+                ks = _spread(usage_c, len(evs))
+        else:
+            rec.accounting = "disagree"
+            rec.output_tokens, rec.output_tokens_source = rec.client_output_tokens, f"{basis} (server usage disagrees)"
+    rec.accounting_mismatch = ok and rec.accounting == "disagree"
+    times: list[int] = []
+    for ev, k in zip(evs, ks):
+        times.extend([ev.t_ns] * k)
+        if ev.kind == "reasoning":
+            rec.reasoning_tokens += k
+    rec.token_times_ns = times
+    rec.event_times_ns = [ev.t_ns for ev in evs]
+    rec.first_token_ns = evs[0].t_ns if evs else None
+    rec.output_text = "".join(ev.text for ev in evs if ev.kind == "text")
+    if any(ev.logprobs for ev in evs):  # one entry per token: None where an event's logprobs are missing or short
+        rec.output_logprobs = []
+        for ev in evs:
+            n = len(ev.token_ids) if ev.token_ids else len(ev.logprobs or [])
+            lps = list(ev.logprobs or [])[:n]
+            rec.output_logprobs += lps + [None] * (n - len(lps))
+
+
+def accounting_row(rec: RequestRecord, sessions: int | None = None) -> dict:
+    """The counts of one request, as the accounting check's evidence lists them."""
+    return {"request_id": rec.request_id, "sessions": sessions, "status": rec.status,
+            "usage_output_tokens": rec.usage_output_tokens,
+            "streamed_token_ids": len(rec.output_token_ids) if rec.output_token_ids is not None else None,
+            "client_tokenizer_tokens": rec.text_output_tokens, "content_events": rec.content_events,
+            "output_tokens": rec.output_tokens, "output_tokens_source": rec.output_tokens_source,
+            "accounting": rec.accounting}
