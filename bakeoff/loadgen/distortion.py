@@ -126,7 +126,7 @@ def judge(records: list[RequestRecord], engine: dict[str, float] | None = None) 
     bursts = per >= HELD_FIRST_EVENTS and period is not None and period >= BURST_PERIOD_MS
     reasons = []
     if held:
-        reasons.append(f"the first token arrived with {first:g} more events (median): it was held back, while a "
+        reasons.append(f"the first token arrived together with {first - 1:g} more events (median): it was held back, while a "
                        "direct stream sends it alone as soon as the prefill ends")
     if bursts:
         reasons.append(f"events arrive in bursts of {per:.1f} every {period:.0f} ms (median), with gaps under "

@@ -1,0 +1,231 @@
+"""Numbers that survive the wire: token accounting against the client's own count, and a
+buffering hop told from the engine by the shape of the stream.
+
+The servers are FAKES built for the purpose: the synthetic SSE server
+(``bakeoff/loadgen/synth_server.py``, here with ``usage_factor`` 2: a server counting each token
+twice) and a buffering TCP proxy (``tests/fakes/buffering_proxy.py``: holds bytes until 4 KiB or
+50 ms of quiet). The same server through the same proxy with buffering off is the control.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from backends.openai.backend import OpenAIBackend
+from bakeoff.loadgen.accounting import TokenCounter, account
+from bakeoff.loadgen.distortion import engine_timing, judge, stream_shape
+from bakeoff.loadgen.stats import per_request
+from bakeoff.loadgen.sweep import closed_loop, run_request
+from bakeoff.loadgen.synth_launch import SynthServer
+from bakeoff.procs import free_port
+from bakeoff.specs import BackendConfig, GenerationRequest, RequestRecord, TokenEvent
+
+REPO = Path(__file__).resolve().parent.parent
+APIS = ["completions", "chat", "messages"]
+N = 32
+
+
+def word_tokenizer(folder: Path) -> Path:
+    """A whitespace word-level ``tokenizer.json`` in which each synthetic token (`` tJ``,
+    ``[rid]``) is one token: the model's tokenizer of the synthetic server."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def backend(url: str, api: str, tmp: Path, **opts) -> OpenAIBackend:
+    b = OpenAIBackend(BackendConfig(backend="openai", model="remote", workdir=str(tmp), start_timeout_s=10,
+                                    options={"base_url": url, "api": api, **opts}))
+    b.start()
+    return b
+
+
+def one(b, rid: str, counter=None) -> RequestRecord:
+    async def main():
+        try:
+            return await run_request(b, GenerationRequest(request_id=rid, prompt="p", max_tokens=N), count_tokens=counter)
+        finally:
+            await b.aclose()
+    return asyncio.run(main())
+
+
+@pytest.fixture(scope="module")
+def doubled():
+    with SynthServer({"ttft": {"ms": 5}, "itl": {"ms": 1}, "output_tokens": N, "usage_factor": 2.0}) as srv:
+        yield srv
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_doubled_usage_is_flagged_and_figures_use_the_client_count(doubled, tmp_path, api):
+    counter = TokenCounter(word_tokenizer(tmp_path / "tok"))
+    rec = one(backend(doubled.url, api, tmp_path), f"dbl-{api}", counter)
+    assert rec.status == "ok", rec.error
+    assert rec.usage_output_tokens == 2 * N and rec.text_output_tokens == N
+    assert rec.accounting == "disagree" and rec.accounting_mismatch
+    assert rec.output_tokens == N and rec.output_tokens_source == "client-tokenizer (server usage disagrees)"
+    row = per_request(rec)
+    assert row["output_tokens"] == N and row["usage_output_tokens"] == 2 * N
+    assert row["itl_ms"].count(0.0) < N // 2, "no ITL invented by spreading usage over events"
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_backend_tokenizer_option_is_used(doubled, tmp_path, api):
+    """``--backend-opt tokenizer=DIR`` is the openai backend's count (it used to be dead code)."""
+    b = backend(doubled.url, api, tmp_path, tokenizer=str(word_tokenizer(tmp_path / "tok")))
+    assert isinstance(b.count_tokens, TokenCounter)
+    rec = one(b, f"opt-{api}", b.count_tokens)
+    assert rec.accounting == "disagree" and rec.output_tokens == N
+
+
+def test_without_a_tokenizer_usage_above_the_events_is_unverified(doubled, tmp_path):
+    rec = one(backend(doubled.url, "completions", tmp_path), "dbl-noto")
+    assert rec.accounting == "unverified" and rec.output_tokens_source == "server-usage (unverified)"
+    assert not rec.accounting_mismatch
+
+
+def test_tolerance_rule_on_recorded_events():
+    """One token per event is held to 2 tokens; multi-token events get 10% of their tokens."""
+    evs = [TokenEvent(i, f" t{i}") for i in range(40)]
+    for usage, verdict in ((40, "agree"), (42, "agree"), (43, "disagree"), (36, "disagree")):
+        rec = RequestRecord(request_id="r")
+        account(rec, evs, None, usage, lambda t: len(t.split()))
+        assert rec.accounting == verdict, (usage, rec.accounting)
+    multi = [TokenEvent(i, " a b c d") for i in range(10)]  # 40 tokens in 4-token events: tolerance 2 + 4
+    for usage, verdict in ((46, "agree"), (47, "disagree"), (34, "agree"), (33, "disagree")):
+        rec = RequestRecord(request_id="r")
+        account(rec, multi, None, usage, lambda t: len(t.split()))
+        assert rec.accounting == verdict, (usage, rec.accounting)
+    ids = [TokenEvent(i, "x", [i]) for i in range(10)]
+    rec = RequestRecord(request_id="r")
+    account(rec, ids, None, 11, None)
+    assert rec.accounting == "disagree" and rec.output_tokens == 10 and rec.output_tokens_source == "token-ids"
+
+
+def test_stream_shape_clusters():
+    ms = 1_000_000
+    direct = [i * 10 * ms for i in range(20)]
+    s = stream_shape(direct)
+    assert s["first_cluster_events"] == 1 and s["clusters"] == 20 and s["cluster_period_ms"] == 10
+    burst = [0] * 12 + [200 * ms + i for i in range(8)]
+    s = stream_shape(burst)
+    assert s["first_cluster_events"] == 12 and s["clusters"] == 2 and s["cluster_period_ms"] == 200
+
+
+def test_engine_timing_from_histograms():
+    before = {"vllm:time_to_first_token_seconds_sum": 1.0, "vllm:time_to_first_token_seconds_count": 10}
+    after = {"vllm:time_to_first_token_seconds_sum": 1.5, "vllm:time_to_first_token_seconds_count": 20,
+             "vllm:inter_token_latency_seconds_sum": 0.64, "vllm:inter_token_latency_seconds_count": 64}
+    t = engine_timing(before, after)
+    assert t == {"engine_ttft_mean_ms": pytest.approx(50.0), "engine_itl_mean_ms": pytest.approx(10.0)}
+    assert engine_timing({}, {}) is None
+
+
+class Proxy:
+    """The FAKE buffering proxy in a child process; ``flush_bytes=0`` relays without buffering."""
+
+    def __init__(self, upstream_port: int, flush_bytes: int = 4096):
+        self.port = free_port()
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.buffering_proxy", "--port", str(self.port),
+                                      "--upstream-port", str(upstream_port), "--flush-bytes", str(flush_bytes)],
+                                     cwd=REPO)
+        deadline = time.monotonic() + 15
+        import socket
+
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.5).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def paced():
+    with SynthServer({"ttft": {"ms": 50}, "itl": {"ms": 10}, "output_tokens": N}) as srv:
+        yield srv
+
+
+def _sweep(url: str, api: str, tmp: Path) -> list[RequestRecord]:
+    b = backend(url, api, tmp)
+
+    async def main():
+        try:
+            return (await closed_loop(b, lambda s, t: GenerationRequest(request_id=f"{api}-{s}-{t}", prompt="p",
+                                                                        max_tokens=N), 4, 2))[0]
+        finally:
+            await b.aclose()
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_buffering_proxy_is_flagged_and_the_direct_server_is_not(paced, tmp_path, api):
+    buffered, relay = Proxy(paced.port), Proxy(paced.port, flush_bytes=0)
+    try:
+        through = judge(_sweep(buffered.url, api, tmp_path))
+        control = judge(_sweep(relay.url, api, tmp_path))
+        direct = judge(_sweep(paced.url, api, tmp_path))
+    finally:
+        buffered.close()
+        relay.close()
+    assert through["distorted"] is True, json.dumps(through)
+    assert any("held back" in r for r in through["reasons"]) and any("bursts" in r for r in through["reasons"])
+    for ctl in (control, direct):
+        assert ctl["distorted"] is False, json.dumps(ctl)
+        assert ctl["first_cluster_events_p50"] == 1
+
+
+def test_usage_event_is_not_a_content_event():
+    rec = RequestRecord(request_id="r")
+    account(rec, [TokenEvent(5, "a"), TokenEvent(6, "b")], 3, 2, None)
+    assert rec.input_tokens == 3 and rec.content_events == 2 and rec.accounting == "agree"
+
+
+def _suite(tmp: Path, url: str, tokenizer: Path) -> dict:
+    """``pytest evaluations/ --backend openai`` against ``url``: the load and throughput checks."""
+    from bakeoff.models import resolve
+
+    art = tmp / "art"
+    model = resolve("fixture:tiny-qwen3").path  # the reference the suite starts before the engine
+    cmd = [sys.executable, "-m", "pytest", "evaluations/", "-p", "no:cacheprovider", "-q", "--backend", "openai",
+           f"--model={model}", f"--artifacts={art}", f"--backend-opt=base_url={url}",
+           f"--backend-opt=tokenizer={tokenizer}", "-k", "test_load or test_throughput"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=900)
+    runs = sorted((art / "runs").glob("*/verdict.json"))
+    assert runs, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {c["name"]: c for c in json.loads(runs[-1].read_text())["checks"]}
+
+
+@pytest.mark.slow
+@pytest.mark.engine("transformers")
+def test_suite_names_the_hop_and_passes_the_direct_server(paced, tmp_path):
+    tok = word_tokenizer(tmp_path / "tok")
+    proxy = Proxy(paced.port)
+    try:
+        through = _suite(tmp_path / "through", proxy.url, tok)
+    finally:
+        proxy.close()
+    direct = _suite(tmp_path / "direct", paced.url, tok)
+    t = through["throughput.transport"]
+    assert t["status"] == "fail" and t["failure_class"] == "transport-distortion", t
+    assert "held back" in t["summary"] and "bursts" in t["summary"]
+    assert "DISTORTED" in through["throughput.sweep"]["summary"]
+    assert direct["throughput.transport"]["status"] == "pass", direct["throughput.transport"]
+    for checks in (through, direct):  # the synthetic server's usage is honest: both counts agree
+        acc = checks["throughput.accounting"]
+        assert acc["status"] == "pass" and acc["values"]["basis"] == "the client's tokenizer", acc
