@@ -43,6 +43,9 @@ TEMPLATE = """# bakeoff report
 
 {% for r in runs if r.points -%}
 ### {{ r.backend }} on {{ r.model }}{% if r.options %} ({{ r.options }}){% endif %}
+{% if r.distorted %}
+**Figures distorted in transit: they are the hop's, not the engine's** (throughput.transport: {{ r.distorted }}).
+{% endif %}
 
 | sessions | aggregate output tok/s | per-session tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | ITL p50 ms | errors | valid |
 |---|---|---|---|---|---|---|---|---|
@@ -121,6 +124,7 @@ def load_run(path: Path) -> dict[str, Any]:
     ka = checks.get("sanity.known_answers", {})
     dg = checks.get("sanity.degeneration", {})
     ra = checks.get("sanity.reference_agreement", {})
+    tr = checks.get("throughput.transport", {})
 
     def pct(x):
         return f"{x:.0%}" if isinstance(x, (int, float)) else "–"
@@ -135,6 +139,7 @@ def load_run(path: Path) -> dict[str, Any]:
                    "ref": (f"{pct(ra['values'].get('accuracy'))} vs {pct(ra['values'].get('reference_accuracy'))}"
                            if ra.get("values", {}).get("reference_accuracy") is not None else "–")},
         "verdict": v,
+        "distorted": (tr.get("summary") or "distorted")[:300].replace("|", "\\|") if tr.get("status") == "fail" else None,
     }
 
 

@@ -225,6 +225,10 @@ def test_suite_names_the_hop_and_passes_the_direct_server(paced, tmp_path):
     assert t["status"] == "fail" and t["failure_class"] == "transport-distortion", t
     assert "held back" in t["summary"] and "bursts" in t["summary"]
     assert "DISTORTED" in through["throughput.sweep"]["summary"]
+    from bakeoff.report import write_report
+
+    text = write_report([tmp_path / "through" / "art" / "runs"], tmp_path / "report").read_text()
+    assert "Figures distorted in transit" in text
     assert direct["throughput.transport"]["status"] == "pass", direct["throughput.transport"]
     for checks in (through, direct):  # the synthetic server's usage is honest: both counts agree
         acc = checks["throughput.accounting"]
