@@ -216,6 +216,24 @@ class ChildServerBackend(Backend):
     def log_tail(self, lines: int = 80) -> str:
         return self.proc.tail(lines) if self.proc is not None else ""
 
+    def option_report(self):
+        """What the engine said about the options the user set (:mod:`backends._options`), or
+        None before a start. Default: the worker's ``<option>_fallback`` notes (bakeoff's
+        workers write one when they serve otherwise than asked, e.g. transformers'
+        ``batching_fallback``); nothing else is verified. Engines with their own log rules
+        (vLLM, ORT GenAI) override it."""
+        from backends._options import OptionReport, fallback_notes
+
+        if self.info is None:
+            return None
+        opts = dict(self.config.options)
+        rep = OptionReport(engine=self.info.engine, set_options=opts)
+        for st in fallback_notes(self.info.notes, opts, self.info.engine):
+            rep.add(st)
+        touched = {s.option for s in rep.ignored()}
+        rep.unverifiable = {k: f"{self.info.engine} states nothing about it" for k in opts if k not in touched}
+        return rep
+
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.stop()

@@ -78,9 +78,9 @@ def cmd_qualify(args) -> int:
     for n in names:
         backends.validate(n)
     per = split_backend_opts(args.backend_opt, names)
-    from bakeoff.matrix import merge_options, parse_matrix
+    from bakeoff.matrix import baseline_cell, baselines_first, merge_options, parse_matrix
 
-    cells = parse_matrix(args.matrix)
+    cells = baselines_first(parse_matrix(args.matrix))  # a quantized-KV cell is judged against its auto cell
     if args.repeats < 1:
         raise UserError(f"--repeats must be at least 1, got {args.repeats}")
     for n in names:
@@ -100,6 +100,7 @@ def cmd_qualify(args) -> int:
         args.model = model.path  # absolute: the evaluation runs with the repository as its folder
     artifacts = check_writable(Path(args.artifacts)).resolve()
     runs: list[Path] = []
+    cell_runs: dict[tuple[str, str], Path] = {}  # (backend, cell label) -> its run, for --baseline-run
     print(f"qualifying {', '.join(names)} on {args.model} ({args.profile} profile)", flush=True)
     for n, cell in [(n, cell) for n in names for cell in cells]:  # each matrix cell is its own run
         t0 = time.monotonic()
@@ -117,6 +118,11 @@ def cmd_qualify(args) -> int:
         cmd += [f"--reference-opt={o}" for o in args.reference_opt]
         if args.no_preflight:
             cmd.append("--no-preflight")
+        base = baseline_cell(cell, cells)
+        if base is not None and (n, base.label) in cell_runs:
+            cmd.append(f"--baseline-run={cell_runs[(n, base.label)]}")
+        elif base is not None:
+            print(f"{n} [{cell.label}]: its baseline cell [{base.label}] wrote no run; its KV ratio is not judged", flush=True)
         env = dict(os.environ, BAKEOFF_RUN_FILE=run_file)
         print(f"\n=== {n}{' [' + cell.label + ']' if cell.label else ''} ===\n$ {' '.join(cmd)}", flush=True)
         proc = subprocess.run(cmd, env=env, cwd=str(REPO))
@@ -126,6 +132,7 @@ def cmd_qualify(args) -> int:
             print(f"{n}: the evaluation did not start (pytest exit {proc.returncode})", file=sys.stderr)
             continue
         runs.append(run_dir)
+        cell_runs[(n, cell.label)] = run_dir
         print(f"--- {n}: {time.monotonic() - t0:.0f} s -> {run_dir}", flush=True)
     if not runs:
         raise UserError("no run was written; see the errors above")

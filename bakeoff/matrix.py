@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field
@@ -155,3 +156,113 @@ def merge_options(base: list[str], cell: Cell) -> list[str]:
     if clash:
         raise UserError(f"--backend-opt {clash[0]} is also varied by --matrix; drop one of them")
     return [*base, *cell.backend_opts()]
+
+
+# ---- KV cache dtype cells against their baseline ------------------------------------------
+# Bytes per KV element (vLLM's CacheDType names); "auto" stores the model's dtype. Block scales
+# of the per-token-head and FP4 formats are left out: the prediction is the element size's.
+KV_DTYPE_BYTES: dict[str, float] = {
+    "float16": 2, "bfloat16": 2, "half": 2, "float32": 4, "float": 4,
+    "torch.float16": 2, "torch.bfloat16": 2, "torch.float32": 4,
+    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "fp8_per_token_head": 1, "int8_per_token_head": 1,
+    "int4_per_token_head": 0.5, "nvfp4": 0.5, "ultraquant_4bit": 0.5, "turboquant_4bit_nc": 0.5,
+}
+INEFFECTIVE_BAND = 0.01  # a KV ratio within 1% of 1.0: the dtype changed nothing
+
+
+def kv_dtype(options: dict[str, Any]) -> str:
+    """The run's ``kv_cache_dtype`` option (``auto`` when unset)."""
+    return str(options.get("kv_cache_dtype") or "auto")
+
+
+def kv_bytes(kv_cache_dtype: str, model_dtype: str | None) -> float | None:
+    """Bytes per KV element: the dtype's, or for ``auto`` the model's (None when unknown)."""
+    return KV_DTYPE_BYTES.get(model_dtype or "") if kv_cache_dtype == "auto" else KV_DTYPE_BYTES.get(kv_cache_dtype)
+
+
+def baseline_cell(cell: Cell, cells: list[Cell]) -> Cell | None:
+    """The cell a quantized-KV cell is judged against: the one with the same other choices and
+    ``kv_cache_dtype`` auto or unset. None for an ``auto`` cell or when the matrix has none."""
+    if kv_dtype(cell.options) == "auto":
+        return None
+    rest = {k: v for k, v in cell.choices.items() if k != "kv_cache_dtype"}
+    for other in cells:
+        if (other is not cell and kv_dtype(other.options) == "auto"
+                and {k: v for k, v in other.choices.items() if k != "kv_cache_dtype"} == rest):
+            return other
+    return None
+
+
+def baselines_first(cells: list[Cell]) -> list[Cell]:
+    """The cells with ``kv_cache_dtype`` auto/unset first (stable), so a quantized cell's
+    baseline run exists when it starts."""
+    return sorted(cells, key=lambda c: kv_dtype(c.options) != "auto")
+
+
+def load_baseline(path: Path) -> dict[str, Any]:
+    """A baseline run for ``--baseline-run``: ``{run_id, path, backend, options, backend_info}``.
+
+    Raises:
+        UserError: one line when the folder holds no readable bakeoff verdict.
+    """
+    try:
+        v = json.loads((Path(path) / "verdict.json").read_text())
+        return {"run_id": v["run_id"], "path": str(Path(path).resolve()), "backend": v["backend"],
+                "options": v.get("options") or {}, "backend_info": v.get("backend_info") or {}}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"--baseline-run {path}: not a readable run directory ({exc.__class__.__name__}); pass a "
+                        "folder under artifacts/runs/ that holds verdict.json") from None
+
+
+def kv_capacity_ratio(options: dict[str, Any], info: dict[str, Any], run_id: str,
+                      baseline: dict[str, Any] | None) -> dict[str, Any]:
+    """This run's KV capacity against its baseline run (same backend, ``kv_cache_dtype`` auto).
+
+    The judged ratio is KV tokens per GiB of KV memory when both runs state their memory (vLLM
+    CPU sizes the cache from the memory free at start, which differs between runs), else KV
+    tokens. The dtype's bytes predict it: baseline bytes / this run's bytes (bf16 -> fp8: 2.0).
+    A quantized dtype whose ratio is within 1% of 1.0 changed nothing: ``ineffective``.
+
+    Returns:
+        ``role`` (``baseline`` | ``compared`` | ``no-baseline``), ``ratio``, ``tokens_ratio``,
+        ``tokens_per_gib_ratio``, ``predicted_ratio``, ``judged_on``, ``ineffective``,
+        ``baseline_run``, ``run``, ``text`` (one sentence for the verdict).
+    """
+    mine = kv_dtype(options)
+    out: dict[str, Any] = {"run": run_id, "kv_cache_dtype": mine, "ineffective": False, "ratio": None}
+    notes = info.get("notes") or {}
+    if baseline is None:
+        if mine == "auto":
+            return {**out, "role": "baseline", "ratio": 1.0,
+                    "text": "the baseline of KV cache dtypes (kv_cache_dtype auto): ratio 1.0 by definition"}
+        return {**out, "role": "no-baseline",
+                "text": f"kv_cache_dtype {mine}: no baseline run to compare with (bakeoff qualify --matrix "
+                        f"kv_cache_dtype=auto,{mine} passes one; by hand: --baseline-run DIR)"}
+    b_info, b_notes = baseline["backend_info"], baseline["backend_info"].get("notes") or {}
+    b_dtype = kv_dtype(baseline["options"])
+    out.update({"role": "compared", "baseline_run": baseline["run_id"], "baseline_kv_cache_dtype": b_dtype})
+    mine_b, base_b = kv_bytes(mine, notes.get("dtype")), kv_bytes(b_dtype, b_notes.get("dtype"))
+    out["predicted_ratio"] = round(base_b / mine_b, 3) if mine_b and base_b else None
+    others = {k for k in set(options) | set(baseline["options"])
+              if k != "kv_cache_dtype" and options.get(k) != baseline["options"].get(k)}
+    if baseline["backend"] != info.get("backend") or others:
+        out["differs_also_in"] = sorted(others) + (["backend"] if baseline["backend"] != info.get("backend") else [])
+    tok, b_tok = info.get("kv_cache_tokens"), b_info.get("kv_cache_tokens")
+    if not tok or not b_tok:
+        return {**out, "text": f"no KV ratio: baseline run {baseline['run_id']} stated "
+                               f"{'no' if not b_tok else b_tok} KV tokens"}
+    gib, b_gib = info.get("kv_cache_memory_gib"), b_info.get("kv_cache_memory_gib")
+    out["tokens_ratio"] = round(tok / b_tok, 4)
+    if gib and b_gib:
+        out["tokens_per_gib_ratio"] = round((tok / gib) / (b_tok / b_gib), 4)
+    out["judged_on"] = "KV tokens per GiB" if gib and b_gib else "KV tokens"
+    out["ratio"] = out.get("tokens_per_gib_ratio") or out["tokens_ratio"]
+    quantized = mine_b is not None and base_b is not None and mine_b < base_b
+    out["ineffective"] = bool(quantized and abs(out["ratio"] - 1) < INEFFECTIVE_BAND)
+    mem = lambda t, g: f"{t:,} tokens" + (f" in {g} GiB" if g else "")  # noqa: E731
+    pred = f"{out['predicted_ratio']}x" if out["predicted_ratio"] else "no prediction (unknown bytes per element)"
+    out["text"] = (f"kv_cache_dtype {mine} vs {b_dtype}: {out['ratio']:.2f}x the {out['judged_on']} of baseline run "
+                   f"{baseline['run_id']} ({mem(b_tok, b_gib)} vs {mem(tok, gib)} here in run {run_id}; tokens "
+                   f"{out['tokens_ratio']:.2f}x); the dtype's bytes predict {pred}"
+                   + (f"; the runs also differ in {', '.join(out['differs_also_in'])}" if out.get("differs_also_in") else ""))
+    return out

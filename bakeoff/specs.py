@@ -99,12 +99,16 @@ class BackendInfo(Spec):
         engine_version: its version.
         device: ``cpu`` or a GPU name.
         kv_cache_tokens: KV cache capacity in tokens as the engine stated it.
+        kv_cache_memory_gib: memory given to the KV cache in GiB as the engine stated it (vLLM
+            CPU sizes it from free memory, so tokens alone do not compare across runs).
         max_concurrency: the engine's stated maximum concurrency at ``max_model_len``.
         max_model_len: maximum context in tokens.
         launch_command: the exact command line that started the engine.
         base_url: HTTP endpoint when the engine is served over HTTP.
         served_model: model name to send in requests.
         startup_s: seconds from launch to ready.
+        ignored_options: the engine's statements at start that an option the user set was
+            ignored, overridden or fell back: ``{option, kind, line}`` (backends/_options.py).
         notes: anything else worth recording (workarounds applied, fallbacks).
     """
 
@@ -113,12 +117,14 @@ class BackendInfo(Spec):
     engine_version: str | None = None
     device: str = "cpu"
     kv_cache_tokens: int | None = None
+    kv_cache_memory_gib: float | None = None
     max_concurrency: float | None = None
     max_model_len: int | None = None
     launch_command: list[str] = Field(default_factory=list)
     base_url: str | None = None
     served_model: str | None = None
     startup_s: float | None = None
+    ignored_options: list[dict[str, str]] = Field(default_factory=list)
     notes: dict[str, str] = Field(default_factory=dict)
 
 

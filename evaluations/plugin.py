@@ -85,6 +85,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="continue a cut-off run: same backend, model and options; completed checks are kept")
     g.addoption("--requests-log", action="store_true", help="write every request to requests.jsonl")
     g.addoption("--repeats", type=int, default=1, help="measure each sweep point this many times (noise estimate)")
+    g.addoption("--baseline-run", default=None, metavar="RUN_DIR",
+                help="run of the same backend with kv_cache_dtype auto: capacity.kv_cache states this run's KV ratio against it")
 
 
 def _settings(config: pytest.Config) -> Settings:
@@ -123,6 +125,10 @@ def _settings(config: pytest.Config) -> Settings:
     if o("--reference-model"):
         check_model(o("--reference-model"))
     check_artifacts(Path(o("--artifacts")))  # creates nothing: RunDir.create does, after the builds
+    if o("--baseline-run"):  # a readable run, checked before anything is written
+        from bakeoff.matrix import load_baseline
+
+        load_baseline(Path(o("--baseline-run")))
     model = resolve(o("--model"))
     if o("--reference-model"):
         ref, ref_reason = resolve(o("--reference-model")), "--reference-model"

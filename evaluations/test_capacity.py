@@ -3,9 +3,14 @@
 - ``capacity.kv_cache``: KV cache capacity in tokens and the engine's stated maximum
   concurrency at ``max_model_len`` (vLLM's startup line ``<pool> KV cache size: N tokens,
   Maximum concurrency for L tokens per request: Xx``, read into ``BackendInfo``). Skipped,
-  with the reason, when the engine states neither. A quantized KV cache dtype that leaves
-  tokens per GiB unchanged is an ``ineffective-option``; that needs the run without it and
-  is judged by ``bakeoff compare`` across matrix cells (tokens per cell, side by side).
+  with the reason, when the engine states neither. Every run states its KV ratio: a run with
+  ``kv_cache_dtype`` auto/unset is the baseline (1.0); a quantized dtype is compared with the
+  baseline run passed as ``--baseline-run DIR`` (``bakeoff qualify --matrix
+  kv_cache_dtype=auto,fp8`` runs the auto cell first and passes it): KV tokens per GiB of KV
+  memory (vLLM CPU sizes the cache from the memory free at start, so raw tokens differ run to
+  run) against what the dtype's bytes predict (bf16 -> fp8: 2.0x). Within 1% of 1.0 the option
+  changed nothing: ``ineffective-option``, naming both runs (:func:`bakeoff.matrix.kv_capacity_ratio`).
+  ``bakeoff compare`` still shows the tokens of matrix twins side by side.
 - ``capacity.warmup``: the first request after start against the steady state, from the
   ``throughput.sweep`` check's warm-up (its first request is the first of the sweep's
   shape; the sanity probes ran before it) and its single-session point. Report only (pass): a slow first
@@ -14,13 +19,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from bakeoff.matrix import kv_capacity_ratio, load_baseline
 from evaluations.measuring import serves_one_at_a_time
 
 
 @pytest.mark.check("capacity.kv_cache")
-def test_kv_cache(run, engine):
+def test_kv_cache(run, engine, pytestconfig):
     with run.check("capacity.kv_cache", "ineffective-option") as c:
         info = engine.info
         c.evidence("backend_info.json", info.model_dump() if info else {})
@@ -35,8 +43,21 @@ def test_kv_cache(run, engine):
             c.values["full_context_sequences"] = round(info.kv_cache_tokens / info.max_model_len, 2)
         c.require(bool(info.kv_cache_tokens) and info.kv_cache_tokens > 0,
                   f"the engine stated a KV cache of {info.kv_cache_tokens} tokens", "load-failure")
-        c.summary = (f"KV cache {info.kv_cache_tokens:,} tokens; stated max concurrency {info.max_concurrency}x "
-                     f"at {info.max_model_len} tokens per request")
+        c.values["kv_cache_memory_gib"] = info.kv_cache_memory_gib
+        if info.kv_cache_memory_gib:
+            c.values["kv_tokens_per_gib"] = round(info.kv_cache_tokens / info.kv_cache_memory_gib)
+        base_dir = pytestconfig.getoption("--baseline-run", None)
+        baseline = load_baseline(Path(base_dir)) if base_dir else None
+        ratio = kv_capacity_ratio(run.verdict.options, info.model_dump(), run.verdict.run_id, baseline)
+        c.values["kv_ratio"] = ratio
+        if baseline is not None:
+            c.evidence("baseline_backend_info.json", baseline)
+        c.summary = (f"KV cache {info.kv_cache_tokens:,} tokens"
+                     + (f" in {info.kv_cache_memory_gib} GiB" if info.kv_cache_memory_gib else "")
+                     + f"; stated max concurrency {info.max_concurrency}x at {info.max_model_len} tokens per request; "
+                     + ratio["text"])
+        if ratio["ineffective"]:
+            c.fail(f"kv_cache_dtype {ratio['kv_cache_dtype']} is ineffective: {ratio['text']}")
 
 
 @pytest.mark.check("capacity.warmup")

