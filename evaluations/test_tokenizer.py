@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from evaluations.tokenizing import (describer, example, mismatches, reference_ids, reference_tokenizer, sanity_prompts,
-                                    uses_chat)
+from evaluations.tokenizing import (added_special_ids, describer, example, mismatches, reference_ids, reference_tokenizer,
+                                    sanity_prompts, uses_chat)
 
 # Notes of the backend's start that say which tokenizer the engine chose (ORT GenAI's fallback).
 ENGINE_TOKENIZER_NOTES = ("tokenizer", "tokenizer_fallback")
@@ -53,9 +53,10 @@ def test_tokenizer(run, settings, engine, probes):
         forms = ["text"] + (["chat"] if uses_chat(engine) else [])
         c.values.update({"prompts": len(texts), "probe_source": source, "forms": forms,
                          "reference_tokenizer": f"{type(tok).__name__} ({ref_path})", "engine_tokenizer_notes": notes,
-                         "special_tokens": "each side's generation defaults (module docstring)"})
+                         "reference_adds_special_ids": added_special_ids(tok)})
         describe = describer(tok)
         rows: list[dict] = []
+        sample: list[dict] = []
         compared: dict[str, int] = {}
         not_compared: dict[str, str] = {}
         for form in forms:
@@ -70,8 +71,12 @@ def test_tokenizer(run, settings, engine, probes):
             if len(got) != len(texts):
                 c.fail(f"the engine answered {len(got)} token lists for {len(texts)} prompts ({form})", "runtime-crash")
             compared[form] = len(texts)
+            sample += [{"form": form, "prompt": t, "reference_ids": w, "engine_ids": g}
+                       for t, w, g in list(zip(texts, want, got))[:3]]
             rows += mismatches(texts, want, got, form, describe, set(tok.all_special_ids))
         c.values.update({"compared": compared, "not_compared": not_compared, "mismatched": len(rows)})
+        if sample:
+            c.evidence("sample.json", sample)
         if rows:
             c.evidence("mismatches.json", rows)
             by_form = ", ".join(f"{sum(r['form'] == f for r in rows)}/{n} {f}" for f, n in compared.items())
@@ -82,5 +87,5 @@ def test_tokenizer(run, settings, engine, probes):
             c.skip("token ids not compared for "
                    + "; ".join(f"{f} prompts: {why}" for f, why in not_compared.items())
                    + (f" ({sum(compared.values())} {'/'.join(compared)} prompts compared, all equal)" if compared else ""))
-        c.summary = (f"{sum(compared.values())} prompts ({', '.join(compared)}) tokenize to the reference's ids "
-                     f"({type(tok).__name__})")
+        c.summary = (f"{len(texts)} prompts tokenize to the reference's ids as {' and as '.join(compared)} "
+                     f"({sum(compared.values())} comparisons; reference {type(tok).__name__})")

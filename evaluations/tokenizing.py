@@ -42,6 +42,12 @@ def reference_tokenizer(path: str, trust_remote_code: bool = False) -> tuple[Any
     return tok, ""
 
 
+def added_special_ids(tok) -> list[int]:
+    """The special ids the reference adds around a text prompt (e.g. ``[bos]``; ``[]`` for Qwen)."""
+    plain = tok("a", add_special_tokens=False)["input_ids"]
+    return [t for t in tok("a")["input_ids"] if t not in plain]
+
+
 def reference_ids(tok, texts: list[str], chat: bool) -> tuple[list[list[int]] | None, str]:
     """The reference's ids for each text (module docstring), or ``(None, why)``."""
     if not chat:
