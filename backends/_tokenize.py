@@ -93,7 +93,8 @@ def server_tokenize(base_url: str, texts: list[str], chat: bool = False, model: 
             break
         form = "chat messages" if chat else "a prompt"
         if status in ABSENT:
-            return None, f"the server has no /tokenize route (HTTP {status} on {', '.join(PATHS)})"
+            return None, (f"the server has no /tokenize route (HTTP {status} on {', '.join(PATHS)}"
+                          + (f": {' '.join(answer.split())[:160]})" if answer.strip() else ")"))
         if status == 0 or status >= 500:
             raise EngineFailure("runtime-crash", f"POST {root}{paths[0]} for {form} failed: "
                                 f"{'HTTP ' + str(status) if status else ''} {answer[:300]}".strip(),
