@@ -99,6 +99,8 @@ def test_id_is_kept_across_events_and_ignored_with_nul():
     ev = parse(b"id: 1\ndata: a\n\ndata: b\n\nid: 2\x00\ndata: c\n\nid\ndata: d\n\n", parser=p)
     assert [e[3] for e in ev] == ["1", "1", "1", ""]
     assert parse(b"id: 9\n\n", parser=p) == [] and p.last_event_id == "9"  # set at the blank line
+    assert parse(b"data: e\n\n", b"id: 8\n", b"data: f\n\n", b"data: g\n\n", parser=p) == [
+        (0, "e", "message", "9"), (2, "f", "message", "8"), (3, "g", "message", "8")]
 
 
 def test_retry_takes_ascii_digits_only():
@@ -200,9 +202,10 @@ def messages_stream(thinking=("Let me", " see"), texts=TOKENS[:5]):
 STREAMS = {"completions": completions_stream, "chat": chat_stream, "messages": messages_stream}
 
 
-def render(events, eols, bom: bool) -> tuple[bytes, list[tuple[int, str, str]]]:
+def render(events, eols, bom: bool, ends: list | None = None) -> tuple[bytes, list[tuple[int, str, str]]]:
     """The stream's bytes and its expected ``(offset, data, type)``: ``offset`` is the first byte of
-    the terminator of the blank line that dispatches the event. ``eols`` yields each line's end."""
+    the terminator of the blank line that dispatches the event. ``eols`` yields each line's end;
+    ``ends``, when given, gets the offset after each event."""
     out, want = bytearray(BOM if bom else b""), []
     for lines, expect in events:
         for line in lines:
@@ -210,6 +213,8 @@ def render(events, eols, bom: bool) -> tuple[bytes, list[tuple[int, str, str]]]:
         if expect:
             want.append((len(out), *expect))
         out += next(eols)
+        if ends is not None:
+            ends.append(len(out))
     return bytes(out), want
 
 
@@ -239,6 +244,16 @@ def test_recorded_stream_split_at_every_byte_offset(name, eol, bom):
         check(cut(s, [i]), want)
 
 
+@pytest.mark.parametrize("bom", [False, True], ids=["no-bom", "bom"])
+@pytest.mark.parametrize("eol", sorted(EOLS))
+@pytest.mark.parametrize("name", sorted(STREAMS))
+def test_recorded_stream_one_event_per_read(name, eol, bom):
+    ends: list[int] = []
+    s, want = render(STREAMS[name](), _repeat(EOLS[eol]), bom, ends)
+    check(cut(s, ends), want)
+    check(cut(s, [e - 1 for e in ends]), want)  # each read ends inside the blank line's terminator
+
+
 @settings(max_examples=300, deadline=None)
 @given(name=st.sampled_from(sorted(STREAMS)), bom=st.booleans(), data=st.data())
 def test_recorded_stream_mixed_endings_random_splits(name, bom, data):
@@ -247,8 +262,11 @@ def test_recorded_stream_mixed_endings_random_splits(name, bom, data):
     eols = data.draw(st.lists(st.sampled_from(sorted(EOLS.values())), min_size=n_eols, max_size=n_eols))
     # a lone CR then an LF-ended blank line is one CRLF by the standard: not a stream with these events
     eols = [b"\r\n" if e == b"\n" and prev == b"\r" else e for prev, e in zip([b""] + eols, eols)]
-    s, want = render(events, iter(eols), bom)
-    offsets = data.draw(st.lists(st.integers(0, len(s)), max_size=40))
+    ends: list[int] = []
+    s, want = render(events, iter(eols), bom, ends)
+    # cuts between events too: a read holding exactly one event takes the parser's fast path
+    offsets = data.draw(st.lists(st.integers(0, len(s)), max_size=40) | st.lists(st.sampled_from(ends), max_size=40))
+    offsets += data.draw(st.lists(st.sampled_from(ends), max_size=40))
     check(cut(s, offsets), want)
 
 

@@ -25,12 +25,14 @@ event of a lone-CR server with the next event's arrival (one ITL late), and its 
 (``[DONE]``) would never be dispatched.
 
 Cost: this runs for every token of hundreds of concurrent streams on one event loop, so the work
-is done with bytes operations. A chunk without CR, after the stream's first bytes, takes the fast
-path: split on LF LF, and an event that is a single ``data: `` line is decoded straight away
-(the shape vLLM, SGLang and TRT-LLM send for every token). CR line ends are first rewritten to
-LF with two ``bytes.replace`` calls (never a per-character loop); other events (``event:``
-lines, multi-line data, comments, ``id``/``retry``) go through a per-line loop. Bytes of an
-unfinished event are kept and searched again only from where the last search stopped.
+is done with bytes operations, never a per-character loop. Fast path: nothing held from earlier
+reads and the read is exactly one ``data: ...`` LF LF event (what vLLM, SGLang and TRT-LLM send
+for every token, one write each): three scans, one slice, one decode (cheaper than the inline
+code it replaced, which split then sliced). Otherwise: CR line ends are rewritten to LF with two
+``bytes.replace`` calls, the bytes are split on LF LF, single-``data:``-line events are still
+decoded straight away, and other events (``event:`` lines, multi-line data, comments,
+``id``/``retry``) go through a per-line loop. Bytes of an unfinished event are kept and searched
+again only from where the last search stopped.
 """
 
 from __future__ import annotations
@@ -57,12 +59,13 @@ class SSEParser:
                 ...
     """
 
-    __slots__ = ("_pend", "_start", "_cr", "_id", "last_event_id", "retry_ms")
+    __slots__ = ("_pend", "_start", "_cr", "_idle", "_id", "last_event_id", "retry_ms")
 
     def __init__(self) -> None:
         self._pend = b""  # bytes of the unfinished event, from a line start, LF line ends only
         self._start = True  # the BOM is still undecided (fewer than 3 bytes seen, all a BOM prefix)
         self._cr = False  # the last piece ended in CR: an LF first in the next piece belongs to it
+        self._idle = False  # none of the three above: the next chunk may take the fast path
         self._id = ""  # the last event id buffer
         self.last_event_id = ""
         self.retry_ms: int | None = None
@@ -84,6 +87,15 @@ class SSEParser:
             last_event_id)`` with ``data`` and ``event_type`` decoded as UTF-8 (invalid bytes
             replaced by U+FFFD); ``()`` when none.
         """
+        # fast path: nothing held and the chunk is exactly one ``data: ...`` LF LF event
+        if self._idle and chunk[:6] == b"data: " and chunk[-2:] == b"\n\n":
+            if chunk.find(b"\n", 6) == len(chunk) - 2 and b"\r" not in chunk:
+                return [(t_ns, chunk[6:-2].decode("utf-8", "replace"), "message", self._id)]
+        events = self._feed(t_ns, chunk)
+        self._idle = not (self._pend or self._cr or self._start)
+        return events
+
+    def _feed(self, t_ns: int, chunk: bytes) -> list[Event] | tuple:
         if self._cr:
             self._cr = False
             if chunk[:1] == b"\n":
