@@ -12,6 +12,11 @@ options). A key is a backend option (values parsed as JSON where they parse, lik
   which is an ``incompatible-features`` cell, not a crash of the matrix).
 - ``prefix_cache=on|off`` -> ``enable_prefix_caching`` true / false.
 
+A ``kv_cache_dtype`` axis is judged cell by cell: the cells with ``auto`` (or no KV dtype) run
+first, and each quantized cell gets ``--baseline-run`` = its auto twin's run (same other
+choices), so its ``capacity.kv_cache`` check states the KV tokens-per-GiB ratio against that run
+and against what the dtype's bytes predict (:func:`kv_capacity_ratio`).
+
 Values may hold commas inside JSON brackets (``speculative_config={"method":"ngram","x":1},{...}``
 is split at top-level commas only).
 """
@@ -262,7 +267,7 @@ def kv_capacity_ratio(options: dict[str, Any], info: dict[str, Any], run_id: str
     mem = lambda t, g: f"{t:,} tokens" + (f" in {g} GiB" if g else "")  # noqa: E731
     pred = f"{out['predicted_ratio']}x" if out["predicted_ratio"] else "no prediction (unknown bytes per element)"
     out["text"] = (f"kv_cache_dtype {mine} vs {b_dtype}: {out['ratio']:.2f}x the {out['judged_on']} of baseline run "
-                   f"{baseline['run_id']} ({mem(b_tok, b_gib)} vs {mem(tok, gib)} here in run {run_id}; tokens "
+                   f"{baseline['run_id']} (baseline {mem(b_tok, b_gib)}; run {run_id} {mem(tok, gib)}; tokens "
                    f"{out['tokens_ratio']:.2f}x); the dtype's bytes predict {pred}"
                    + (f"; the runs also differ in {', '.join(out['differs_also_in'])}" if out.get("differs_also_in") else ""))
     return out

