@@ -313,6 +313,21 @@ def test_random_streams_match_the_spec_oracle(bom, frags, data):
     assert p.retry_ms == retry
 
 
+LOOKALIKES = [b"data: a\nb\r\n\r\n", b"data: a\rb\n\n", b"data: a\nb\r\r", b"data: a\rb\r\n\r\n", b"data: a\r\nb\r\r",
+              b"data: a\n\r\n", b"event: x\nid: 1\n\n", b"event: x\nfoo: ab\n\n",
+              b"event: \ndata: a\n\n", b"event: x\rdata: a\n\n",
+              b"event: x\ndata: a\ndata: b\n\n", b"event: x\ndata: a\rb\n\n", b"event: x\ndata: a\r\n\r\n"]
+
+
+@pytest.mark.parametrize("chunk", LOOKALIKES)
+def test_reads_that_look_like_the_fast_paths_follow_the_rules(chunk):
+    # a parser past the stream's start with nothing held tries its fast paths on the next read
+    for head, alone in ((b":\n\n", True), (b"data: 0\n\n", False)):
+        p = SSEParser()
+        got = p.feed(0, head) + p.feed(1, chunk) if alone else p.feed(0, head + chunk)
+        assert [(d, ty, i) for _, d, ty, i in got] == oracle(head + chunk)[0]
+
+
 # --- the client end to end against a FAKE server ------------------------------------------------
 
 def awkward_writes(events) -> list[bytes]:

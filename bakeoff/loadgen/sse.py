@@ -24,15 +24,16 @@ chunk belongs to that CR and is dropped. Waiting for the next chunk instead woul
 event of a lone-CR server with the next event's arrival (one ITL late), and its last event
 (``[DONE]``) would never be dispatched.
 
-Cost: this runs for every token of hundreds of concurrent streams on one event loop, so the work
-is done with bytes operations, never a per-character loop. Fast path: nothing held from earlier
-reads and the read is exactly one ``data: ...`` LF LF event (what vLLM, SGLang and TRT-LLM send
-for every token, one write each): three scans, one slice, one decode (cheaper than the inline
-code it replaced, which split then sliced). Otherwise: CR line ends are rewritten to LF with two
-``bytes.replace`` calls, the bytes are split on LF LF, single-``data:``-line events are still
-decoded straight away, and other events (``event:`` lines, multi-line data, comments,
-``id``/``retry``) go through a per-line loop. Bytes of an unfinished event are kept and searched
-again only from where the last search stopped.
+Cost: this runs for every token of hundreds of concurrent streams on one event loop, so the work is
+done with bytes operations, never a per-character loop. Fast paths, taken when nothing is held from
+earlier reads and the read is exactly one event: one ``data: `` line then a blank line (what
+OpenAI-compatible servers such as vLLM write per token), with LF, CRLF or CR line ends, or
+Anthropic's ``event:`` line then ``data:`` line with LF ends: a few ``find`` calls, one slice, one
+decode (cheaper than the inline code this replaced, which split and then sliced). Otherwise CR line
+ends are rewritten to LF with two ``bytes.replace`` calls, the bytes are split on LF LF, the same
+two event shapes are recognised per block, and any other event (multi-line data, comments,
+``id``/``retry``, a leading blank line) goes through a per-line loop. Bytes of an unfinished event
+are kept and searched again only from where the last search stopped.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class SSEParser:
         self._pend = b""  # bytes of the unfinished event, from a line start, LF line ends only
         self._start = True  # the BOM is still undecided (fewer than 3 bytes seen, all a BOM prefix)
         self._cr = False  # the last piece ended in CR: an LF first in the next piece belongs to it
-        self._idle = False  # none of the three above: the next chunk may take the fast path
+        self._idle = False  # nothing held and past the start: the next read may take a fast path
         self._id = ""  # the last event id buffer
         self.last_event_id = ""
         self.retry_ms: int | None = None
@@ -87,12 +88,29 @@ class SSEParser:
             last_event_id)`` with ``data`` and ``event_type`` decoded as UTF-8 (invalid bytes
             replaced by U+FFFD); ``()`` when none.
         """
-        # fast path: nothing held and the chunk is exactly one ``data: ...`` LF LF event
-        if self._idle and chunk[:6] == b"data: " and chunk[-2:] == b"\n\n":
-            if chunk.find(b"\n", 6) == len(chunk) - 2 and b"\r" not in chunk:
-                return [(t_ns, chunk[6:-2].decode("utf-8", "replace"), "message", self._id)]
+        if self._idle and chunk[:6] == b"data: ":  # fast path: nothing held, one data line, blank line
+            n = len(chunk) - 2
+            end = chunk[n:]
+            if end == b"\n\n":
+                if chunk.find(b"\n", 6) == n and chunk.find(b"\r", 6) < 0:
+                    return [(t_ns, chunk[6:n].decode("utf-8", "replace"), "message", self._id)]
+            elif end == b"\r\n":
+                if chunk.find(b"\r", 6) == n - 2 and chunk.find(b"\n", 6) == n - 1:
+                    return [(t_ns, chunk[6:n - 2].decode("utf-8", "replace"), "message", self._id)]
+            elif end == b"\r\r":  # no CR flag needed: an LF next would be a blank line with nothing to send
+                if chunk.find(b"\r", 6) == n and chunk.find(b"\n", 6) < 0:
+                    return [(t_ns, chunk[6:n].decode("utf-8", "replace"), "message", self._id)]
+        elif self._idle and chunk[:7] == b"event: " and chunk[-2:] == b"\n\n":  # Anthropic's: event, data
+            i = chunk.find(b"\n", 7)
+            if chunk[i + 1:i + 7] == b"data: " and chunk.find(b"\n", i + 7) == len(chunk) - 2 \
+                    and chunk.find(b"\r", 7) < 0:
+                return [(t_ns, chunk[i + 7:-2].decode("utf-8", "replace"),
+                         chunk[7:i].decode("utf-8", "replace") or "message", self._id)]
         events = self._feed(t_ns, chunk)
-        self._idle = not (self._pend or self._cr or self._start)
+        if self._pend or self._start:
+            self._idle = False
+        else:  # nothing held: an LF next would be a blank line with nothing to send, CR flag or not
+            self._idle, self._cr = True, False
         return events
 
     def _feed(self, t_ns: int, chunk: bytes) -> list[Event] | tuple:
@@ -123,8 +141,12 @@ class SSEParser:
         *blocks, self._pend = buf.split(b"\n\n")
         out = []
         for block in blocks:
-            if block[:6] == b"data: " and b"\n" not in block:  # the common event: one data line
+            if block[:6] == b"data: " and block.find(b"\n", 6) < 0:  # the common event: one data line
                 out.append((t_ns, block[6:].decode("utf-8", "replace"), "message", self._id))
+            elif block[:7] == b"event: " and block[(i := block.find(b"\n", 7)) + 1:i + 7] == b"data: " \
+                    and i > 0 and block.find(b"\n", i + 7) < 0:  # Anthropic's: an event line, a data line
+                out.append((t_ns, block[i + 7:].decode("utf-8", "replace"),
+                            block[7:i].decode("utf-8", "replace") or "message", self._id))
             elif block:
                 self._block(t_ns, block, out)
             # an empty block is a blank line after a dispatch: nothing to dispatch
