@@ -79,6 +79,9 @@ class TokenEvent:
         finish_reason: set on the last content event when the server gives one.
         usage: set on the final usage event.
         logprobs: one :data:`TokenLogprob` per token of this delta, when asked for and given.
+        step: the event is a generation step even with no text (an EOS under ``ignore_eos``, a
+            partial UTF-8 character held back): vLLM streams a chunk for every step, so the
+            steps count tokens where the text cannot (bakeoff/loadgen/accounting.py).
     """
 
     t_ns: int
@@ -88,6 +91,7 @@ class TokenEvent:
     finish_reason: str | None = None
     usage: Usage | None = None
     logprobs: list[TokenLogprob] | None = None
+    step: bool = False
 
 
 class BackendInfo(Spec):

@@ -233,3 +233,48 @@ def test_suite_names_the_hop_and_passes_the_direct_server(paced, tmp_path):
     for checks in (through, direct):  # the synthetic server's usage is honest: both counts agree
         acc = checks["throughput.accounting"]
         assert acc["status"] == "pass" and acc["values"]["basis"] == "the client's tokenizer", acc
+
+
+def test_empty_steps_and_replacement_characters_count_one_token_each():
+    """vLLM streams a chunk for every step: an EOS under ignore_eos has empty text, bytes that
+    are not UTF-8 alone arrive as U+FFFD; each is one token, not zero or three."""
+    evs = [TokenEvent(1, "ab", step=True), TokenEvent(2, "", step=True), TokenEvent(3, "\ufffd", step=True),
+           TokenEvent(4, "\ufffd\ufffd", step=True)]
+    rec = RequestRecord(request_id="r")
+    account(rec, evs, None, 4, TokenCounter(word_tokenizer(Path(__import__("tempfile").mkdtemp()))))
+    assert rec.text_output_tokens == 4 and rec.accounting == "agree"
+
+
+@pytest.mark.slow
+@pytest.mark.engine("vllm")
+def test_real_vllm_over_the_openai_api_agrees_without_token_ids(tmp_path):
+    """The text path on a real engine: vLLM CPU serving the untrained twin (U+FFFD, EOS steps
+    under ignore_eos) through completions and chat, no token ids asked for; the fixture's
+    tokenizer counts every request within tolerance, and the direct stream is not distorted."""
+    import backends
+    from bakeoff import fixtures
+    from evaluations.probing import throughput_prompt
+
+    model = str(fixtures.build("tiny-qwen3-untrained"))
+    v = backends.resolve("vllm")(BackendConfig(backend="vllm", model=model, workdir=str(tmp_path / "v"),
+                                               options={"gpu_memory_utilization": 0.15}))
+    v.start()
+    try:
+        for api in ("completions", "chat"):
+            b = backend(v.info.base_url, api, tmp_path, tokenizer=model)
+
+            async def main():
+                try:
+                    return (await closed_loop(b, lambda s, t: GenerationRequest(
+                        request_id=f"{api}-{s}-{t}", prompt=throughput_prompt(s, t, True), max_tokens=64,
+                        temperature=0.0, ignore_eos=True), 4, 3, count_tokens=b.count_tokens))[0]
+                finally:
+                    await b.aclose()
+            recs = asyncio.run(main())
+            assert all(r.status == "ok" for r in recs)
+            assert [r.accounting for r in recs] == ["agree"] * len(recs), [
+                (r.usage_output_tokens, r.text_output_tokens, r.content_events) for r in recs]
+            assert all(r.output_tokens == 64 and r.content_events >= 64 for r in recs)
+            assert judge(recs)["distorted"] is False
+    finally:
+        v.stop()

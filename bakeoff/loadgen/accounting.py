@@ -9,7 +9,9 @@ received, in this order of strength:
 2. ``client-tokenizer``: the model's tokenizer in the client process (the tokenizer of
    ``--model``, or ``--backend-opt tokenizer=DIR``) counts each content event's text; an event
    counts at least one token (a step whose text is empty: an EOS under ``ignore_eos``, a
-   partial UTF-8 character held back by the server's detokenizer).
+   partial UTF-8 character held back by the server's detokenizer). U+FFFD is not
+   re-tokenized: it is the server's rendering of a token's bytes that are not UTF-8 on their
+   own (it would re-tokenize to 3 byte-level tokens), so it stands for its event's token.
 3. ``client-events``: without either, the number of content events (one step each), a lower
    bound that is exact for servers streaming one token per event.
 
@@ -103,7 +105,7 @@ def account(rec: RequestRecord, evs: list, usage_p: int | None, usage_c: int | N
     ks_text = None
     if count_tokens is not None and evs:
         each = getattr(count_tokens, "each", None)
-        texts = [ev.text for ev in evs]
+        texts = [ev.text.replace("\ufffd", "") for ev in evs]
         counts = each(texts) if each else [count_tokens(t) for t in texts]
         ks_text = [max(1, k) for k in counts]
         rec.text_output_tokens = sum(ks_text)

@@ -203,10 +203,13 @@ class OpenAIClient:
                                 yield TokenEvent(t, reasoning, ids, "reasoning")
                                 ids = None
                             text = delta.get("content") or ""
+                            step = fr is not None or (not reasoning and delta.get("content") is not None
+                                                      and "role" not in delta)
                         else:
                             text = ch.get("text") or ""
-                        if text or ids or fr or lps:
-                            yield TokenEvent(t, text, ids, "text", fr, None, lps or None)
+                            step = "text" in ch
+                        if text or ids or fr or lps or step:
+                            yield TokenEvent(t, text, ids, "text", fr, None, lps or None, step)
                         continue
                     for ev in self._parse(obj, name, t):
                         yield ev
@@ -251,12 +254,15 @@ class OpenAIClient:
                     yield TokenEvent(t_ns=t, text=reasoning, kind="reasoning", token_ids=ids)
                     ids = None
                 text = delta.get("content") or ""
+                step = ch.get("finish_reason") is not None or (not reasoning and delta.get("content") is not None
+                                                               and "role" not in delta)
             else:
                 text = ch.get("text") or ""
+                step = "text" in ch
             lps = parse_logprobs(ch["logprobs"]) if ch.get("logprobs") else None
-            if text or ids or ch.get("finish_reason") or lps:
+            if text or ids or ch.get("finish_reason") or lps or step:
                 yield TokenEvent(t_ns=t, text=text, token_ids=ids, finish_reason=ch.get("finish_reason"),
-                                 logprobs=lps or None)
+                                 logprobs=lps or None, step=step)
         if usage:
             yield TokenEvent(t_ns=t, usage=Usage(usage.get("prompt_tokens"), usage.get("completion_tokens")))
 

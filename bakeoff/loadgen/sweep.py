@@ -64,7 +64,7 @@ async def run_request(backend, req: GenerationRequest, session: int = 0, schedul
                     usage_c = ev.usage.completion_tokens
             if ev.finish_reason:
                 rec.finish_reason = ev.finish_reason
-            if ev.text or ev.token_ids or ev.logprobs:
+            if ev.text or ev.token_ids or ev.logprobs or ev.step:
                 evs.append(ev)
     except EngineFailure as exc:
         rec.status, rec.error, rec.error_class = "error", exc.message, exc.failure_class
