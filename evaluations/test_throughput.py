@@ -173,7 +173,7 @@ def test_sweep(run, settings, engine, pytestconfig):
 
 
 @pytest.mark.check("throughput.transport")
-def test_transport(run):
+def test_transport(run, engine):
     """Whether the sweep's streams were distorted between engine and client (a buffering proxy):
     the rule of bakeoff/loadgen/distortion.py (bursts, with the first token held back or TTFT
     above the engine's own). Fails ``transport-distortion`` naming the evidence; the sweep's

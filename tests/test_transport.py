@@ -278,3 +278,51 @@ def test_real_vllm_over_the_openai_api_agrees_without_token_ids(tmp_path):
             assert judge(recs)["distorted"] is False
     finally:
         v.stop()
+
+
+def _compressing_app(coding: str):
+    """A FAKE completions server whose event stream a hop compressed: gzip flushed per event
+    (``Z_SYNC_FLUSH``, as a well-set proxy does), or a coding the client cannot read."""
+    import zlib
+
+    from aiohttp import web
+
+    async def completions(request):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Content-Encoding": coding})
+        await resp.prepare(request)
+        z = zlib.compressobj(wbits=31)
+        for i in range(N):
+            event = f'data: {{"choices":[{{"index":0,"text":" t{i}"}}]}}\n\n'.encode()
+            await resp.write(z.compress(event) + z.flush(zlib.Z_SYNC_FLUSH))
+        await resp.write(z.compress(b"data: [DONE]\n\n") + z.flush())
+        return resp
+
+    async def health(request):
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/health", health)
+    return app
+
+
+@pytest.mark.parametrize("coding", ["gzip", "br"])
+def test_compressed_stream_is_inflated_or_refused_by_name(tmp_path, coding):
+    from tests.test_tokenizer_check import serving
+
+    with serving(_compressing_app(coding)) as url:
+        rec = one(backend(url, "completions", tmp_path, model="m"), f"enc-{coding}")
+    if coding == "gzip":
+        assert rec.status == "ok", rec.error
+        assert rec.content_events == N and rec.output_text == "".join(f" t{i}" for i in range(N))
+    else:
+        assert rec.status == "error" and "Content-Encoding: br" in (rec.error or ""), rec.error
+
+
+def test_openai_tokenizer_that_does_not_load_is_refused_before_start(tmp_path):
+    from pydantic import ValidationError
+
+    from backends.openai.backend import OpenAIOptions
+
+    with pytest.raises(ValidationError, match="tokenizer"):
+        OpenAIOptions(base_url="http://127.0.0.1:1", tokenizer=str(tmp_path / "nope"))

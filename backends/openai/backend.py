@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from typing import Any, AsyncIterator, Callable, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from backends.base import Backend
 from bakeoff.errors import EngineFailure
@@ -49,6 +49,19 @@ class OpenAIOptions(Spec):
     tokenizer: str | None = None
     extra_body: dict[str, Any] = Field(default_factory=dict)
     read_timeout_s: float = Field(120.0, gt=0)
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer_loads(cls, v: str | None) -> str | None:
+        """A tokenizer that cannot be loaded is the user's input to fix, told before anything is
+        built or written (not a ``config-rejected`` load failure charged to the server). It
+        reads the file, nothing more."""
+        if v is not None:
+            try:
+                TokenCounter(v)
+            except EngineFailure as exc:
+                raise ValueError(f"{exc.message}; pass a tokenizer.json or the folder that holds one") from None
+        return v
 
 
 class OpenAIBackend(Backend):

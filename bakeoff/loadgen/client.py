@@ -169,6 +169,11 @@ class OpenAIClient:
                 cls = "runtime-crash" if resp.status >= 500 else "config-rejected"
                 raise EngineFailure(cls, f"HTTP {resp.status} from {path}: {text.strip()[:300]}",
                                     {"response.txt": text})
+            coding = resp.headers.get("content-encoding", "identity").strip().lower()
+            if coding not in ("identity", "", "gzip", "x-gzip", "deflate"):  # http.py inflates gzip/deflate
+                raise EngineFailure("transport-distortion", f"the event stream arrived Content-Encoding: {coding} "
+                                    "although the client asked for identity: a hop between client and server "
+                                    "compressed it; measure without that hop or turn its compression off")
             feed = SSEParser().feed  # comments (": keep-alive") and events without data never come out
             api_is_messages, is_chat = self.api == "messages", self.api == "chat"
             async for t, piece in resp.chunks(self.read_timeout_s):
