@@ -62,6 +62,9 @@ def cmd_qualify(args) -> int:
     from bakeoff.options import parse_kv, parse_options
     from bakeoff.report import write_report
 
+    from bakeoff.envs import mode as envs_mode
+
+    envs_mode()  # a BAKEOFF_ENVS bakeoff does not know is refused before any work
     if args.resume:
         return _resume(args)
     args.model = DEFAULT_MODEL if args.model is None else args.model

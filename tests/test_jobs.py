@@ -188,7 +188,7 @@ def test_uv_run_of_the_dry_run_script_exports_like_the_adapter(capsys, tmp_path,
     script, pushed = tmp_path / "job.py", tmp_path / "pushed"
     assert main(["jobs", "export", "ort-genai", "--model", model, "--push-to", f"file://{pushed}", "--dry-run",
                  "--bakeoff-spec", str(REPO), "--torch-index", "pypi", "--save-script", str(script)]) == 0
-    cache = tmp_path / "cache"  # a fresh bakeoff cache: the job adopts its uv env and exports for real
+    cache = tmp_path / "cache"  # a fresh bakeoff cache: the job finds the engine preinstalled in its uv env and exports for real
     cache.mkdir()
     (cache / "fixtures").symlink_to(fixtures.cache_root(), target_is_directory=True)
     fixtures.build(model.split(":", 1)[1], log=lambda s: None)
@@ -209,5 +209,5 @@ def test_uv_run_of_the_dry_run_script_exports_like_the_adapter(capsys, tmp_path,
     assert json.loads((tmp_path / "out/model/genai_config.json").read_text()) == json.loads(
         (Path(local.output_dir) / "genai_config.json").read_text())
     assert sorted(str(p.relative_to(pushed)) for p in pushed.rglob("*") if p.is_file()) == sorted(job["files"])
-    assert "ort-genai environment: this interpreter" in log and not _no_token_in(tmp_path, token)
+    assert "ort-genai: using this interpreter's packages" in log and not _no_token_in(tmp_path, token)
     print(f"uv run export of {model}: {time.monotonic() - t0:.0f} s, {len(job_files)} files")

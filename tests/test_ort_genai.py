@@ -102,6 +102,19 @@ def test_int4_export_is_inspected_and_cached(tiny_qwen3, ort_python):
     assert again.cached and again.cache_key == res.cache_key and again.output_dir == res.output_dir
 
 
+def test_cache_hit_from_a_copy_names_the_copy_as_source(tiny_qwen3, ort_python, tmp_path):
+    """The same content under the same folder name elsewhere (a copy keeps mtimes) reuses the
+    export, and the result's source is the folder asked for: the worker's tokenizer fallback
+    reads it, and the first folder may be gone (CI saw "No such file or directory" from an
+    earlier run's tmp copy)."""
+    opts = ExportOptions(precision="int4", block_size=32, accuracy_level=4)
+    first = export(tiny_qwen3, opts, log=print)
+    copy = tmp_path / tiny_qwen3.name
+    shutil.copytree(tiny_qwen3, copy)
+    again = export(copy, opts, log=print)
+    assert again.cached and again.cache_key == first.cache_key and again.source == str(copy.resolve())
+
+
 def test_broken_graph_is_an_export_defect_naming_the_node(tiny_qwen3, ort_python, tmp_path):
     res = export(tiny_qwen3, ExportOptions(precision="fp32"), log=print)
     broken = tmp_path / "broken"

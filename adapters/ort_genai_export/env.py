@@ -28,6 +28,13 @@ REQUIREMENTS = (
 )
 
 
+# what the builder, the inspection child and the worker import: an interpreter holding these
+# (``onnxruntime-genai-cuda`` and ``onnxruntime-gpu`` provide the same modules) is a
+# preinstalled ort-genai environment (bakeoff/envs.py)
+MODULES = ("onnxruntime_genai", "onnxruntime", "onnx", "onnx_ir", "onnxscript", "torch", "transformers",
+           "tokenizers", "safetensors", "aiohttp", "numpy")
+
+
 def env_spec() -> envs.EnvSpec:
     """The ``ort-genai`` environment spec (CPU wheel of onnxruntime-genai)."""
-    return envs.EnvSpec("ort-genai", REQUIREMENTS)
+    return envs.EnvSpec("ort-genai", REQUIREMENTS, modules=MODULES)

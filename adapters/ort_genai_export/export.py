@@ -193,7 +193,9 @@ def export(model_path: str | Path, options: ExportOptions | None = None, log: Ca
         if use_cache and result_path.is_file():
             res = ExportResult.model_validate_json(result_path.read_text())
             log(f"ort-genai export reused from cache: {final}")
-            return res.model_copy(update={"cached": True})
+            # the same content may sit in another folder than the one first exported (a copy, a
+            # moved checkpoint): the tokenizer fallback reads the source, so it is this folder
+            return res.model_copy(update={"cached": True, "source": str(src)})
         tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()

@@ -36,7 +36,8 @@ QFormat = Literal["int4_awq", "fp8", "nvfp4"]
 
 def env_spec() -> envs.EnvSpec:
     """ModelOpt's environment (CUDA torch from the package index; created on GPU hosts only)."""
-    return envs.EnvSpec("modelopt", (MODELOPT,), notes=("NVIDIA ModelOpt PTQ; created only on a host with an NVIDIA GPU",))
+    return envs.EnvSpec("modelopt", (MODELOPT,), notes=("NVIDIA ModelOpt PTQ; created only on a host with an NVIDIA GPU",),
+                         modules=("modelopt", "torch"))
 
 
 class ModeloptResult(Spec):

@@ -42,7 +42,8 @@ PROBE_CODE = "import tensorrt_llm, sys; print('tensorrt_llm', tensorrt_llm.__ver
 def env_spec() -> envs.EnvSpec:
     """TensorRT-LLM's environment (created only on a host with an NVIDIA GPU: gigabytes of wheels)."""
     return envs.EnvSpec("trtllm", (TRTLLM, "aiohttp"), notes=(
-        "tensorrt-llm needs an NVIDIA GPU and CUDA 13 and pins its own torch; never installed on a host without a GPU",))
+        "tensorrt-llm needs an NVIDIA GPU and CUDA 13 and pins its own torch; never installed on a host without a GPU",),
+        modules=("tensorrt_llm", "aiohttp"))
 
 
 class TrtllmOptions(Spec):

