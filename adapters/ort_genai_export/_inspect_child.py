@@ -106,6 +106,10 @@ def _dim(d: Any, seq: int, named: dict[str, int]) -> int:
     return seq
 
 
+class _NoProvider(Exception):
+    """The graph's execution provider is not in this onnxruntime build: nothing to judge."""
+
+
 def _feeds(sess, np, named: dict[str, int], seq: int = 4) -> dict:
     """Inputs for one prefill step: ids 1..seq, mask of ones, positions 0..seq-1 (in the rank
     the graph declares), empty past."""
@@ -243,7 +247,19 @@ def inspect(export_dir: str, expect: dict[str, Any]) -> dict[str, Any]:
         rep["versions"]["onnxruntime"] = ort.__version__
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
-        sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        # a graph built for CUDA (fp16 attention and MatMulNBits kernels) runs its forward step
+        # on the CUDA provider; the CPU provider lacks some of its fp16 kernels
+        ep = expect.get("execution_provider") or "cpu"
+        providers = ["CPUExecutionProvider"]
+        if ep == "cuda":
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise _NoProvider(f"graph built for {ep}; this onnxruntime has no CUDAExecutionProvider "
+                                  f"({', '.join(ort.get_available_providers())}): forward step not run")
+            providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        sess = ort.InferenceSession(path, opts, providers=providers)
+    except _NoProvider as exc:
+        sess = None
+        rep["warnings"].append(str(exc))
     except Exception as exc:  # noqa: BLE001
         sess = None
         rep["forward_ok"] = False
