@@ -16,6 +16,7 @@ never load it. Sources: NVML API reference, https://docs.nvidia.com/deploy/nvml-
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import threading
@@ -258,3 +259,15 @@ def topology() -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
+
+
+def device_name(device: str | None, nvml: Any = None) -> str | None:
+    """The GPU's own name for an engine that states only ``cuda`` / ``cuda:N`` (vLLM, ORT
+    GenAI): the roofline's datasheet table is keyed by names (``NVIDIA H200``). Any other
+    value, and ``cuda`` on a host NVML cannot read, is returned as given."""
+    m = re.fullmatch(r"(?:cuda|gpu)(?::(\d+))?", (device or "").strip().lower())
+    if not m:
+        return device
+    gpus = static_info(nvml).get("gpus") or []
+    index = int(m.group(1) or 0)
+    return (gpus[index].get("name") if index < len(gpus) else None) or device

