@@ -1,6 +1,6 @@
 """Shared machinery for backends whose engine runs in a child process behind HTTP.
 
-Both hosting modes use it (DESIGN.md "Two ways to host an engine"):
+Both hosting modes use it (docs/design.md "Two ways to host an engine"):
 - server: the engine's own OpenAI-compatible server (``vllm serve``, ``trtllm-serve``);
   ready when ``/health`` answers 200.
 - worker: the engine's in-process API wrapped by :mod:`bakeoff.worker_server`; ready when

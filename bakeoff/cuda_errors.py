@@ -5,7 +5,7 @@ A GPU engine that dies says so in a handful of recognisable ways: PyTorch's
 ``CUDA error: an illegal memory access was encountered`` (``cudaErrorIllegalAddress``), cuBLAS
 and cuDNN status codes, a device-side assert, NCCL's ``ncclUnhandledCudaError`` or watchdog
 timeouts. :func:`classify` finds the most specific such line in a text and maps it to a failure
-class (DESIGN.md "Failure classes"): ``load-failure`` when it happened while the engine
+class (docs/design.md "Failure classes"): ``load-failure`` when it happened while the engine
 started, ``runtime-crash`` while it served; the line itself is the evidence.
 
 Sources of the message forms: PyTorch ``c10/cuda/CUDACachingAllocator.cpp`` (OOM text),

@@ -1,4 +1,4 @@
-"""Errors that carry a failure class and evidence (DESIGN.md "Verdict and evidence")."""
+"""Errors that carry a failure class and evidence (docs/design.md "Verdict and evidence")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Start failures classified by the engine's own words.
 
 When an engine exits while it starts, its log says why in a handful of recognisable ways.
-:func:`classify_start` maps the log tail to a failure class (DESIGN.md "Failure classes") and
+:func:`classify_start` maps the log tail to a failure class (docs/design.md "Failure classes") and
 returns the line that says so, which becomes the check's one-line summary:
 
 - an architecture the engine does not know -> ``unsupported-architecture``;

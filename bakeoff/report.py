@@ -1,6 +1,6 @@
 """``bakeoff report``: a Markdown report of run directories (verdict table + sweep table).
 
-Everything shown is recomputed from the run directories (DESIGN.md "Artifacts").
+Everything shown is recomputed from the run directories (docs/design.md "Artifacts").
 """
 
 from __future__ import annotations

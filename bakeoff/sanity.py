@@ -1,4 +1,4 @@
-"""Is the output text or garbage? (DESIGN.md "Sanity"): known answers, reference agreement,
+"""Is the output text or garbage? (docs/design.md "Sanity"): known answers, reference agreement,
 model-free degeneration detectors.
 """
 

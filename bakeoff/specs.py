@@ -1,6 +1,6 @@
 """Pydantic specs shared by the core, the backends and the evaluations.
 
-These modules import no engine and have no side effects in validators (DESIGN.md, "Style").
+These modules import no engine and have no side effects in validators (docs/design.md, "Style").
 Hot-path records (one per streamed event) are dataclasses, not pydantic models, so that
 validation cost never shows up in a timing.
 """
@@ -161,7 +161,7 @@ class BackendConfig(Spec):
 
 @dataclass
 class RequestRecord:
-    """Everything measured for one request (DESIGN.md "Measurement").
+    """Everything measured for one request (docs/design.md "Measurement").
 
     Times are ``time.monotonic_ns()``; derived figures are in milliseconds.
     """

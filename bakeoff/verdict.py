@@ -1,4 +1,4 @@
-"""Verdict and checks: the contract every run ends in (DESIGN.md "Verdict and evidence")."""
+"""Verdict and checks: the contract every run ends in (docs/design.md "Verdict and evidence")."""
 
 from __future__ import annotations
 

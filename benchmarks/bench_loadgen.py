@@ -10,7 +10,7 @@ Part 2: a real vLLM CPU server on a tiny Qwen3: output tokens/s of both tools on
 (sampled by vLLM's own ``get_samples``, random dataset, seed 0), the same request body, same
 concurrency, same request count, 64 output tokens with ``ignore_eos``.
 
-``vllm bench serve`` runs through its module in vLLM's environment (FIELD-NOTES.md): a
+``vllm bench serve`` runs through its module in vLLM's environment (docs/field-notes.md): a
 ``FlexibleArgumentParser`` with ``vllm.benchmarks.serve.add_cli_args`` then
 ``vllm.benchmarks.serve.main(args)``, in a child process (this file with ``--vllm-child``).
 

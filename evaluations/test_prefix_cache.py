@@ -4,7 +4,7 @@
   (miss) and second (hit) give prefill tokens/s cold and warm. The engine's counters
   ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` (tokens) are read
   before and after each request: their deltas prove what the cache did. A repeated prompt
-  with zero hits while prefix caching is on is an ``ineffective-option`` (DESIGN.md failure
+  with zero hits while prefix caching is on is an ``ineffective-option`` (docs/design.md failure
   classes). Engines without counters get timings only (kept in values) and the check ends
   ``skip``: a faster second request is not proof of a cache.
 - ``prefix_cache.correctness``: greedy output of the hit equals that of the miss (else

@@ -33,7 +33,7 @@ def matrix_runs(tmp_path_factory) -> dict[str, dict]:
     rc = main(["qualify", "--backends", "vllm", "--model", model, "--profile", "quick",
                "--matrix", "speculative=ngram,mtp", "--artifacts", str(art), "--report", "m",
                # a small KV reservation: this machine is shared, and vLLM CPU refuses to start when
-               # the NUMA node's free memory is below utilization x node memory (FIELD-NOTES.md)
+               # the NUMA node's free memory is below utilization x node memory (docs/field-notes.md)
                "--backend-opt", "gpu_memory_utilization=0.15"])
     assert rc == 0
     out = {}

@@ -32,7 +32,7 @@ import pytest
 from bakeoff import envs
 
 REPO = Path(__file__).resolve().parent.parent
-MEMORY = "gpu_memory_utilization=0.15"  # a small KV reservation: this machine is shared (FIELD-NOTES.md)
+MEMORY = "gpu_memory_utilization=0.15"  # a small KV reservation: this machine is shared (docs/field-notes.md)
 
 
 def _evaluate(art: Path, *opts: str, backend: str = "vllm") -> tuple[subprocess.CompletedProcess, dict, Path]:

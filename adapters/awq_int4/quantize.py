@@ -17,7 +17,7 @@ API used (read from llmcompressor 0.14.0.1's installed source):
 - ``model.save_pretrained(out, save_compressed=True)`` writes compressed-tensors
   (``pack-quantized``).
 
-Workaround (FIELD-NOTES.md "Quantization and export tools"): on a host with no accelerator,
+Workaround (docs/field-notes.md "Quantization and export tools"): on a host with no accelerator,
 AWQ's smoothing loop calls ``IntermediatesCache.pin_memory`` unconditionally
 (``modifiers/transform/awq/base.py``), which fails with ``RuntimeError: Cannot access
 accelerator device when none is available``. Pinning only speeds up host-to-device copies, so it

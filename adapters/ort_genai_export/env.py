@@ -1,6 +1,6 @@
 """The ONNX Runtime GenAI environment: the model builder and the runtime, in one venv.
 
-Pins (FIELD-NOTES.md, "ONNX Runtime GenAI"): the builder in ``onnxruntime-genai`` 0.18.0
+Pins (docs/field-notes.md, "ONNX Runtime GenAI"): the builder in ``onnxruntime-genai`` 0.18.0
 imports ``onnx``, ``onnx_ir``, ``onnxscript``, ``torch`` and ``transformers``; the worker
 needs ``aiohttp`` (``bakeoff.worker_server``) and ``tokenizers`` (the HF tokenizer fallback).
 torch is pinned to 2.13.0: on this host pip takes the local CPU wheel; on a CUDA host the

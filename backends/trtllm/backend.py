@@ -1,6 +1,6 @@
 """TensorRT-LLM backend: its LLM API in a worker process (default), or ``trtllm-serve``.
 
-TensorRT-LLM needs an NVIDIA GPU and CUDA 13 and pins its own torch (FIELD-NOTES.md,
+TensorRT-LLM needs an NVIDIA GPU and CUDA 13 and pins its own torch (docs/field-notes.md,
 "TensorRT-LLM"), so it runs in its own environment, created only on a host with a GPU. Before
 anything else :meth:`TrtllmBackend.start` probes the host: no GPU, or ``tensorrt_llm`` not
 importable, ends the run ``unavailable`` with the probe output as evidence. Then the

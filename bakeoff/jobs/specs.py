@@ -1,6 +1,6 @@
 """Pydantic specs of a bakeoff job: what runs (the task) and how it is submitted (the request).
 
-No engine import, no network, no side effects in validators (DESIGN.md "Style").
+No engine import, no network, no side effects in validators (docs/design.md "Style").
 """
 
 from __future__ import annotations

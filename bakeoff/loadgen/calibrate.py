@@ -3,7 +3,7 @@
 At a planned load (concurrency, TTFT and ITL schedule) the generator streams from
 :mod:`bakeoff.loadgen.synth_server`, which records when it really wrote every event. The
 difference between what the client measured and what the server sent is the client's own
-error (DESIGN.md "Measurement": a sweep point whose client error exceeds the budget is
+error (docs/design.md "Measurement": a sweep point whose client error exceeds the budget is
 marked invalid, not silently kept).
 
 Entry points:

@@ -3,7 +3,7 @@
 Why not aiohttp's ``StreamReader``: there, bytes land in a buffer in the protocol callback
 and the reading task only resumes one loop iteration later, behind every other task step
 that iteration runs; the timestamp is taken when the task resumes. At hundreds of streams
-on one event loop that hop is the largest part of a client's timing error (DESIGN.md
+on one event loop that hop is the largest part of a client's timing error (docs/design.md
 "Measurement": vLLM's Python ``bench serve`` adds ~23 ms TTFT at 100 streams). Here
 ``data_received`` stamps each chunk with ``time.monotonic_ns()`` first and does nothing
 else costly, so the stamp is the earliest moment Python sees the bytes; parsing happens
