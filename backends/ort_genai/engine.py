@@ -14,7 +14,7 @@ HTTP server. Two schedulers:
 
 Frames of a dense stream are not sent one per token (see
 :class:`backends.ort_genai.frames.Out`); their text is None when the worker process
-detokenizes (see ``OrtGenaiEngine._worker_detokenizer``).
+detokenizes (see :func:`backends.ort_genai.tokenizing.worker_detokenizer`).
 Commands (worker to engine): ``("gen", rid, body)``, ``("cancel", rid)``, ``("tokenize", rid, text)``
 (answered ``("ids", rid, int32 id bytes)`` by the main thread, with generation's tokenizer). Frames (engine to
 worker): ``("start", rid, n_prompt_tokens)``, ``("tok", rid, int32 token id bytes, text)``,
@@ -38,6 +38,7 @@ import traceback
 from typing import Any
 
 from backends.ort_genai.frames import TOKENIZE, Collect, Decoder, Out, answer_tokenize
+from backends.ort_genai.tokenizing import tokenizer_disagreement, worker_detokenizer
 
 
 class OrtGenaiEngine:
@@ -71,7 +72,7 @@ class OrtGenaiEngine:
         reason = None
         try:
             self.tokenizer = og.Tokenizer(self.model)
-            reason = self._tokenizer_disagreement(os.path.join(src, "tokenizer.json"))
+            reason = tokenizer_disagreement(self.tokenizer, os.path.join(src, "tokenizer.json"))
         except Exception as exc:
             reason = f"og.Tokenizer refused the export's tokenizer: {exc}"
         self.og_tokenizer = reason is None
@@ -86,7 +87,7 @@ class OrtGenaiEngine:
             gcfg = json.load(fh)["model"]
         eos = gcfg.get("eos_token_id")
         self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        self.tokenizer_json = self._worker_detokenizer(model_dir, src)
+        self.tokenizer_json = worker_detokenizer(self, model_dir, src)
         self.context_length = int(gcfg.get("context_length") or 0) or None
         self.batching = options.get("batching") or "engine"
         self.stream_interval_s = float(options.get("stream_interval_ms") or 0) / 1000
@@ -120,54 +121,6 @@ class OrtGenaiEngine:
         }
         if self.engine is not None:
             self.info["engine_max_batch_size"] = self._caps
-
-    PROBE_TEXTS = ("count: 15 16 17 18", "copy: hgd hcd =>", "Hello, world! 123", "a=1; b=2\nc")
-
-    def _tokenizer_disagreement(self, hf_path: str) -> str | None:
-        """Why og.Tokenizer cannot be trusted, or None: it must encode like the checkpoint's tokenizer.json.
-
-        Seen on 0.18.0: a character-level BPE ``tokenizer.json`` without pre-tokenizer encodes
-        " " to id -1 in og.Tokenizer while ``tokenizers`` gives its vocabulary id.
-        """
-        if not os.path.isfile(hf_path):
-            return None
-        from tokenizers import Tokenizer
-
-        hf = Tokenizer.from_file(hf_path)
-        for text in self.PROBE_TEXTS:
-            a = [int(t) for t in self.tokenizer.encode(text)]
-            b = list(hf.encode(text).ids)
-            if a != b:
-                return f"og.Tokenizer encodes {text!r} as {a[:16]} but tokenizer.json as {b[:16]}"
-        return None
-
-    def _worker_detokenizer(self, model_dir: str, src: str) -> str | None:
-        """The ``tokenizer.json`` the worker process may detokenize with, or None (this process does).
-
-        Detokenizing is Python work per token; done between two og steps it runs on cold
-        caches and cost the decode thread several us per token, so the worker process does
-        it (as vLLM's frontend does for its engine core) with ``tokenizers.DecodeStream``,
-        when that gives the same text as this process's decoder on the probe texts (each
-        followed by an EOS id).
-        """
-        from tokenizers import Tokenizer
-        from tokenizers.decoders import DecodeStream
-
-        for path in (os.path.join(model_dir, "tokenizer.json"), os.path.join(src, "tokenizer.json")):
-            if not os.path.isfile(path):
-                continue
-            hf = Tokenizer.from_file(path)
-            for text in self.PROBE_TEXTS:
-                ids = self.encode(text) + sorted(self.eos_ids)[:1]
-                dec, ds = Decoder(self), DecodeStream(skip_special_tokens=True)
-                mine = "".join(dec.push(t) for t in ids)
-                theirs = "".join(ds.step(hf, t) or "" for t in ids)
-                if mine != theirs:
-                    self.notes["detokenizer"] = (f"the engine process detokenizes: tokenizers.DecodeStream on {path} "
-                                                 f"gives {theirs!r} where {self.tokenizer_source} gives {mine!r}")
-                    return None
-            return path
-        return None
 
     def encode(self, prompt: str) -> list[int]:
         if self.og_tokenizer:
