@@ -45,9 +45,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from bakeoff.envs import cache_root
-from bakeoff.errors import UserError
-from bakeoff.specs import Spec
+from bakeoff.host.envs import cache_root
+from bakeoff.api.errors import UserError
+from bakeoff.api.specs import Spec
 
 RECORD = "bakeoff-patches.json"
 # Files linked rather than copied: weights and anything large (bytes).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-from bakeoff.errors import UserError
+from bakeoff.api.errors import UserError
 
 REGISTRY: dict[str, str] = {
     "transformers": "backends.transformers.backend:TransformersBackend",

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from pydantic import Field
 
-from bakeoff.specs import Spec
+from bakeoff.api.specs import Spec
 
 # vLLM-style prefix: "(Worker pid=12) INFO 12-01 08:37:31 [cpu.py:178] "; ANSI colours when a tty
 LOG_PREFIX = re.compile(r"^(?:\([^)]*\)\s*)?(?:[A-Z]+\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]\s*)?")

@@ -3,7 +3,7 @@
 Both hosting modes use it (docs/design.md "Two ways to host an engine"):
 - server: the engine's own OpenAI-compatible server (``vllm serve``, ``trtllm-serve``);
   ready when ``/health`` answers 200.
-- worker: the engine's in-process API wrapped by :mod:`bakeoff.worker_server`; ready when
+- worker: the engine's in-process API wrapped by :mod:`backends._hosting.worker_server`; ready when
   the worker writes its ready file.
 """
 
@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from backends.base import Backend
-from bakeoff.errors import EngineFailure
+from bakeoff.api.errors import EngineFailure
 from bakeoff.loadgen.client import OpenAIClient
-from bakeoff.failures import classify_start, missing_tokenizer
-from bakeoff.procs import ManagedProcess, describe_exit, died_by_signal
-from bakeoff.specs import GenerationRequest, TokenEvent
+from bakeoff.analysis.failures import classify_start, missing_tokenizer
+from bakeoff.host.procs import ManagedProcess, describe_exit, died_by_signal
+from bakeoff.api.specs import GenerationRequest, TokenEvent
 
 
 def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
@@ -98,7 +98,7 @@ class ChildServerBackend(Backend):
 
         Raises:
             EngineFailure: when the child exits first: ``unsupported-architecture`` or
-                ``load-failure`` by the engine's words (:mod:`bakeoff.failures`),
+                ``load-failure`` by the engine's words (:mod:`bakeoff.analysis.failures`),
                 ``runtime-crash`` when a signal killed it; ``hang`` when the start deadline
                 passes; each with the log tail as evidence.
         """
@@ -134,7 +134,7 @@ class ChildServerBackend(Backend):
 
     def _start_failure(self, code: int, cmd: list[str]) -> EngineFailure:
         """The failure of a child that exited during start: killed by a signal -> ``runtime-crash``;
-        else the class the engine's words name (:func:`bakeoff.failures.classify_start`), by
+        else the class the engine's words name (:func:`bakeoff.analysis.failures.classify_start`), by
         default ``load-failure``; the summary is the engine's line."""
         log = self.proc.tail(300)
         known = classify_start(log)
@@ -260,10 +260,10 @@ OTHER_MARKERS = ("CUDA error", "out of memory", "Killed", "Segmentation fault", 
 
 
 def cuda_evidence(exc: EngineFailure, text: str, phase: str) -> EngineFailure:
-    """Attach a CUDA failure named in ``text`` (:mod:`bakeoff.cuda_errors`) to ``exc``: its class
+    """Attach a CUDA failure named in ``text`` (:mod:`bakeoff.analysis.cuda_errors`) to ``exc``: its class
     for the phase (``load-failure`` at start, ``runtime-crash`` while serving) unless ``exc``
     already names a hang, and ``cuda_error.json`` with the line as evidence. Returns ``exc``."""
-    from bakeoff.cuda_errors import classify, describe
+    from bakeoff.analysis.cuda_errors import classify, describe
 
     err = classify(text, "start" if phase == "start" else "serving")
     if err is not None:
@@ -279,7 +279,7 @@ def death_cause(code: int | None, log: str) -> str:
     """What the log says about an exit: its root-cause line (:func:`last_error_line`); for a death
     by signal only when the log names a crash (segfault, OOM, CUDA), since the last warning
     before an outside kill is not its cause."""
-    from bakeoff.cuda_errors import classify
+    from bakeoff.analysis.cuda_errors import classify
 
     if died_by_signal(code) and classify(log) is None and not any(m in log for m in OTHER_MARKERS):
         hint = " (an outside kill, or the OOM killer: see dmesg)" if code in (-9, 137) else ""
@@ -296,7 +296,7 @@ def last_error_line(log: str) -> str:
     the last line. The engine's log prefix (``(Worker pid=1) ERROR 11-30 ... [file.py:12]``)
     is kept: it says which process failed.
     """
-    from bakeoff.cuda_errors import classify
+    from bakeoff.analysis.cuda_errors import classify
 
     cuda = classify(log)
     if cuda is not None and cuda.kind != "cuda-error":  # OOM, illegal access, assert, NCCL: the root cause

@@ -6,7 +6,7 @@ completion prompt; special tokens such as a BOS added as for generation, the def
 ``{"model", "messages", "add_generation_prompt": true, "add_special_tokens": false}`` (a chat
 request rendered with the served chat template, which carries its own special tokens), and
 answers ``{"count", "max_model_len", "tokens": [ids]}``. SGLang serves the same completion
-shape on ``/tokenize`` and ``/v1/tokenize``; bakeoff's workers (:mod:`bakeoff.worker_server`)
+shape on ``/tokenize`` and ``/v1/tokenize``; bakeoff's workers (:mod:`backends._hosting.worker_server`)
 serve both shapes. Only an answer of that shape is believed: a ``tokens`` list of ints whose
 ``count`` matches, non-empty for a non-empty prompt (a server that ignores the fields it does
 not know must not pass for one that tokenized).
@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from bakeoff.errors import EngineFailure
+from bakeoff.api.errors import EngineFailure
 
 PATHS = ("/tokenize", "/v1/tokenize")
 ABSENT = (404, 405, 501)  # no such route (or not implemented): the engine cannot say

@@ -10,7 +10,7 @@ Four methods, in the spirit of lm-eval's ``LM`` and guidellm's start/validate/sh
 and one optional method, ``tokenize(texts, chat=False)``: the engine's own token ids for
 prompts, as it would feed them to the model (None when the engine cannot say).
 
-Every failure an engine can have is raised as :class:`bakeoff.errors.EngineFailure` with a
+Every failure an engine can have is raised as :class:`bakeoff.api.errors.EngineFailure` with a
 failure class and evidence, so the evaluations turn it into a failed check.
 """
 
@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator, ClassVar
 
 from pydantic import BaseModel
 
-from bakeoff.specs import BackendConfig, BackendInfo, GenerationRequest, TokenEvent
+from bakeoff.api.specs import BackendConfig, BackendInfo, GenerationRequest, TokenEvent
 
 
 class Backend(abc.ABC):
@@ -41,7 +41,7 @@ class Backend(abc.ABC):
     Options: ClassVar[type[BaseModel]]
 
     def __init__(self, config: BackendConfig):
-        from bakeoff.options import parse_options
+        from bakeoff.api.options import parse_options
 
         self.config = config
         self.options = parse_options(self.name, self.Options, config.options)

@@ -128,7 +128,7 @@ def vllm_errors(res: dict, sent: dict[str, dict]) -> dict:
 
 def tokenizer_path() -> Path:
     """The tiny Qwen3 fixture (trained if built, else its untrained twin, built here)."""
-    from bakeoff import fixtures
+    from bakeoff.models import fixtures
 
     if fixtures.is_built("tiny-qwen3"):
         return fixtures.folder_for("tiny-qwen3")
@@ -188,8 +188,8 @@ def real_server(vpy: str, model: Path, levels: list[int], requests_per_session: 
     from bakeoff.loadgen import run_loop
     from bakeoff.loadgen.calibrate import _backend
     from bakeoff.loadgen.sweep import pool_loop
-    from bakeoff.procs import ManagedProcess, free_port
-    from bakeoff.specs import GenerationRequest
+    from bakeoff.host.procs import ManagedProcess, free_port
+    from bakeoff.api.specs import GenerationRequest
 
     port = free_port()
     log = Path(tempfile.mkdtemp(prefix="bench-vllm-")) / "vllm.log"
@@ -300,7 +300,7 @@ def main() -> None:
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from backends.vllm.backend import env_spec
-    from bakeoff import envs
+    from bakeoff.host import envs
 
     vpy = str(envs.ensure(env_spec(False)))
     tok = tokenizer_path()

@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adapters.ort_genai_export import ExportOptions, env_spec, export
-from bakeoff import envs
+from bakeoff.host import envs
 
 BARE_SERVER = r"""
 import json, sys, time
@@ -145,7 +145,7 @@ class Worker:
 
     def __init__(self, model: Path, precision: str, batching: str, threads: int | None, interval_ms: float):
         from backends import resolve
-        from bakeoff.specs import BackendConfig
+        from bakeoff.api.specs import BackendConfig
 
         self.tmp = tempfile.TemporaryDirectory()
         self.backend = resolve("ort-genai")(BackendConfig(
@@ -163,7 +163,7 @@ class Worker:
 
     async def run(self, prompt: str, tokens: int) -> float:
         """Decode tokens/s of one request, from the client's receive times."""
-        from bakeoff.specs import GenerationRequest
+        from bakeoff.api.specs import GenerationRequest
 
         times, counts = [], []
         req = GenerationRequest(request_id=str(time.monotonic_ns()), prompt=prompt, max_tokens=tokens,
@@ -281,7 +281,7 @@ def main() -> None:
     if args.model:
         model = Path(args.model)
     else:
-        from bakeoff.fixtures import build
+        from bakeoff.models.fixtures import build
 
         model = Path(build("tiny-qwen3"))
     python = envs.ensure(env_spec(), print)

@@ -15,9 +15,9 @@ import random
 import time
 from typing import Any
 
-from bakeoff.fixtures.corpus import KV_KEYS, kv_haystack, kv_pair, kv_prompt, kv_value
+from bakeoff.models.fixtures.corpus import KV_KEYS, kv_haystack, kv_pair, kv_prompt, kv_value
 from bakeoff.loadgen.sweep import run_request
-from bakeoff.specs import GenerationRequest, RequestRecord
+from bakeoff.api.specs import GenerationRequest, RequestRecord
 
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
@@ -104,7 +104,7 @@ def serves_one_at_a_time(engine) -> bool:
 
 
 def kv_unit(rng: random.Random, exclude: str = "") -> str:
-    """One fixture key-value pair in the corpus's ``kv`` format (:func:`bakeoff.fixtures.corpus.kv_pair`)."""
+    """One fixture key-value pair in the corpus's ``kv`` format (:func:`bakeoff.models.fixtures.corpus.kv_pair`)."""
     keys = [k for k in KV_KEYS if k not in exclude]
     return kv_pair(rng.choice(keys), kv_value(rng))
 

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 import backends
-from bakeoff.artifacts import RunDir, is_run_meta
-from bakeoff.errors import EngineFailure, UserError
-from bakeoff.fingerprint import fingerprint
-from bakeoff.models import ResolvedModel, default_reference, resolve
-from bakeoff.options import parse_kv
-from bakeoff.run import CheckFailed, CheckSkipped, RunContext
-from bakeoff.specs import BackendConfig
-from bakeoff.verdict import Verdict
+from bakeoff.host.artifacts import RunDir, is_run_meta
+from bakeoff.api.errors import EngineFailure, UserError
+from bakeoff.host.fingerprint import fingerprint
+from bakeoff.models.resolve import ResolvedModel, default_reference, resolve
+from bakeoff.api.options import parse_kv
+from bakeoff.host.run import CheckFailed, CheckSkipped, RunContext
+from bakeoff.api.specs import BackendConfig
+from bakeoff.api.verdict import Verdict
 
 PROFILES: dict[str, dict[str, Any]] = {
     # quick: CI and `make qualify`; full: the usual serving sweep (1..32 sessions).
@@ -59,7 +59,7 @@ class Settings:
 KEY_SETTINGS = pytest.StashKey[Settings]()
 KEY_RUN = pytest.StashKey[RunContext]()
 KEY_ENGINE = pytest.StashKey[dict]()
-KEY_TELEMETRY = pytest.StashKey[object]()  # a started bakeoff.telemetry.GpuSampler, or the reason there is none
+KEY_TELEMETRY = pytest.StashKey[object]()  # a started bakeoff.host.telemetry.GpuSampler, or the reason there is none
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -104,9 +104,9 @@ def _settings(config: pytest.Config) -> Settings:
         raise UserError(f"unknown profile {profile!r}; choose one of: {', '.join(PROFILES)}")
     options = parse_kv(o("--backend-opt"))
     cls = backends.resolve(name)
-    from bakeoff.artifacts import check_artifacts
-    from bakeoff.models import check as check_model
-    from bakeoff.options import parse_options
+    from bakeoff.host.artifacts import check_artifacts
+    from bakeoff.models.resolve import check as check_model
+    from bakeoff.api.options import parse_options
 
     parse_options(name, cls.Options, options)  # fail fast, before anything is written
     ref_options = parse_kv(o("--reference-opt"))
@@ -127,7 +127,7 @@ def _settings(config: pytest.Config) -> Settings:
         check_model(o("--reference-model"))
     check_artifacts(Path(o("--artifacts")))  # creates nothing: RunDir.create does, after the builds
     if o("--baseline-run"):  # a readable run, checked before anything is written
-        from bakeoff.matrix import load_baseline
+        from bakeoff.analysis.matrix import load_baseline
 
         load_baseline(Path(o("--baseline-run")))
     model = resolve(o("--model"))
@@ -159,7 +159,7 @@ def _load_resume(config: pytest.Config) -> tuple[RunDir, Verdict]:
                         "pass a run directory written by bakeoff")
     if verdict.finished_at is not None:
         raise UserError(f"run {path.name} finished ({verdict.status}); nothing to resume")
-    from bakeoff.artifacts import check_creatable
+    from bakeoff.host.artifacts import check_creatable
 
     check_creatable(path, "run directory", "resume a run in a folder you can write (copy it elsewhere first)")
     o = config.option
@@ -188,7 +188,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config.option, "backend") or config.option.help or config.option.collectonly:
         return
     try:
-        from bakeoff.envs import mode as envs_mode
+        from bakeoff.host.envs import mode as envs_mode
 
         envs_mode()  # BAKEOFF_ENVS checked before any engine environment is made
         if config.getoption("--resume"):
@@ -223,7 +223,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _start_telemetry(rundir: RunDir):
     """GPU sampler (200 ms) writing ``evidence/telemetry/gpu.jsonl`` on CUDA hosts, else the reason."""
-    from bakeoff.telemetry import GpuSampler, load_nvml
+    from bakeoff.host.telemetry import GpuSampler, load_nvml
 
     nvml, reason = load_nvml()
     if nvml is None:
@@ -232,14 +232,14 @@ def _start_telemetry(rundir: RunDir):
 
 
 def gpu_sampler(config: pytest.Config):
-    """The session's GPU sampler (:class:`bakeoff.telemetry.GpuSampler`), None on hosts without one."""
+    """The session's GPU sampler (:class:`bakeoff.host.telemetry.GpuSampler`), None on hosts without one."""
     sampler = config.stash.get(KEY_TELEMETRY, None)
     return None if sampler is None or isinstance(sampler, str) else sampler
 
 
 def _record_telemetry(config: pytest.Config, run: RunContext) -> None:
     """The ``telemetry.gpu`` check: the session's GPU summary and the sweep's (skip on CPU hosts)."""
-    from bakeoff.verdict import Check
+    from bakeoff.api.verdict import Check
 
     sampler = config.stash.get(KEY_TELEMETRY, None)
     if sampler is None or isinstance(sampler, str):
@@ -414,7 +414,7 @@ def pytest_runtest_makereport(item, call):
     if marker and run is not None and report.skipped and call.when == "setup":
         name = marker.args[0]
         if run.get(name) is None:
-            from bakeoff.verdict import Check
+            from bakeoff.api.verdict import Check
 
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
             run.record(Check(name=name, status="skip", summary=str(reason).removeprefix("Skipped: ")[:500]))
@@ -423,12 +423,12 @@ def pytest_runtest_makereport(item, call):
 
 def _preflight(settings: Settings, scope) -> None:
     """Predict from config.json whether the engine's loader accepts this checkpoint
-    (bakeoff.preflight, rules cite the engine's documented support). A predicted refusal ends
+    (bakeoff.analysis.preflight, rules cite the engine's documented support). A predicted refusal ends
     the load check before minutes are spent launching; ``--no-preflight`` lets the engine decide
     (the prediction is still recorded as evidence)."""
     if not settings.model.local:
         return
-    from bakeoff.preflight import preflight
+    from bakeoff.analysis.preflight import preflight
 
     result = preflight(settings.model.path, settings.backend)
     scope.values["preflight"] = {"accepted": result.accepted, "reason": result.reason, "enforced": settings.preflight}
@@ -455,7 +455,7 @@ class _quiet:
 
 def _versions(backend) -> dict[str, str]:
     python = getattr(backend, "env_python", None) or sys.executable
-    from bakeoff.envs import freeze
+    from bakeoff.host.envs import freeze
 
     allv = freeze(python)
     return {k: v for k, v in allv.items() if k.lower() in RELEVANT_PACKAGES}
@@ -466,10 +466,10 @@ def attach_engine_evidence(scope, engine, failure_class: str | None) -> None:
     ``hang`` the stacks of every thread of the engine's processes (py-spy)."""
     tail = engine.log_tail(150)
     scope.evidence("engine.log.tail", tail)
-    from bakeoff.cuda_errors import classify
+    from bakeoff.analysis.cuda_errors import classify
 
     cuda = classify("\n".join(scope.values.get("first_errors") or []) + "\n" + tail)
-    if cuda is not None:  # OOM, illegal access, NCCL...: the line is the evidence (bakeoff/cuda_errors.py)
+    if cuda is not None:  # OOM, illegal access, NCCL...: the line is the evidence (bakeoff/analysis/cuda_errors.py)
         scope.evidence("cuda_error.json", cuda.model_dump())
         scope.values["cuda_error"] = cuda.kind
     proc = getattr(engine, "proc", None)

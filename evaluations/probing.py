@@ -6,7 +6,7 @@ import asyncio
 import random
 
 from bakeoff.loadgen.sweep import run_request
-from bakeoff.specs import GenerationRequest
+from bakeoff.api.specs import GenerationRequest
 
 
 def probe_max_tokens(expected: str, match: str = "prefix") -> int:
@@ -27,7 +27,7 @@ def run_probes(backend, probes, max_tokens: int | None = None, concurrency: int 
 
     Args:
         backend: a started backend.
-        probes: :class:`bakeoff.models.Probe` items.
+        probes: :class:`bakeoff.models.resolve.Probe` items.
         max_tokens: tokens per probe (default: :func:`probe_max_tokens`).
         concurrency: probes in flight.
         logprobs: ask for the top-k logprobs of each token (the tie rule's evidence).
@@ -35,9 +35,9 @@ def run_probes(backend, probes, max_tokens: int | None = None, concurrency: int 
     Returns:
         ``[{"id", "task", "prompt", "expected", "match", "text", "token_ids", "logprobs",
         "finish_reason", "status", "error", "error_class", "max_tokens"}]``; ``logprobs`` in
-        the JSON-safe form of :func:`bakeoff.sanity.jsonable_logprobs`.
+        the JSON-safe form of :func:`bakeoff.analysis.sanity.jsonable_logprobs`.
     """
-    from bakeoff.sanity import jsonable_logprobs
+    from bakeoff.analysis.sanity import jsonable_logprobs
 
     async def main():
         sem = asyncio.Semaphore(concurrency)

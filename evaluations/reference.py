@@ -3,7 +3,7 @@
 Fixtures of the evaluations plugin (registered by ``conftest.py``):
 
 - ``probes``: the model's shipped probes (``probes.jsonl``), else bakeoff's generic probes
-  (:mod:`bakeoff.generic_probes`, chat form too when the checkpoint has a chat template).
+  (:mod:`bakeoff.analysis.generic_probes`, chat form too when the checkpoint has a chat template).
 - ``reference``: greedy outputs of the transformers reference on the probes, with top-k
   logprobs (the tie rule's evidence); cached by model and prompts. None when the backend under
   test *is* the reference (transformers, same model, default options).
@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 
 import backends
-from bakeoff import envs
-from bakeoff.errors import EngineFailure
-from bakeoff.models import Probe, ResolvedModel
-from bakeoff.sanity import PROBE_LOGPROBS, probe_correct
-from bakeoff.specs import BackendConfig
+from bakeoff.host import envs
+from bakeoff.api.errors import EngineFailure
+from bakeoff.models.resolve import Probe, ResolvedModel
+from bakeoff.analysis.sanity import PROBE_LOGPROBS, probe_correct
+from bakeoff.api.specs import BackendConfig
 
 REFERENCE_CACHE_VERSION = 2  # 2: outputs carry top-k logprobs
 
@@ -54,7 +54,7 @@ def probes(settings) -> tuple[list[Probe], str]:
     shipped = settings.model.probes() or settings.reference_model.probes()
     if shipped:
         return shipped, "model"
-    from bakeoff.generic_probes import chat_template_of, generic_probes
+    from bakeoff.analysis.generic_probes import chat_template_of, generic_probes
 
     template, special = (chat_template_of(settings.reference_model.path) if settings.reference_model.local
                          else (None, {}))

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from bakeoff.loadgen.sweep import run_request
-from bakeoff.specs import GenerationRequest
-from bakeoff.fixtures.corpus import KV_KEYS, kv_pair, kv_question, kv_value
+from bakeoff.api.specs import GenerationRequest
+from bakeoff.models.fixtures.corpus import KV_KEYS, kv_pair, kv_question, kv_value
 from evaluations.measuring import (GENERIC_FILLER, PREFIX_HITS, PREFIX_QUERIES, decode_tokens_per_s, delta,
                                    is_fixture, read_metrics, serves_one_at_a_time, tokens_per_unit, ttft_ms, wait_counter)
 

@@ -9,7 +9,7 @@
   kv_cache_dtype=auto,fp8`` runs the auto cell first and passes it): KV tokens per GiB of KV
   memory (vLLM CPU sizes the cache from the memory free at start, so raw tokens differ run to
   run) against what the dtype's bytes predict (bf16 -> fp8: 2.0x). Within 1% of 1.0 the option
-  changed nothing: ``ineffective-option``, naming both runs (:func:`bakeoff.matrix.kv_capacity_ratio`).
+  changed nothing: ``ineffective-option``, naming both runs (:func:`bakeoff.analysis.matrix.kv_capacity_ratio`).
   ``bakeoff compare`` still shows the tokens of matrix twins side by side.
 - ``capacity.warmup``: the first request after start against the steady state, from the
   ``throughput.sweep`` check's warm-up (its first request is the first of the sweep's
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.matrix import kv_capacity_ratio, load_baseline
+from bakeoff.analysis.matrix import kv_capacity_ratio, load_baseline
 from evaluations.measuring import serves_one_at_a_time
 
 

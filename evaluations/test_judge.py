@@ -1,4 +1,4 @@
-"""The model-based garbage judge: the reference scores the backend's outputs (``bakeoff.judge``).
+"""The model-based garbage judge: the reference scores the backend's outputs (``bakeoff.analysis.judge``).
 
 - ``sanity.nll_judge``: the reference model's teacher-forced mean NLL per token of the
   backend's open-ended outputs (``sanity.degeneration``'s, read from the run directory) beside
@@ -20,10 +20,10 @@ import math
 import pytest
 
 import backends
-from bakeoff.errors import EngineFailure
-from bakeoff.judge import NLL_GAP_NATS, divergence, nll_verdict, pooled_nll
-from bakeoff.sanity import PROBE_LOGPROBS
-from bakeoff.specs import GenerationRequest
+from bakeoff.api.errors import EngineFailure
+from bakeoff.analysis.judge import NLL_GAP_NATS, divergence, nll_verdict, pooled_nll
+from bakeoff.analysis.sanity import PROBE_LOGPROBS
+from bakeoff.api.specs import GenerationRequest
 from evaluations.measuring import send
 from evaluations.reference import is_reference_run, reference_config
 from evaluations.test_sanity import OPEN_ENDED_TOKENS

@@ -2,7 +2,7 @@
 
 A needle (one fact) sits at a depth (0 = start, 1 = end) of a haystack filling a fraction
 of the context; the prompt ends by asking for it. Fixtures get the format of their training
-corpus's key-value recall task (:func:`bakeoff.fixtures.corpus.needle_sample`): the haystack
+corpus's key-value recall task (:func:`bakeoff.models.fixtures.corpus.needle_sample`): the haystack
 is pairs of other keys. Other models get the generic haystack "The secret number is N" among
 filler sentences.
 
@@ -10,7 +10,7 @@ Judgement: a bakeoff fixture records, in ``fixture.json``, the recall rate its b
 with transformers at these lengths and depths (``probe_results.needles``). When that rate is
 at least ``MIN_RECORDED_RATE`` (the fixture can find needles), the backend fails
 (``accuracy-regression``) when it finds significantly fewer: one-sided exact binomial test
-against the recorded rate minus the 2-point tolerance, p < 0.01 (:mod:`bakeoff.paired`; with
+against the recorded rate minus the 2-point tolerance, p < 0.01 (:mod:`bakeoff.analysis.paired`; with
 9 needles, 6 or fewer found fail a 100% record: p(7 of 9 | 98%) = 0.013). Without such a record (other models, or a
 fixture that cannot find needles) the check ends ``skip``, report only, with the table in its
 values: a found/not-found table with nothing to compare it with verifies nothing.
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.fixtures.corpus import NEEDLE_DEPTHS, NEEDLE_FRACTIONS, needle_sample
-from bakeoff.paired import binomial_below
-from bakeoff.sanity import probe_correct
-from bakeoff.specs import GenerationRequest
+from bakeoff.models.fixtures.corpus import NEEDLE_DEPTHS, NEEDLE_FRACTIONS, needle_sample
+from bakeoff.analysis.paired import binomial_below
+from bakeoff.analysis.sanity import probe_correct
+from bakeoff.api.specs import GenerationRequest
 from evaluations.measuring import GENERIC_FILLER, is_fixture, send, serves_one_at_a_time, tokens_per_unit
 
 ANSWER_TOKENS = 8

@@ -21,7 +21,7 @@ import zlib
 
 import pytest
 
-from bakeoff.specs import GenerationRequest
+from bakeoff.api.specs import GenerationRequest
 from evaluations.measuring import (PREFIX_HITS, PREFIX_QUERIES, delta, is_fixture, long_prompt, read_metrics, send,
                                    summarize_ms, tokens_per_unit, ttft_ms, wait_counter)
 

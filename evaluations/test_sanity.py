@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from bakeoff.loadgen.sweep import run_request
-from bakeoff.paired import TOLERANCE, binomial_below, decide
-from bakeoff.sanity import PROBE_LOGPROBS, agreement, detectors, probe_correct
-from bakeoff.specs import GenerationRequest
+from bakeoff.analysis.paired import TOLERANCE, binomial_below, decide
+from bakeoff.analysis.sanity import PROBE_LOGPROBS, agreement, detectors, probe_correct
+from bakeoff.api.specs import GenerationRequest
 from evaluations.plugin import attach_engine_evidence
 from evaluations.probing import open_ended_prompts, run_probes
 from evaluations.reference import MIN_BASELINE_ACCURACY, baseline
@@ -33,7 +33,7 @@ def _correct(outs: list[dict]) -> list[bool]:
 
 @pytest.mark.check("sanity.known_answers")
 def test_known_answers(run, settings, engine, probes, probe_outputs, reference):
-    """Known answers, judged against a baseline with the paired rule of :mod:`bakeoff.paired`.
+    """Known answers, judged against a baseline with the paired rule of :mod:`bakeoff.analysis.paired`.
 
     The baseline (:func:`evaluations.reference.baseline`): a fixture's builder record (paired
     McNemar exact test, tolerance 2 points), the reference's answers on the same probes for
@@ -85,7 +85,7 @@ def test_known_answers(run, settings, engine, probes, probe_outputs, reference):
             c.summary = f"probe accuracy {acc:.0%} ({len(rows)} {source} probes; the reference itself)"
             return
         d = decide(base.correct, correct)
-        c.values.update({"rule": "paired McNemar exact test + tolerance (bakeoff.paired)", "decision": d.as_values()})
+        c.values.update({"rule": "paired McNemar exact test + tolerance (bakeoff.analysis.paired)", "decision": d.as_values()})
         if base.kind == "reference":
             kept = [ok for ok, ref_ok in zip(correct, base.correct) if ref_ok]
             c.values["accuracy_on_reference_correct"] = round(sum(kept) / len(kept), 4) if kept else None
@@ -140,7 +140,7 @@ def test_reference_agreement(run, settings, reference, probe_outputs):
     """Greedy agreement with the reference, tie-aware (vLLM's ``check_logprobs_close`` rule:
     a first divergence where each side's token is in the other's top-5 logprobs is a numerical
     tie), and the accuracy difference decided by the paired McNemar exact test with the
-    2-point tolerance (:mod:`bakeoff.paired`); a probe whose outputs diverged on a tie counts as
+    2-point tolerance (:mod:`bakeoff.analysis.paired`); a probe whose outputs diverged on a tie counts as
     agreeing. One probe never decides; the verdict line gives the difference, its 95% interval,
     p and the smallest drop the probe count can detect."""
     with run.check("sanity.reference_agreement", "accuracy-regression") as c:

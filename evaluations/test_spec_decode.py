@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pytest
 
-from bakeoff.specs import GenerationRequest
+from bakeoff.api.specs import GenerationRequest
 from evaluations.measuring import decode_tokens_per_s, delta, is_fixture, read_metrics, send
 
 PREFIX = "vllm:spec_decode"

@@ -10,7 +10,7 @@ import pytest
 from bakeoff.loadgen.accounting import ABS_TOLERANCE_TOKENS, REL_TOLERANCE, accounting_row
 from bakeoff.loadgen.stats import per_request, summarize
 from bakeoff.loadgen.sweep import run_sweep
-from bakeoff.specs import GenerationRequest
+from bakeoff.api.specs import GenerationRequest
 from bakeoff.loadgen.distortion import engine_timing, judge
 from evaluations.measuring import client_token_counter, read_metrics
 from evaluations.plugin import attach_engine_evidence, gpu_sampler
@@ -21,16 +21,16 @@ TRANSPORT = "transport.json"
 POINT_KEYS = ("sessions", "requests", "ok", "errors", "output_tokens_per_s", "per_session_output_tokens_per_s",
               "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms",
               "accounting_mismatches", "valid", "invalid_reason")
-# Per-repeat figures kept for the noise estimate of `bakeoff compare` (bakeoff/noise.py).
+# Per-repeat figures kept for the noise estimate of `bakeoff compare` (bakeoff/analysis/noise.py).
 REPEAT_KEYS = ("output_tokens_per_s", "per_session_output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms")
-# GPU hosts: telemetry per point (bakeoff/telemetry.py) and the roofline (bakeoff/roofline.py).
+# GPU hosts: telemetry per point (bakeoff/host/telemetry.py) and the roofline (bakeoff/analysis/roofline.py).
 GPU_KEYS = ("gpu_power_mean_w", "gpu_sm_util_mean_pct", "gpu_energy_j", "joules_per_output_token",
             "bound_tokens_per_s", "pct_of_bound", "bound_kind")
 
 
 def _gpu_point(sampler, t0_ns: int, t1_ns: int, tokens: int) -> dict:
     """Mean power, SM utilisation, energy and J/token of a window (empty without a sampler)."""
-    from bakeoff.telemetry import joules_per_token
+    from bakeoff.host.telemetry import joules_per_token
 
     if sampler is None:
         return {}
@@ -48,13 +48,13 @@ def _roof_summary(points: list[dict], peak_sessions: int, roof: dict) -> str:
 
 
 def _roofline(points: list[dict], engine, settings, max_tokens: int) -> dict:
-    """Per-point roofline (bakeoff/roofline.py), merged into ``points``; returns the summary."""
-    from bakeoff.roofline import load_shape, sweep_roofline
+    """Per-point roofline (bakeoff/analysis/roofline.py), merged into ``points``; returns the summary."""
+    from bakeoff.analysis.roofline import load_shape, sweep_roofline
 
     info = getattr(engine, "info", None)
     dtype = (info.notes or {}).get("dtype") if info else None
     shape = load_shape(settings.model.path, dtype) if settings.model.local else None
-    from bakeoff.telemetry import device_name
+    from bakeoff.host.telemetry import device_name
 
     roof = sweep_roofline(points, shape, device_name(info.device) if info else None, max_tokens)
     for p, r in zip(points, roof.get("points") or []):

@@ -1,6 +1,6 @@
 """AWQ W4A16 quantization for real (llm-compressor in its own environment), then vLLM loads it.
 
-Uses the ``tiny-qwen3`` fixture when ``bakeoff.fixtures`` has landed in git and the fixture is
+Uses the ``tiny-qwen3`` fixture when ``bakeoff.models.fixtures`` has landed in git and the fixture is
 already built (building it trains for minutes, much longer on a busy 2-core box), else a tiny
 random Qwen3 with a real BPE tokenizer built here (AWQ and loading do not need trained weights). The vLLM part runs only when the vLLM
 environment already exists (created by the vLLM tests; not created here: 3.5 GB).
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from adapters.awq_int4 import RESULT_FILE, describe_quantization, is_quantized, quantize_awq
-from bakeoff import envs
-from bakeoff.errors import EngineFailure, UserError
-from bakeoff.preflight import preflight
+from bakeoff.host import envs
+from bakeoff.api.errors import EngineFailure, UserError
+from bakeoff.analysis.preflight import preflight
 
 REPO = Path(__file__).resolve().parent.parent
 TEXTS = ["count: 1 2 3 4 5 6 7 8 9 10", "copy: abc def => abc def", "the quick brown fox jumps over the lazy dog",
@@ -26,7 +26,7 @@ TEXTS = ["count: 1 2 3 4 5 6 7 8 9 10", "copy: abc def => abc def", "the quick b
 
 
 def _fixtures_landed() -> bool:
-    out = subprocess.run(["git", "ls-files", "--error-unmatch", "bakeoff/fixtures/__init__.py"], cwd=REPO,
+    out = subprocess.run(["git", "ls-files", "--error-unmatch", "bakeoff/models/fixtures/__init__.py"], cwd=REPO,
                          capture_output=True)
     return out.returncode == 0
 
@@ -55,7 +55,7 @@ def _tiny_random_qwen3(path: Path) -> Path:
 @pytest.fixture(scope="module")
 def source_model(tmp_path_factory) -> Path:
     if _fixtures_landed():
-        from bakeoff.fixtures import build, is_built
+        from bakeoff.models.fixtures import build, is_built
 
         if is_built("tiny-qwen3"):
             return Path(build("tiny-qwen3"))
@@ -113,7 +113,7 @@ def test_bad_inputs_are_user_errors(source_model, tmp_path):
 
 def test_vllm_loads_the_awq_checkpoint(quantized, tmp_path):
     from backends.vllm.backend import VllmBackend, env_spec as vllm_env_spec
-    from bakeoff.specs import BackendConfig, GenerationRequest
+    from bakeoff.api.specs import BackendConfig, GenerationRequest
 
     spec = vllm_env_spec(False)
     if envs.has_cuda() or not spec.is_ready():
@@ -159,7 +159,7 @@ def test_vllm_loads_the_awq_checkpoint(quantized, tmp_path):
 
 
 def test_default_reference_is_the_recorded_source(tmp_path):
-    from bakeoff.models import QUANTIZATION_RECORD, default_reference, resolve
+    from bakeoff.models.resolve import QUANTIZATION_RECORD, default_reference, resolve
 
     src, q = tmp_path / "src", tmp_path / "q"
     for d in (src, q):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-BAKEOFF = [sys.executable, "-m", "bakeoff.cli"]
+BAKEOFF = [sys.executable, "-m", "bakeoff.cli.main"]
 PYTEST = [sys.executable, "-m", "pytest", "evaluations/", "-p", "no:cacheprovider"]
 
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bakeoff.artifacts import RunDir
-from bakeoff.compare import load_columns, write_compare
-from bakeoff.errors import UserError
-from bakeoff.noise import bootstrap_mean, compare
-from bakeoff.run import RunContext
-from bakeoff.verdict import Check, Verdict
+from bakeoff.host.artifacts import RunDir
+from bakeoff.reporting.compare import load_columns, write_compare
+from bakeoff.api.errors import UserError
+from bakeoff.analysis.noise import bootstrap_mean, compare
+from bakeoff.host.run import RunContext
+from bakeoff.api.verdict import Check, Verdict
 
 SESSIONS = [1, 2, 4, 8]
 
@@ -123,7 +123,7 @@ def test_unreadable_run_is_one_line_user_error(tmp_path, make_bad, message):
 
 
 def test_cli_compare_and_bad_baseline(tmp_path, capsys):
-    from bakeoff.cli import main
+    from bakeoff.cli.main import main
 
     a = make_run(tmp_path / "art", "vllm", {}, 1.0, 0.05, seed=1)
     assert main(["compare", str(a), "--artifacts", str(tmp_path / "art"), "--name", "x"]) == 0

@@ -9,13 +9,13 @@ import pytest
 
 import backends
 from backends._server import last_error_line, parse_prometheus
-from bakeoff.artifacts import RunDir, atomic_write_json, list_runs
-from bakeoff.errors import EngineFailure, UserError
-from bakeoff.options import parse_kv, parse_options
-from bakeoff.redact import MASK, redact
-from bakeoff.run import CheckFailed, RunContext
-from bakeoff.sanity import agreement, detectors, probe_correct
-from bakeoff.verdict import Check, Verdict, decide
+from bakeoff.host.artifacts import RunDir, atomic_write_json, list_runs
+from bakeoff.api.errors import EngineFailure, UserError
+from bakeoff.api.options import parse_kv, parse_options
+from bakeoff.host.redact import MASK, redact
+from bakeoff.host.run import CheckFailed, RunContext
+from bakeoff.analysis.sanity import agreement, detectors, probe_correct
+from bakeoff.api.verdict import Check, Verdict, decide
 
 
 def _check(name, status, fc=None):
@@ -137,7 +137,7 @@ def test_token_channel_keeps_order_and_batches_without_a_wake_per_item():
     import asyncio
     import threading
 
-    from bakeoff.worker_server import TokenChannel
+    from backends._hosting.worker_server import TokenChannel
 
     async def main():
         loop = asyncio.get_running_loop()
@@ -172,7 +172,7 @@ def test_token_channel_keeps_order_and_batches_without_a_wake_per_item():
 
 
 def test_start_failure_names_the_import_error_behind_a_failed_inspection():
-    from bakeoff.failures import classify_start
+    from bakeoff.analysis.failures import classify_start
 
     # shape of vLLM 0.32's log when its model-inspection subprocess cannot import a module
     log = "\n".join([

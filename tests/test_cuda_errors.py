@@ -1,12 +1,12 @@
-"""CUDA failure classification on real log snippets (bakeoff/cuda_errors.py, backends/_server.py)."""
+"""CUDA failure classification on real log snippets (bakeoff/analysis/cuda_errors.py, backends/_server.py)."""
 
 from __future__ import annotations
 
 import json
 
 from backends._server import cuda_evidence, last_error_line
-from bakeoff.cuda_errors import classify
-from bakeoff.errors import EngineFailure
+from bakeoff.analysis.cuda_errors import classify
+from bakeoff.api.errors import EngineFailure
 
 TORCH_OOM = """Traceback (most recent call last):
   File "/app/backends/transformers/worker.py", line 140, in _run

@@ -46,7 +46,7 @@ def qualify_run(tmp_path_factory):
     """`bakeoff qualify --backends transformers,vllm` on the trained fixture, once."""
     art = tmp_path_factory.mktemp("qualify")
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "bakeoff.cli", "qualify", "--backends", "transformers,vllm",
+    proc = subprocess.run([sys.executable, "-m", "bakeoff.cli.main", "qualify", "--backends", "transformers,vllm",
                            "--model", "fixture:tiny-qwen3", "--artifacts", str(art)],
                           capture_output=True, text=True, cwd=REPO, timeout=1500)
     return proc, art, time.monotonic() - t0

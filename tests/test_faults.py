@@ -139,7 +139,7 @@ def _kill_leftover_suites():
 
 @pytest.fixture(scope="module")
 def untrained() -> Path:
-    from bakeoff.models import resolve
+    from bakeoff.models.resolve import resolve
 
     return Path(resolve(UNTRAINED, log=lambda s: None).path)
 
@@ -307,7 +307,7 @@ class _CrashingChild:
     @staticmethod
     def make(code: str, workdir: Path):
         from backends._server import ChildServerBackend
-        from bakeoff.specs import BackendConfig, Spec
+        from bakeoff.api.specs import BackendConfig, Spec
 
         class Crash(ChildServerBackend):
             name, Options, ready_mode = "crash", Spec, "file"
@@ -325,7 +325,7 @@ class _CrashingChild:
     ("import os, signal; print('Killed', flush=True); os.kill(os.getpid(), signal.SIGKILL)", "after running out of memory"),
 ])
 def test_signal_death_during_start_is_runtime_crash(tmp_path, code, meaning):
-    from bakeoff.errors import EngineFailure
+    from bakeoff.api.errors import EngineFailure
 
     backend = _CrashingChild.make(code, tmp_path)
     with pytest.raises(EngineFailure) as err:
@@ -392,12 +392,12 @@ def test_sigterm_then_qualify_resume(tmp_path):
     assert_files_intact(suite.run)
     assert_no_process_left(tmp_path)
 
-    proc = subprocess.run([sys.executable, "-m", "bakeoff.cli", "qualify", "--resume", str(suite.run), "--report", "resumed"],
+    proc = subprocess.run([sys.executable, "-m", "bakeoff.cli.main", "qualify", "--resume", str(suite.run), "--report", "resumed"],
                           capture_output=True, text=True, cwd=REPO, timeout=300, env=dict(os.environ, PYTEST_ADDOPTS=f"-k '{fast}'"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     v = suite.verdict()
     assert v["finished_at"] is not None and v["resumed"] == 1
-    # -k left sanity out, so the finished run cannot qualify (bakeoff.verdict.decide): that is the only reason
+    # -k left sanity out, so the finished run cannot qualify (bakeoff.api.verdict.decide): that is the only reason
     assert v["status"] == "qualified" or v["reasons"] == ["sanity.known_answers: required to qualify, did not run"], v
     after = {c["name"]: c for c in v["checks"]}
     for name in ("capacity.kv_cache", "capacity.warmup", "spec_decode.acceptance"):

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from bakeoff import fixtures
-from bakeoff.errors import UserError
-from bakeoff.sanity import probe_correct
+from bakeoff.models import fixtures
+from bakeoff.api.errors import UserError
+from bakeoff.analysis.sanity import probe_correct
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def _greedy_accuracy(folder) -> float:
 
 
 def test_import_is_light():
-    code = "import sys, bakeoff.fixtures; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    code = "import sys, bakeoff.models.fixtures; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
 
@@ -155,7 +155,7 @@ def test_cache_reuse(trained):
 
 def test_concurrent_builds_share_one_result(tmp_path):
     code = (
-        "import sys; from bakeoff.fixtures import build; "
+        "import sys; from bakeoff.models.fixtures import build; "
         "print('PATH', build('tiny-qwen3-untrained', log=lambda m: print('LOG', m)))"
     )
     env = {**__import__("os").environ, "BAKEOFF_CACHE": str(tmp_path)}

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff import fixtures
-from bakeoff.procs import free_port
+from bakeoff.models import fixtures
+from bakeoff.host.procs import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.slow, pytest.mark.engine("transformers")]
@@ -180,9 +180,9 @@ def test_judge_flags_the_issue_strings(tmp_path, trained):
     import httpx
 
     import backends
-    from bakeoff.judge import nll_verdict, pooled_nll
-    from bakeoff.sanity import detectors
-    from bakeoff.specs import BackendConfig, GenerationRequest
+    from bakeoff.analysis.judge import nll_verdict, pooled_nll
+    from bakeoff.analysis.sanity import detectors
+    from bakeoff.api.specs import BackendConfig, GenerationRequest
     from evaluations.measuring import send
 
     for s in ISSUE_STRINGS:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.cli import main
-from bakeoff.jobs import render
-from bakeoff.jobs.specs import ExportTask, JobTask, PushTarget
+from bakeoff.cli.main import main
+from bakeoff.cli.jobs import render
+from bakeoff.cli.jobs.specs import ExportTask, JobTask, PushTarget
 from fakes.hf_jobs_server import FakeHfJobsServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -170,7 +170,7 @@ def test_fetch_from_the_hub_and_from_a_folder(capsys, tmp_path, token):
 
 
 def _export_model() -> str:
-    from bakeoff import fixtures
+    from bakeoff.models import fixtures
 
     # The Done-when fixture when it is built; its untrained twin (same architecture and
     # export path) otherwise, so that this test never spends minutes training.
@@ -182,7 +182,7 @@ def _export_model() -> str:
 def test_uv_run_of_the_dry_run_script_exports_like_the_adapter(capsys, tmp_path, token):
     """The rendered script under ``uv run`` does a real ORT GenAI INT4 export and writes the adapter's files."""
     from adapters.ort_genai_export import ExportOptions, export
-    from bakeoff import fixtures
+    from bakeoff.models import fixtures
 
     model = _export_model()
     script, pushed = tmp_path / "job.py", tmp_path / "pushed"

@@ -12,7 +12,7 @@ from bakeoff.loadgen.multiproc import closed_loop_mp
 from bakeoff.loadgen.stats import per_request, summarize
 from bakeoff.loadgen.sweep import closed_loop, open_loop, poisson_arrivals_ns, run_request
 from bakeoff.loadgen.synth_launch import SynthServer
-from bakeoff.specs import GenerationRequest, TokenEvent, Usage
+from bakeoff.api.specs import GenerationRequest, TokenEvent, Usage
 
 APIS = ["completions", "chat", "messages"]
 N = 8  # tokens per response

@@ -1,11 +1,11 @@
-"""Config matrices: parsing, presets, errors (bakeoff/matrix.py) and the qualify CLI's checks."""
+"""Config matrices: parsing, presets, errors (bakeoff/analysis/matrix.py) and the qualify CLI's checks."""
 
 from __future__ import annotations
 
 import pytest
 
-from bakeoff.errors import UserError
-from bakeoff.matrix import Cell, merge_options, parse_matrix, split_top_level
+from bakeoff.api.errors import UserError
+from bakeoff.analysis.matrix import Cell, merge_options, parse_matrix, split_top_level
 
 
 def test_no_matrix_is_one_empty_cell():
@@ -64,7 +64,7 @@ def test_merge_refuses_a_key_set_twice():
     (["qualify", "--backends", "vllm", "--repeats", "0"], "--repeats must be at least 1"),
 ])
 def test_qualify_rejects_bad_matrix_before_running(argv, message, capsys, tmp_path):
-    from bakeoff.cli import main
+    from bakeoff.cli.main import main
 
     assert main([*argv, "--artifacts", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()

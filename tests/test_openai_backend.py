@@ -9,11 +9,11 @@ import pytest
 
 import backends
 from backends.openai.backend import OpenAIBackend
-from bakeoff.errors import EngineFailure, UserError
+from bakeoff.api.errors import EngineFailure, UserError
 from bakeoff.loadgen.sweep import closed_loop, run_request
 from bakeoff.loadgen.synth_launch import SynthServer
-from bakeoff.procs import free_port
-from bakeoff.specs import BackendConfig, GenerationRequest
+from bakeoff.host.procs import free_port
+from bakeoff.api.specs import BackendConfig, GenerationRequest
 
 
 @pytest.fixture(scope="module")

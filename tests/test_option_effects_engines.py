@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff import envs
+from bakeoff.host import envs
 
 REPO = Path(__file__).resolve().parent.parent
 MEMORY = "gpu_memory_utilization=0.15"  # a small KV reservation: this machine is shared (docs/field-notes.md)

@@ -14,8 +14,8 @@ import pytest
 
 from backends._options import OptionReport, fallback_notes, message_of, rule, scan
 from backends.vllm import option_log as vl
-from bakeoff.errors import UserError
-from bakeoff.matrix import baseline_cell, baselines_first, kv_capacity_ratio, load_baseline, parse_matrix
+from bakeoff.api.errors import UserError
+from bakeoff.analysis.matrix import baseline_cell, baselines_first, kv_capacity_ratio, load_baseline, parse_matrix
 
 FLASH = "(Worker pid=28866) INFO 12-01 08:37:31 [cpu.py:178] Cannot use AttentionBackendEnum.FLASH_ATTN backend on CPU."
 CONFIG = ("(EngineCore pid=28854) INFO 12-01 08:37:22 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: "
@@ -204,7 +204,7 @@ def test_qualify_matrix_runs_the_auto_cell_first_and_passes_it_on(tmp_path, monk
     the fp8 cell gets ``--baseline-run`` = its run (the evaluations are stood in for: the wiring only)."""
     import subprocess
 
-    import bakeoff.cli as cli
+    import bakeoff.cli.main as cli
 
     real_run, calls = subprocess.run, []
 
@@ -218,7 +218,7 @@ def test_qualify_matrix_runs_the_auto_cell_first_and_passes_it_on(tmp_path, monk
         return subprocess.CompletedProcess(cmd, 1)
 
     monkeypatch.setattr(cli.subprocess, "run", fake_pytest)
-    monkeypatch.setattr("bakeoff.report.write_report", lambda runs, dest: dest)
+    monkeypatch.setattr("bakeoff.reporting.report.write_report", lambda runs, dest: dest)
     monkeypatch.setattr(cli, "_print_summary", lambda runs: None)
     assert cli.main(["qualify", "--backends", "vllm", "--matrix", "kv_cache_dtype=fp8,auto",
                      "--artifacts", str(tmp_path / "art")]) == 0
@@ -245,7 +245,7 @@ def test_kv_statement_on_one_line_cpu_and_two_lines_cuda():
 
 def test_generic_cuda_device_is_named_by_nvml():
     """vLLM and ORT GenAI say ``cuda``; the roofline table needs the GPU's name (a FAKE NVML)."""
-    from bakeoff.telemetry import device_name
+    from bakeoff.host.telemetry import device_name
 
     class FakeNvml:
         def nvmlSystemGetCudaDriverVersion_v2(self):

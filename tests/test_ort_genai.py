@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from adapters.ort_genai_export import ExportOptions, env_spec, export, inspect_graph, raise_for_problems
-from bakeoff import envs
-from bakeoff.errors import EngineFailure
+from bakeoff.host import envs
+from bakeoff.api.errors import EngineFailure
 
 PROMPTS_FALLBACK = ["abc ab", "count: 1 2 3", "copy: ab =>", "kv a=1 b=2"]
 
@@ -54,7 +54,7 @@ def tiny_qwen3(tmp_path_factory) -> Path:
     """The trained ``tiny-qwen3`` fixture when already built (``bakeoff fixture tiny-qwen3``),
     else a random tiny Qwen3 (seconds; training the fixture takes minutes on a busy 2-core host)."""
     try:
-        from bakeoff.fixtures import build, is_built
+        from bakeoff.models.fixtures import build, is_built
 
         if is_built("tiny-qwen3"):
             return Path(build("tiny-qwen3"))
@@ -181,7 +181,7 @@ def _reference_greedy(model: Path, prompts: list[str], max_new: int) -> list[lis
 
 
 async def _collect(backend, **kw):
-    from bakeoff.specs import GenerationRequest
+    from bakeoff.api.specs import GenerationRequest
 
     ids, text, times, finish = [], "", [], None
     async for ev in backend.stream(GenerationRequest(request_id="t", **kw)):
@@ -196,7 +196,7 @@ async def _collect(backend, **kw):
 @pytest.mark.parametrize("batching", ["engine", "generator"])
 def test_backend_streams_and_matches_reference(tiny_qwen3, ort_python, tmp_path, batching):
     from backends import resolve
-    from bakeoff.specs import BackendConfig
+    from bakeoff.api.specs import BackendConfig
 
     prompts = _prompts(tiny_qwen3)
     max_new = 8
@@ -267,7 +267,7 @@ def test_worker_cancels_a_dropped_stream_counts_the_prompt_and_reports_a_killed_
     from tokenizers import Tokenizer
 
     from backends import resolve
-    from bakeoff.specs import BackendConfig
+    from bakeoff.api.specs import BackendConfig
 
     model = _with_context(tiny_qwen3, tmp_path / "long-context", 2048)
     b = resolve("ort-genai")(BackendConfig(backend="ort-genai", model=str(model), workdir=str(tmp_path),

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from adapters.checkpoint_patches import RECORD, apply_patches, parse_patch, parse_patches, patch_key
-from bakeoff.errors import UserError
+from bakeoff.api.errors import UserError
 
 CONFIG = {
     "architectures": ["Qwen3ForCausalLM"],

@@ -1,10 +1,10 @@
-"""Roofline bounds (bakeoff/roofline.py) on real architectures' configs."""
+"""Roofline bounds (bakeoff/analysis/roofline.py) on real architectures' configs."""
 
 from __future__ import annotations
 
 import pytest
 
-from bakeoff.roofline import GPUS, decode_bound, find_gpu, shape_from_config, sweep_roofline
+from bakeoff.analysis.roofline import GPUS, decode_bound, find_gpu, shape_from_config, sweep_roofline
 
 # Qwen3-1.7B's config.json (hub: Qwen/Qwen3-1.7B): 1.72 B parameters with tied embeddings.
 QWEN3_1_7B = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 2048, "intermediate_size": 6144,

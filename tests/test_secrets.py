@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from backends._server import ChildServerBackend
-from bakeoff.errors import EngineFailure
-from bakeoff.specs import BackendConfig, Spec
+from bakeoff.api.errors import EngineFailure
+from bakeoff.api.specs import BackendConfig, Spec
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "hf_" + secrets.token_hex(16)
@@ -93,7 +93,7 @@ def test_engine_log_and_failure_evidence_are_redacted(tmp_path):
 def secret_runs(tmp_path_factory):
     """The real suite (transformers, untrained fixture) with secrets set: one run loads, one run's
     checkpoint makes the engine quote the password in its error; then a report and a comparison."""
-    from bakeoff.models import resolve
+    from bakeoff.models.resolve import resolve
 
     root = tmp_path_factory.mktemp("secrets")
     art = root / "art"
@@ -110,7 +110,7 @@ def secret_runs(tmp_path_factory):
     outputs = [p.communicate(timeout=400)[0] for p in procs]
     for sub in (["report", "--artifacts", str(art), "--name", "secrets"],
                 ["compare", str(art / "runs"), "--artifacts", str(art), "--name", "secrets-compare"]):
-        out = subprocess.run([sys.executable, "-m", "bakeoff.cli", *sub], cwd=REPO, env=env, capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-m", "bakeoff.cli.main", *sub], cwd=REPO, env=env, capture_output=True, text=True,
                              timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
     runs = {json.loads((d / "verdict.json").read_text())["model"]: d for d in (art / "runs").iterdir()}

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from bakeoff.loadgen import client as client_mod
 from bakeoff.loadgen.client import OpenAIClient
 from bakeoff.loadgen.sse import SSEParser
-from bakeoff.specs import GenerationRequest
+from bakeoff.api.specs import GenerationRequest
 
 BOM = b"\xef\xbb\xbf"
 EOLS = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}

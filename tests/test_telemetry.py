@@ -1,4 +1,4 @@
-"""GPU telemetry (bakeoff/telemetry.py).
+"""GPU telemetry (bakeoff/host/telemetry.py).
 
 No GPU runs here, so the sampler is driven by ``FakeNvml``, a fake of the few NVML calls it
 makes (named as such); the real path is the GPU test at the end, which skips on CPU hosts
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bakeoff.telemetry import GpuSampler, joules_per_token, load_nvml, static_info, summarize
+from bakeoff.host.telemetry import GpuSampler, joules_per_token, load_nvml, static_info, summarize
 
 
 class FakeNvml:

@@ -27,9 +27,9 @@ from pathlib import Path
 import pytest
 
 from backends._tokenize import server_tokenize
-from bakeoff import fixtures
-from bakeoff.errors import EngineFailure
-from bakeoff.procs import free_port
+from bakeoff.models import fixtures
+from bakeoff.api.errors import EngineFailure
+from bakeoff.host.procs import free_port
 from evaluations.tokenizing import describer, first_difference, mismatches, reference_ids, reference_tokenizer
 from tests.fakes.tokenize_servers import tokenize_app
 
@@ -132,7 +132,7 @@ def test_server_tokenize_tells_the_shapes_apart(trained):
 
 
 class FakeWorkerEngine:
-    """FAKE worker engine (``bakeoff.worker_server.WorkerEngine``): ids are the characters' code points."""
+    """FAKE worker engine (``backends._hosting.worker_server.WorkerEngine``): ids are the characters' code points."""
 
     def info(self):
         return {"max_model_len": 64}
@@ -157,7 +157,7 @@ class NoTokenizeEngine:
 
 
 def test_worker_route_serves_the_engines_ids():
-    from bakeoff.worker_server import build_app
+    from backends._hosting.worker_server import build_app
 
     with serving(build_app(FakeWorkerEngine(), "m")) as url:
         assert server_tokenize(url, ["ab", "c"]) == ([[97, 98], [99]], "")
@@ -178,8 +178,8 @@ def test_worker_route_serves_the_engines_ids():
 def test_trtllm_worker_reports_its_llm_tokenizer(tmp_path, monkeypatch):
     """The FAKE tensorrt_llm's tokenizer (code points) answers through the real worker and route."""
     from backends.trtllm.backend import TrtllmBackend
-    from bakeoff import envs
-    from bakeoff.specs import BackendConfig
+    from bakeoff.host import envs
+    from bakeoff.api.specs import BackendConfig
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO / "tests" / "fakes"), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setattr(envs, "has_cuda", lambda: True)

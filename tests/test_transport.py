@@ -24,8 +24,8 @@ from bakeoff.loadgen.distortion import engine_timing, judge, stream_shape
 from bakeoff.loadgen.stats import per_request
 from bakeoff.loadgen.sweep import closed_loop, run_request
 from bakeoff.loadgen.synth_launch import SynthServer
-from bakeoff.procs import free_port
-from bakeoff.specs import BackendConfig, GenerationRequest, RequestRecord, TokenEvent
+from bakeoff.host.procs import free_port
+from bakeoff.api.specs import BackendConfig, GenerationRequest, RequestRecord, TokenEvent
 
 REPO = Path(__file__).resolve().parent.parent
 APIS = ["completions", "chat", "messages"]
@@ -198,7 +198,7 @@ def test_usage_event_is_not_a_content_event():
 
 def _suite(tmp: Path, url: str, tokenizer: Path) -> dict:
     """``pytest evaluations/ --backend openai`` against ``url``: the load and throughput checks."""
-    from bakeoff.models import resolve
+    from bakeoff.models.resolve import resolve
 
     art = tmp / "art"
     model = resolve("fixture:tiny-qwen3").path  # the reference the suite starts before the engine
@@ -225,7 +225,7 @@ def test_suite_names_the_hop_and_passes_the_direct_server(paced, tmp_path):
     assert t["status"] == "fail" and t["failure_class"] == "transport-distortion", t
     assert "held back" in t["summary"] and "bursts" in t["summary"]
     assert "DISTORTED" in through["throughput.sweep"]["summary"]
-    from bakeoff.report import write_report
+    from bakeoff.reporting.report import write_report
 
     text = write_report([tmp_path / "through" / "art" / "runs"], tmp_path / "report").read_text()
     assert "Figures distorted in transit" in text
@@ -252,7 +252,7 @@ def test_real_vllm_over_the_openai_api_agrees_without_token_ids(tmp_path):
     under ignore_eos) through completions and chat, no token ids asked for; the fixture's
     tokenizer counts every request within tolerance, and the direct stream is not distorted."""
     import backends
-    from bakeoff import fixtures
+    from bakeoff.models import fixtures
     from evaluations.probing import throughput_prompt
 
     model = str(fixtures.build("tiny-qwen3-untrained"))

@@ -20,9 +20,9 @@ import pytest
 
 from backends import resolve
 from backends.trtllm.backend import TrtllmBackend
-from bakeoff import envs
-from bakeoff.errors import EngineFailure, UserError
-from bakeoff.specs import BackendConfig, GenerationRequest
+from bakeoff.host import envs
+from bakeoff.api.errors import EngineFailure, UserError
+from bakeoff.api.specs import BackendConfig, GenerationRequest
 
 FAKES = Path(__file__).parent / "fakes"
 W4A16 = {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],

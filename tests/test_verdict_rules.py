@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from bakeoff.generic_probes import FAMILIES, chat_template_of, generic_probes, render_chat
-from bakeoff.judge import NLL_GAP_NATS, divergence, kl_topk, nll_verdict, pooled_nll
-from bakeoff.paired import (binomial_below, decide, mcnemar_exact_p, min_detectable_drop, paired_interval)
-from bakeoff.sanity import agreement, compare_tie_aware, jsonable_logprobs, probe_correct
+from bakeoff.analysis.generic_probes import FAMILIES, chat_template_of, generic_probes, render_chat
+from bakeoff.analysis.judge import NLL_GAP_NATS, divergence, kl_topk, nll_verdict, pooled_nll
+from bakeoff.analysis.paired import (binomial_below, decide, mcnemar_exact_p, min_detectable_drop, paired_interval)
+from bakeoff.analysis.sanity import agreement, compare_tie_aware, jsonable_logprobs, probe_correct
 
 
 # ---- McNemar's exact test -------------------------------------------------------------------
@@ -223,7 +223,7 @@ def test_judge_never_passes_on_broken_scores():
 def test_logprobs_stay_aligned_with_token_ids():
     """An event without logprobs keeps its place: later positions are not shifted."""
     from bakeoff.loadgen.accounting import account
-    from bakeoff.specs import RequestRecord, TokenEvent
+    from bakeoff.api.specs import RequestRecord, TokenEvent
 
     evs = [TokenEvent(1, "a", [1], logprobs=[(1, -0.1, {1: -0.1})]), TokenEvent(2, "bc", [2, 3]),
            TokenEvent(3, "d", [4], logprobs=[(4, -0.2, {4: -0.2})])]

@@ -1,4 +1,4 @@
-"""bakeoff.worker_pipe: frames, the doorbell and the timer, and an engine process that dies.
+"""backends._hosting.worker_pipe: frames, the doorbell and the timer, and an engine process that dies.
 
 The child here is a small standard-library script speaking the frame protocol (what an
 engine process does around its model), so each path is driven deterministically; the ORT
@@ -15,13 +15,13 @@ import time
 
 import pytest
 
-from bakeoff.worker_pipe import EngineProcess, FrameReader, encode_frame
-from bakeoff.worker_server import TokenChannel
+from backends._hosting.worker_pipe import EngineProcess, FrameReader, encode_frame
+from backends._hosting.worker_server import TokenChannel
 
 CHILD = textwrap.dedent("""
     import argparse, os, sys, time
     sys.path.insert(0, {root!r})
-    from bakeoff.worker_pipe import ChildPipe
+    from backends._hosting.worker_pipe import ChildPipe
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode")
     ap.add_argument("--cmd-fd", type=int); ap.add_argument("--out-fd", type=int); ap.add_argument("--bell-fd", type=int)

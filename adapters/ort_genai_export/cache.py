@@ -1,7 +1,7 @@
 """Export cache: one folder per (source checkpoint, options, builder version).
 
 Key: sha256 of the checkpoint fingerprint (:func:`checkpoint_hash`), the export options and
-the onnxruntime-genai version. Folder: ``bakeoff.envs.cache_root()/exports/<slug>-<key12>``;
+the onnxruntime-genai version. Folder: ``bakeoff.host.envs.cache_root()/exports/<slug>-<key12>``;
 it counts only once its ``export.json`` (the :class:`ExportResult`) exists, written last.
 """
 
@@ -15,7 +15,7 @@ import struct
 from pathlib import Path
 
 from adapters.ort_genai_export.specs import ExportOptions
-from bakeoff import envs
+from bakeoff.host import envs
 
 # Small files hashed by content; weight files by name, size, mtime and safetensors header.
 CONTENT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",

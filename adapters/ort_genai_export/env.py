@@ -2,14 +2,14 @@
 
 Pins (docs/field-notes.md, "ONNX Runtime GenAI"): the builder in ``onnxruntime-genai`` 0.18.0
 imports ``onnx``, ``onnx_ir``, ``onnxscript``, ``torch`` and ``transformers``; the worker
-needs ``aiohttp`` (``bakeoff.worker_server``) and ``tokenizers`` (the HF tokenizer fallback).
+needs ``aiohttp`` (``backends._hosting.worker_server``) and ``tokenizers`` (the HF tokenizer fallback).
 torch is pinned to 2.13.0: on this host pip takes the local CPU wheel; on a CUDA host the
 user's index decides.
 """
 
 from __future__ import annotations
 
-from bakeoff import envs
+from bakeoff.host import envs
 
 ORT_GENAI_VERSION = "0.18.0"
 
@@ -30,7 +30,7 @@ REQUIREMENTS = (
 
 # what the builder, the inspection child and the worker import: an interpreter holding these
 # (``onnxruntime-genai-cuda`` and ``onnxruntime-gpu`` provide the same modules) is a
-# preinstalled ort-genai environment (bakeoff/envs.py)
+# preinstalled ort-genai environment (bakeoff/host/envs.py)
 MODULES = ("onnxruntime_genai", "onnxruntime", "onnx", "onnx_ir", "onnxscript", "torch", "transformers",
            "tokenizers", "safetensors", "aiohttp", "numpy")
 

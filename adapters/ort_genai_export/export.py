@@ -20,9 +20,9 @@ from typing import Callable
 from adapters.ort_genai_export import cache
 from adapters.ort_genai_export.env import ORT_GENAI_VERSION, env_spec
 from adapters.ort_genai_export.specs import ExportOptions, ExportResult, GraphReport
-from bakeoff import envs
-from bakeoff.errors import EngineFailure
-from bakeoff.procs import tail
+from bakeoff.host import envs
+from bakeoff.api.errors import EngineFailure
+from bakeoff.host.procs import tail
 
 UNSUPPORTED = re.compile(r"NotImplementedError: (The .* model is not currently supported\.?)")
 # Stage order used to pick the headline problem of a report.

@@ -1,6 +1,6 @@
 """TensorRT-LLM's quantized input: NVIDIA ModelOpt PTQ (INT4 AWQ, FP8, NVFP4) and unified-HF export.
 
-TensorRT-LLM refuses llm-compressor's W4A16 checkpoints (:mod:`bakeoff.preflight`); its own
+TensorRT-LLM refuses llm-compressor's W4A16 checkpoints (:mod:`bakeoff.analysis.preflight`); its own
 quantized input is a ModelOpt checkpoint. :func:`modelopt_quantize` produces one with
 ``mtq.quantize(model, mtq.INT4_AWQ_CFG | mtq.FP8_DEFAULT_CFG | mtq.NVFP4_DEFAULT_CFG,
 forward_loop)`` and ``export_hf_checkpoint(model, export_dir=...)``, in ModelOpt's own
@@ -20,11 +20,11 @@ from typing import Any, Callable, Literal
 
 from pydantic import Field
 
-from bakeoff import envs
-from bakeoff.errors import EngineFailure, UserError
-from bakeoff.preflight import describe_quantization
-from bakeoff.procs import tail
-from bakeoff.specs import Spec
+from bakeoff.host import envs
+from bakeoff.api.errors import EngineFailure, UserError
+from bakeoff.analysis.preflight import describe_quantization
+from bakeoff.host.procs import tail
+from bakeoff.api.specs import Spec
 
 __all__ = ["modelopt_quantize", "ModeloptResult", "env_spec", "RESULT_FILE"]
 

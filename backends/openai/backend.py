@@ -21,10 +21,10 @@ from typing import Any, AsyncIterator, Callable, Literal
 from pydantic import Field, field_validator
 
 from backends.base import Backend
-from bakeoff.errors import EngineFailure
+from bakeoff.api.errors import EngineFailure
 from bakeoff.loadgen.accounting import TokenCounter
 from bakeoff.loadgen.client import OpenAIClient
-from bakeoff.specs import BackendInfo, GenerationRequest, Spec, TokenEvent
+from bakeoff.api.specs import BackendInfo, GenerationRequest, Spec, TokenEvent
 
 
 class OpenAIOptions(Spec):

@@ -19,10 +19,10 @@ from pydantic import Field
 from adapters.ort_genai_export import ExportOptions, ExportResult, env_spec, export
 from backends._options import OptionReport, OptionStatement, fallback_notes, read_log, rule, scan
 from backends._server import ChildServerBackend
-from bakeoff import envs
-from bakeoff.errors import EngineFailure
-from bakeoff.procs import free_port
-from bakeoff.specs import BackendInfo
+from bakeoff.host import envs
+from bakeoff.api.errors import EngineFailure
+from bakeoff.host.procs import free_port
+from bakeoff.api.specs import BackendInfo
 
 
 BUILDER_PY = "onnxruntime_genai/models/builder.py"

@@ -3,7 +3,7 @@
 Started by :mod:`backends.ort_genai.worker` (the HTTP side) as ``python -m
 backends.ort_genai.engine --model EXPORT_DIR --options JSON --cmd-fd N --out-fd M
 --bell-fd B``; the
-two talk in :mod:`bakeoff.worker_pipe` frames, so the decode loop shares no GIL with the
+two talk in :mod:`backends._hosting.worker_pipe` frames, so the decode loop shares no GIL with the
 HTTP server. Two schedulers:
 
 - ``generator``: one ``og.Generator`` per request, one at a time, on the main thread.
@@ -379,7 +379,7 @@ class OrtGenaiEngine:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from bakeoff.worker_pipe import ChildPipe
+    from backends._hosting.worker_pipe import ChildPipe
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)

@@ -2,8 +2,8 @@
 
 Runs in the ``ort-genai`` environment (``adapters.ort_genai_export.env``) as ``python -m
 backends.ort_genai.worker --model EXPORT_DIR --port P --ready-file F --options JSON``. This
-process serves HTTP (:mod:`bakeoff.worker_server`); the model runs in a child process,
-:mod:`backends.ort_genai.engine`, and the two exchange :mod:`bakeoff.worker_pipe` frames.
+process serves HTTP (:mod:`backends._hosting.worker_server`); the model runs in a child process,
+:mod:`backends.ort_genai.engine`, and the two exchange :mod:`backends._hosting.worker_pipe` frames.
 Two processes because an engine thread and the HTTP loop in one interpreter share the GIL:
 there the worker kept 64-106% of a bare ``og.Generator`` loop's tokens/s on a tiny model,
 varying with every event written (``benchmarks/bench_ort_genai.py``). The engine process
@@ -25,12 +25,12 @@ import os
 import sys
 from typing import Any
 
-from bakeoff.worker_pipe import EngineProcess
-from bakeoff.worker_server import PROMPT_TOKENS_KEY, TokenChannel
+from backends._hosting.worker_pipe import EngineProcess
+from backends._hosting.worker_server import PROMPT_TOKENS_KEY, TokenChannel
 
 
 class OrtGenaiProxy:
-    """The :class:`bakeoff.worker_server.WorkerEngine` of this worker: requests go to the engine process.
+    """The :class:`backends._hosting.worker_server.WorkerEngine` of this worker: requests go to the engine process.
 
     Args:
         model_dir: export folder.
@@ -155,7 +155,7 @@ class OrtGenaiProxy:
 
 
 def main() -> None:
-    from bakeoff.worker_server import serve
+    from backends._hosting.worker_server import serve
 
     serve(lambda args: OrtGenaiProxy(args.model, args.options))
 

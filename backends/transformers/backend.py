@@ -9,9 +9,9 @@ from typing import Literal
 from pydantic import Field
 
 from backends._server import ChildServerBackend
-from bakeoff.envs import child_env
-from bakeoff.procs import free_port
-from bakeoff.specs import BackendInfo, Spec
+from bakeoff.host.envs import child_env
+from bakeoff.host.procs import free_port
+from bakeoff.api.specs import BackendInfo, Spec
 
 
 class TransformersOptions(Spec):

@@ -223,7 +223,7 @@ def hold_gpu_memory(torch, headroom_gib: float, held: list) -> float:
 
 
 def main() -> None:
-    from bakeoff.worker_server import serve
+    from backends._hosting.worker_server import serve
 
     serve(lambda args: TransformersEngine(args.model, args.options))
 

@@ -5,7 +5,7 @@ TensorRT-LLM needs an NVIDIA GPU and CUDA 13 and pins its own torch (docs/field-
 anything else :meth:`TrtllmBackend.start` probes the host: no GPU, or ``tensorrt_llm`` not
 importable, ends the run ``unavailable`` with the probe output as evidence. Then the
 checkpoint's quantization is checked against TensorRT-LLM's reader
-(:func:`bakeoff.preflight.raise_if_rejected`): an llm-compressor W4A16 checkpoint, for one,
+(:func:`bakeoff.analysis.preflight.raise_if_rejected`): an llm-compressor W4A16 checkpoint, for one,
 ends ``config-rejected`` before anything is launched.
 
 Server mode runs ``trtllm-serve MODEL --host --port --backend --tp_size --max_batch_size
@@ -27,11 +27,11 @@ from typing import Any, Literal
 from pydantic import Field
 
 from backends._server import ChildServerBackend, http_get, parse_prometheus
-from bakeoff import envs
-from bakeoff.errors import EngineFailure, UserError
-from bakeoff.preflight import raise_if_rejected
-from bakeoff.procs import free_port
-from bakeoff.specs import BackendInfo, Spec
+from bakeoff.host import envs
+from bakeoff.api.errors import EngineFailure, UserError
+from bakeoff.analysis.preflight import raise_if_rejected
+from bakeoff.host.procs import free_port
+from bakeoff.api.specs import BackendInfo, Spec
 
 TRTLLM = "tensorrt-llm==1.2.1"
 # "[MemUsageChange] Allocated 10.5 GiB for max tokens in paged KV cache (123456)."

@@ -139,7 +139,7 @@ def _device() -> str:
 
 
 def main() -> None:
-    from bakeoff.worker_server import serve
+    from backends._hosting.worker_server import serve
 
     serve(lambda args: TrtllmEngine(args.model, args.options))
 

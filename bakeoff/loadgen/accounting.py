@@ -36,8 +36,8 @@ import math
 from pathlib import Path
 from typing import Callable
 
-from bakeoff.errors import EngineFailure
-from bakeoff.specs import RequestRecord
+from bakeoff.api.errors import EngineFailure
+from bakeoff.api.specs import RequestRecord
 
 ABS_TOLERANCE_TOKENS = 2
 REL_TOLERANCE = 0.10

@@ -26,7 +26,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from bakeoff.loadgen.synth_launch import SynthServer
-from bakeoff.specs import BackendConfig, GenerationRequest, RequestRecord
+from bakeoff.api.specs import BackendConfig, GenerationRequest, RequestRecord
 from bakeoff.loadgen import run_loop
 
 
@@ -269,7 +269,7 @@ def cli_calibrate(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     from pathlib import Path
 
-    from bakeoff.errors import UserError
+    from bakeoff.api.errors import UserError
 
     try:
         levels = [int(x) for v in a.concurrency for x in str(v).split(",") if x.strip()]

@@ -18,10 +18,10 @@ import os
 import time
 from typing import Any, AsyncIterator, Literal
 
-from bakeoff.errors import EngineFailure
+from bakeoff.api.errors import EngineFailure
 from bakeoff.loadgen.http import Pool, TransportError
 from bakeoff.loadgen.sse import SSEParser
-from bakeoff.specs import GenerationRequest, TokenEvent, Usage
+from bakeoff.api.specs import GenerationRequest, TokenEvent, Usage
 
 Api = Literal["completions", "chat", "messages"]
 # run_request puts a two-item list here; stream() stores in [0] the time its request bytes were

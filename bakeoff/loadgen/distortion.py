@@ -31,7 +31,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from bakeoff.specs import RequestRecord
+from bakeoff.api.specs import RequestRecord
 
 CLUSTER_GAP_MS = 1.0
 MIN_EVENTS = 8

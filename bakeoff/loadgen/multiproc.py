@@ -19,7 +19,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from bakeoff.specs import GenerationRequest, RequestRecord
+from bakeoff.api.specs import GenerationRequest, RequestRecord
 from bakeoff.loadgen import run_loop
 
 

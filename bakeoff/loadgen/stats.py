@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from bakeoff.specs import RequestRecord
+from bakeoff.api.specs import RequestRecord
 
 PCTS = (50, 90, 99)
 

@@ -14,11 +14,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bakeoff.errors import EngineFailure
+from bakeoff.api.errors import EngineFailure
 from bakeoff.loadgen.accounting import account
 from bakeoff.loadgen.client import SENT_NS
 from bakeoff.loadgen.stats import summarize
-from bakeoff.specs import GenerationRequest, RequestRecord
+from bakeoff.api.specs import GenerationRequest, RequestRecord
 from bakeoff.loadgen import run_loop
 
 

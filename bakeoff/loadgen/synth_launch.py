@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bakeoff.loadgen.synth_server import SynthConfig
-from bakeoff.procs import free_port
+from bakeoff.host.procs import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

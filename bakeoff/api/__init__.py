@@ -1,0 +1,1 @@
+"""Contracts: specs, errors, the verdict and options. Imports nothing else of bakeoff."""

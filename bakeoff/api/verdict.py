@@ -1,0 +1,137 @@
+"""Verdict and checks: the contract every run ends in (docs/design.md "Verdict and evidence")."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from pydantic import Field
+
+from bakeoff.api.specs import Spec
+
+FAILURE_CLASSES: dict[str, str] = {
+    "unavailable": "cannot run on this host (missing package, no GPU)",
+    "unsupported-architecture": "the engine or exporter does not support the model's architecture",
+    "config-rejected": "the engine's config reader refuses the checkpoint or an option",
+    "export-defect": "an exported graph is invalid (checker, shape inference, wrong op types)",
+    "load-failure": "the engine failed to load the model or start",
+    "incompatible-features": "a combination of options the engine refuses",
+    "runtime-crash": "the engine died while serving (segfault, OOM kill, CUDA error)",
+    "hang": "no progress within a deadline",
+    "garbage-output": "the output is not text or not the known answer",
+    "accuracy-regression": "the output disagrees with the reference beyond tolerance",
+    "slo-miss": "a latency or throughput objective was missed",
+    "transport-distortion": "the stream was cut or distorted in transit",
+    "client-accounting": "client token counts disagree with the server's usage",
+    "cache-correctness": "a prefix-cache hit changed the output",
+    "ineffective-option": "an option was accepted but its measurable effect is absent",
+}
+
+# ``info``: a report-only check that measured what it names and judges nothing (e.g. the
+# warm-up TTFT); shown as such, it neither qualifies nor disqualifies.
+CheckStatus = Literal["pass", "fail", "error", "skip", "info"]
+RunStatus = Literal["qualified", "disqualified", "unavailable", "incomplete"]
+
+
+def utc_now() -> str:
+    """ISO-8601 UTC timestamp with seconds, e.g. ``2026-11-30T05:40:12Z``."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Check(Spec):
+    """One check of a run.
+
+    Attributes:
+        name: dotted name, e.g. ``sanity.known_answers``.
+        status: pass / fail / error / skip / info (report only: measured, judged nothing).
+        failure_class: set when status is fail or error; one of ``FAILURE_CLASSES``.
+        summary: one line a maintainer reads first.
+        values: measured values; units are in the keys (``ttft_p50_ms``).
+        evidence: paths of evidence files, relative to the run directory.
+        started_at: UTC start time.
+        duration_s: wall time of the check in seconds.
+    """
+
+    name: str
+    status: CheckStatus
+    failure_class: str | None = None
+    summary: str = ""
+    values: dict[str, Any] = Field(default_factory=dict)
+    evidence: list[str] = Field(default_factory=list)
+    started_at: str = Field(default_factory=utc_now)
+    duration_s: float | None = None
+
+
+class Verdict(Spec):
+    """The per-run verdict written to ``verdict.json``.
+
+    Attributes:
+        run_id: the run directory name.
+        backend: registry name.
+        model: what the user passed (``fixture:tiny-qwen3``, a path, a hub id).
+        model_path: the resolved path or hub id the engine loaded.
+        options: backend options.
+        profile: ``quick`` or ``full``.
+        status: qualified / disqualified / unavailable / incomplete.
+        reasons: one line per failed check: ``check: failure-class: summary``.
+        checks: every check, in the order run.
+        backend_info: what the engine reported at start.
+        fingerprint: environment fingerprint (secrets redacted).
+        started_at / finished_at: UTC timestamps; ``finished_at`` is None while incomplete.
+    """
+
+    schema_version: int = 1
+    run_id: str
+    backend: str
+    model: str
+    model_path: str | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+    profile: str = "quick"
+    status: RunStatus = "incomplete"
+    reasons: list[str] = Field(default_factory=list)
+    checks: list[Check] = Field(default_factory=list)
+    backend_info: dict[str, Any] | None = None
+    fingerprint: dict[str, Any] = Field(default_factory=dict)
+    started_at: str = Field(default_factory=utc_now)
+    finished_at: str | None = None
+    resumed: int = 0
+
+
+# A run qualifies only if these passed: a selection of modules that leaves them out (e.g.
+# ``pytest evaluations/test_throughput.py``) measures, but does not qualify.
+REQUIRED_CHECKS = ("load", "sanity.known_answers")
+
+
+def decide(checks: list[Check], finished: bool) -> tuple[RunStatus, list[str]]:
+    """Compute a run's status from its checks.
+
+    Rules: a run that did not finish is ``incomplete``; a run whose only failures are of
+    class ``unavailable`` is ``unavailable``; any other failed or errored check makes it
+    ``disqualified``; a run without a passed ``load`` and ``sanity.known_answers`` is
+    ``incomplete`` (it measured, it did not qualify); otherwise ``qualified`` (skips do not
+    disqualify, they are reported).
+
+    Args:
+        checks: the run's checks.
+        finished: whether the run reached its end.
+
+    Returns:
+        ``(status, reasons)`` where reasons are one line per failed check.
+    """
+    bad = [c for c in checks if c.status in ("fail", "error")]
+    reasons = [f"{c.name}: {c.failure_class or 'error'}: {c.summary}" for c in bad]
+    if not finished:
+        return "incomplete", reasons
+    if bad and all(c.failure_class == "unavailable" for c in bad):
+        return "unavailable", reasons
+    if bad:
+        return "disqualified", reasons
+    if not checks:
+        return "incomplete", ["no check ran"]
+    passed = {c.name for c in checks if c.status == "pass"}
+    missing = [name for name in REQUIRED_CHECKS if name not in passed]
+    if missing:
+        skipped = {c.name: c.summary for c in checks if c.status == "skip"}
+        return "incomplete", [f"{name}: required to qualify, " + (f"skipped: {skipped[name]}" if name in skipped
+                                                                    else "did not run") for name in missing]
+    return "qualified", reasons

@@ -1,0 +1,338 @@
+"""``bakeoff`` command line. Bad input is one line on stderr naming the fix, exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bakeoff.api.errors import UserError
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_MODEL = "fixture:tiny-qwen3"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too: keep it short)
+        raise UserError(f"{message} (see: {self.prog} --help)")
+
+
+def _plain_name(name: str, flag: str) -> str:
+    """A report name under ``artifacts/reports/``: one plain path component.
+
+    Raises:
+        UserError: empty, a path (``/``, ``..``) or hidden.
+    """
+    if not name or name != Path(name).name or name in (".", "..") or name.startswith("."):
+        raise UserError(f"{flag} {name!r} is not a plain name; reports go to artifacts/reports/NAME: pass a name "
+                        "such as latest or cpu-vs-h200")
+    return name
+
+
+def cmd_qualify(args) -> int:
+    import backends
+    from bakeoff.host.artifacts import check_artifacts, check_writable
+    from bakeoff.models.resolve import check as check_model
+    from bakeoff.models.resolve import resolve
+    from bakeoff.api.options import parse_kv, parse_options, split_backend_opts
+    from bakeoff.reporting.report import write_report
+
+    from bakeoff.host.envs import mode as envs_mode
+
+    envs_mode()  # a BAKEOFF_ENVS bakeoff does not know is refused before any work
+    if args.resume:
+        return _resume(args)
+    args.model = DEFAULT_MODEL if args.model is None else args.model
+    if not args.model.strip():
+        raise UserError("--model is empty; pass a checkpoint folder, a hub id (org/name) or fixture:NAME")
+    if args.backends is not None and not args.backends.strip(", "):
+        raise UserError(f"--backends names no backend; choose from: {', '.join(backends.REGISTRY)}")
+    if not str(args.artifacts).strip():
+        raise UserError("--artifacts is empty; pass the folder runs and reports go to (default: artifacts)")
+    report_name = _plain_name(args.report, "--report")
+    names = [b.strip() for b in (args.backends or ",".join(backends.DEFAULT_QUALIFY)).split(",") if b.strip()]
+    if len(set(names)) != len(names):
+        raise UserError(f"--backends names a backend twice ({args.backends}); name each once")
+    for n in names:
+        backends.validate(n)
+    per = split_backend_opts(args.backend_opt, names)
+    from bakeoff.analysis.matrix import baseline_cell, baselines_first, merge_options, parse_matrix
+
+    cells = baselines_first(parse_matrix(args.matrix))  # a quantized-KV cell is judged against its auto cell
+    if args.repeats < 1:
+        raise UserError(f"--repeats must be at least 1, got {args.repeats}")
+    for n in names:
+        for cell in cells:
+            parse_options(n, backends.resolve(n).Options, parse_kv(merge_options(per[n], cell)))
+    parse_options("transformers", backends.resolve("transformers").Options, parse_kv(args.reference_opt))
+    if args.profile not in ("quick", "full"):
+        raise UserError(f"unknown profile {args.profile!r}; choose quick or full")
+    # everything is checked before the first fixture build (minutes) or write (issue 15)
+    check_model(args.model)
+    if args.reference_model:  # a fixture reference must be built already (bakeoff fixture build NAME)
+        ref = resolve(args.reference_model, build=False)
+        args.reference_model = ref.path if ref.local and not args.reference_model.startswith("fixture:") else args.reference_model
+    check_artifacts(Path(args.artifacts), report_name)
+    model = resolve(args.model, log=lambda s: print(f"[fixture] {s}", flush=True))
+    if model.local and not args.model.startswith("fixture:"):
+        args.model = model.path  # absolute: the evaluation runs with the repository as its folder
+    artifacts = check_writable(Path(args.artifacts)).resolve()
+    runs: list[Path] = []
+    cell_runs: dict[tuple[str, str], Path] = {}  # (backend, cell label) -> its run, for --baseline-run
+    print(f"qualifying {', '.join(names)} on {args.model} ({args.profile} profile)", flush=True)
+    for n, cell in [(n, cell) for n in names for cell in cells]:  # each matrix cell is its own run
+        t0 = time.monotonic()
+        with tempfile.NamedTemporaryFile("r", suffix=".run", delete=False) as fh:
+            run_file = fh.name
+        # --opt=value: pytest's first parse does not know the plugin's options yet and would take a
+        # separate value naming a folder for a test path, importing any conftest.py in it
+        cmd = [sys.executable, "-m", "pytest", str(REPO / "evaluations"), f"--backend={n}", f"--model={args.model}",
+               f"--artifacts={artifacts}", f"--profile={args.profile}", "-p", "no:cacheprovider", "-q",
+               "--rootdir", str(REPO), "-o", "console_output_style=classic", f"--repeats={args.repeats}"]
+        for o in merge_options(per[n], cell):
+            cmd.append(f"--backend-opt={o}")
+        if args.reference_model:
+            cmd.append(f"--reference-model={args.reference_model}")
+        cmd += [f"--reference-opt={o}" for o in args.reference_opt]
+        if args.no_preflight:
+            cmd.append("--no-preflight")
+        base = baseline_cell(cell, cells)
+        if base is not None and (n, base.label) in cell_runs:
+            cmd.append(f"--baseline-run={cell_runs[(n, base.label)]}")
+        elif base is not None:
+            print(f"{n} [{cell.label}]: its baseline cell [{base.label}] wrote no run; its KV ratio is not judged", flush=True)
+        env = dict(os.environ, BAKEOFF_RUN_FILE=run_file)
+        print(f"\n=== {n}{' [' + cell.label + ']' if cell.label else ''} ===\n$ {' '.join(cmd)}", flush=True)
+        proc = subprocess.run(cmd, env=env, cwd=str(REPO))
+        run_dir = Path(open(run_file).read().strip()) if os.path.getsize(run_file) else None
+        os.unlink(run_file)
+        if proc.returncode in (3, 4) or run_dir is None:
+            print(f"{n}: the evaluation did not start (pytest exit {proc.returncode})", file=sys.stderr)
+            continue
+        runs.append(run_dir)
+        cell_runs[(n, cell.label)] = run_dir
+        print(f"--- {n}: {time.monotonic() - t0:.0f} s -> {run_dir}", flush=True)
+    if not runs:
+        raise UserError("no run was written; see the errors above")
+    report = write_report(runs, artifacts / "reports" / report_name)
+    _print_summary(runs)
+    print(f"\nreport: {report}")
+    return 0
+
+
+def _resume(args) -> int:
+    """``bakeoff qualify --resume RUN_DIR``: finish a cut-off run (completed checks are kept),
+    then re-write the report. The run's own backend, model and options apply, so options that
+    choose them conflict."""
+    from bakeoff.reporting.report import write_report
+
+    given = [f for f, v in (("--backends", args.backends), ("--model", args.model), ("--backend-opt", args.backend_opt),
+                            ("--matrix", args.matrix), ("--reference-model", args.reference_model),
+                            ("--reference-opt", args.reference_opt)) if v]
+    given += [f for f, v in (("--profile", args.profile != "quick"), ("--artifacts", args.artifacts != str(REPO / "artifacts")),
+                             ("--no-preflight", args.no_preflight)) if v]
+    if given:
+        raise UserError(f"--resume continues a run with its own settings; drop {', '.join(given)}")
+    if args.repeats < 1:
+        raise UserError(f"--repeats must be at least 1, got {args.repeats}")
+    report_name = _plain_name(args.report, "--report")  # before the resumed run, not after it
+    run_dir = Path(args.resume).resolve()
+    try:
+        meta = json.loads((run_dir / "run.json").read_text())
+        verdict = json.loads((run_dir / "verdict.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--resume {args.resume}: not a readable run directory ({exc.__class__.__name__}: "
+                        f"{str(exc)[:100]}); pass a folder under artifacts/runs/ that holds run.json and verdict.json") from None
+    from bakeoff.host.artifacts import is_run_meta
+
+    if not is_run_meta(meta) or not isinstance(verdict, dict) or not isinstance(verdict.get("checks", []), list):
+        raise UserError(f"--resume {args.resume}: run.json or verdict.json is not bakeoff's; pass a folder under "
+                        "artifacts/runs/ written by bakeoff")
+    if verdict.get("finished_at"):
+        raise UserError(f"run {run_dir.name} finished ({verdict.get('status')}); nothing to resume: start a new run")
+    from bakeoff.host.artifacts import check_creatable
+
+    check_creatable(run_dir, "run directory", "resume a run in a folder you can write (copy it elsewhere first)")
+    check_creatable(run_dir.parent.parent / "reports" / report_name, "report folder",
+                    "make the run's artifacts folder writable, or copy the run into one that is")
+    cmd = [sys.executable, "-m", "pytest", str(REPO / "evaluations"), f"--resume={run_dir}", "-p", "no:cacheprovider",
+           "-q", "--rootdir", str(REPO), "-o", "console_output_style=classic", f"--repeats={args.repeats}"]
+    print(f"resuming {run_dir.name}\n$ {' '.join(cmd)}", flush=True)
+    proc = subprocess.run(cmd, cwd=str(REPO))
+    if proc.returncode in (3, 4):
+        raise UserError(f"could not resume {run_dir.name} (pytest exit {proc.returncode}; see the error above)")
+    report = write_report([run_dir], run_dir.parent.parent / "reports" / report_name)
+    _print_summary([run_dir])
+    print(f"\nreport: {report}")
+    return 0
+
+
+def _print_summary(runs: list[Path]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from bakeoff.reporting.report import load_run
+
+    t = Table(title="bakeoff verdicts")
+    for col in ("backend", "model", "status", "reasons", "run"):
+        t.add_column(col)
+    for p in runs:
+        r = load_run(p)
+        t.add_row(r["backend"], r["model"], r["status"], "\n".join(r["verdict"].get("reasons", []))[:300], p.name)
+    Console(width=160).print(t)
+
+
+def _report_dest(args) -> Path:
+    """``artifacts/reports/NAME`` for ``report`` / ``compare``, checked writable (nothing is
+    created: the runs are read and checked first, then the report folder is made)."""
+    from bakeoff.host.artifacts import check_creatable
+
+    name = _plain_name(args.name, "--name")
+    check_creatable(Path(args.artifacts))
+    return check_creatable(Path(args.artifacts) / "reports" / name)
+
+
+@contextlib.contextmanager
+def _io_as_user_error(what: str):
+    """An OSError while reading runs or writing ``what`` becomes one line naming the file."""
+    try:
+        yield
+    except OSError as exc:
+        raise UserError(f"cannot read the runs or write the {what}: {exc.__class__.__name__}: {exc.strerror or exc} "
+                        f"({exc.filename}); pass readable run folders and a writable --artifacts") from None
+
+
+def cmd_report(args) -> int:
+    from bakeoff.reporting.report import write_report
+
+    paths = [Path(p) for p in args.runs] or [Path(args.artifacts) / "runs"]
+    dest = _report_dest(args)
+    with _io_as_user_error("report"):
+        print(write_report(paths, dest))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from bakeoff.reporting.compare import write_compare
+
+    dest = _report_dest(args)
+    with _io_as_user_error("comparison"):
+        out = write_compare([Path(p) for p in args.runs], dest, args.baseline)
+    print(f"{out['markdown']}\n{out['html']}")
+    return 0
+
+
+def cmd_fixture(args) -> int:
+    from bakeoff.models import fixtures
+
+    if args.action == "list":
+        for n in fixtures.names():
+            print(f"{n}\t{'built' if fixtures.is_built(n) else 'not built'}")
+        return 0
+    if not args.name:
+        raise UserError(f"name a fixture to build: {', '.join(fixtures.names())}")
+    for name in args.name:
+        if name.removeprefix("fixture:") not in fixtures.names():
+            raise UserError(f"unknown fixture {name!r}; choose one of: {', '.join(fixtures.names())}")
+    from bakeoff.host.artifacts import check_creatable
+
+    if args.force or not all(fixtures.is_built(n.removeprefix("fixture:")) for n in args.name):
+        check_creatable(fixtures.cache_root(), "fixture cache", "point BAKEOFF_CACHE at a writable folder")
+    for name in args.name:
+        print(fixtures.build(name.removeprefix("fixture:"), force=args.force, log=lambda s: print(s, flush=True)))
+    return 0
+
+
+def cmd_envs(args) -> int:
+    from bakeoff.host import envs
+
+    root = envs.cache_root() / "envs"
+    for p in sorted(root.glob("*")) if root.is_dir() else []:
+        if p.is_dir():
+            print(f"{p.name}\t{'ready' if (p / '.bakeoff-ready').is_file() else 'incomplete'}\t{p}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import backends
+
+    ap = _Parser(prog="bakeoff", description="Qualify or disqualify LLM inference backends for a model, "
+                 "with captured evidence, and measure the ones that qualify.")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    q = sub.add_parser("qualify", help="run the evaluations once per backend, then write a report")
+    q.add_argument("--backends", help=f"comma-separated, from: {', '.join(backends.names())} "
+                   f"(default: {','.join(backends.DEFAULT_QUALIFY)})")
+    q.add_argument("--model", default=None, help=f"checkpoint folder, hub id, or fixture:NAME (default: {DEFAULT_MODEL})")
+    q.add_argument("--backend-opt", action="append", default=[], metavar="[BACKEND:]KEY=VALUE")
+    q.add_argument("--profile", default="quick", help="quick | full")
+    q.add_argument("--artifacts", default=str(REPO / "artifacts"))
+    q.add_argument("--report", default="latest", help="report name under artifacts/reports/")
+    q.add_argument("--reference-model", default=None)
+    q.add_argument("--reference-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="option of the transformers reference, e.g. device=cpu")
+    q.add_argument("--no-preflight", action="store_true", help="let each engine decide whether it loads the checkpoint")
+    q.add_argument("--matrix", action="append", default=[], metavar="KEY=V1,V2",
+                   help="run every combination (repeatable): a backend option or a preset "
+                        "(speculative=none,ngram,mtp; prefix_cache=on,off)")
+    q.add_argument("--repeats", type=int, default=1, help="measure each sweep point R times (noise estimate)")
+    q.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="finish a cut-off run (its verdict says incomplete): completed checks are kept, then the report "
+                        "is re-written; the run's own backend, model and options apply")
+    q.set_defaults(func=cmd_qualify)
+    c = sub.add_parser("compare", help="compare runs side by side (Markdown + HTML + plots)")
+    c.add_argument("runs", nargs="+", help="run directories or folders of them")
+    c.add_argument("--baseline", default=None, help="run id, column label or 1-based column number (default: first)")
+    c.add_argument("--artifacts", default=str(REPO / "artifacts"))
+    c.add_argument("--name", default="compare", help="report name under artifacts/reports/")
+    c.set_defaults(func=cmd_compare)
+    r = sub.add_parser("report", help="write a Markdown report of run directories")
+    r.add_argument("runs", nargs="*", help="run directories or folders of them (default: artifacts/runs)")
+    r.add_argument("--artifacts", default=str(REPO / "artifacts"))
+    r.add_argument("--name", default="latest")
+    r.set_defaults(func=cmd_report)
+    f = sub.add_parser("fixture", help="build or list bakeoff's fixture models")
+    f.add_argument("action", choices=["build", "list"])
+    f.add_argument("name", nargs="*")
+    f.add_argument("--force", action="store_true")
+    f.set_defaults(func=cmd_fixture)
+    e = sub.add_parser("envs", help="list engine environments")
+    e.set_defaults(func=cmd_envs)
+    from bakeoff.cli.jobs.cli import add_jobs_parser; add_jobs_parser(sub)
+    from bakeoff.cli.tools import add_tool_parsers; add_tool_parsers(sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        if argv[:1] == ["calibrate"]:  # its own parser (bakeoff.loadgen.calibrate)
+            from bakeoff.loadgen.calibrate import cli_calibrate
+
+            return cli_calibrate(argv[1:])
+        ap = build_parser()
+        args = ap.parse_args(argv)
+        if not getattr(args, "func", None):
+            ap.print_help()
+            return 0
+        return args.func(args)
+    except UserError as exc:
+        print(f"bakeoff: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("bakeoff: interrupted; runs written so far are kept (their verdicts say incomplete)", file=sys.stderr)
+        return 130
+    except Exception as exc:  # huggingface_hub's, raised lazily by the jobs commands
+        if type(exc).__name__ != "LocalTokenNotFoundError":
+            raise
+        print("bakeoff: error: no Hugging Face token; log in with `hf auth login` or set HF_TOKEN", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

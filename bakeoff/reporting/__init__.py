@@ -1,0 +1,1 @@
+"""Reports and comparisons, recomputed from run directories alone."""

