@@ -111,6 +111,7 @@ class ChildServerBackend(Backend):
         env = dict(env or {}, BAKEOFF_ENGINE_WORKDIR=str(self.workdir.resolve()))
         self.launch_cmd = cmd
         self.base_url = f"http://127.0.0.1:{port}"
+        self.serves_on_loopback = True
         if self.ready_file.exists():
             self.ready_file.unlink()
         t0 = time.monotonic()

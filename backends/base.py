@@ -38,6 +38,9 @@ class Backend(abc.ABC):
     """
 
     name: ClassVar[str] = ""
+    # True once bakeoff itself launched the engine's server on 127.0.0.1 (no network hop can sit
+    # between it and the client: throughput.transport then blames bursts on the engine or host)
+    serves_on_loopback: bool = False
     Options: ClassVar[type[BaseModel]]
 
     def __init__(self, config: BackendConfig):

@@ -28,5 +28,10 @@ def test_calibration(run, settings):
                         "itl_abs_error_p99_ms": p.get("itl_abs_error_p99_ms"), "violations": p["violations"]}
                        for p in res["points"]]})
         above = [n for n in sessions if n > best]
+        if not best:  # nothing certified: on a loaded host the generator misses even at 1 session
+            miss = res["points"][0]["violations"] if res["points"] else []
+            c.skip(f"the load generator missed its error budget already at {sessions[0]} session(s) on this host "
+                   f"({'; '.join(miss) or 'no point measured'}): every sweep point will be marked invalid; "
+                   "rerun on an idle host")
         c.summary = (f"load generator within its error budget up to {best} sessions"
                      + (f"; sweep points at {above} sessions will be marked invalid" if above else ""))

@@ -150,7 +150,7 @@ def test_sweep(run, settings, engine, pytestconfig):
             c.values["joules_per_output_token"] = g["joules_per_output_token"]
         c.evidence("sweep.json", {"warmup": result["warmup"], "points": result["points"], "profile": settings.profile,
                                   "max_tokens": cfg["max_tokens"], "roofline": roof})
-        ok_points = [p for p in result["points"] if p["ok"]]
+        ok_points = [p for p in result["points"] if p["ok"] and p.get("valid", True)]
         if ok_points:
             best = max(ok_points, key=lambda p: p["output_tokens_per_s"] or 0)
             c.values.update({"peak_output_tokens_per_s": best["output_tokens_per_s"], "peak_sessions": best["sessions"],
@@ -167,6 +167,11 @@ def test_sweep(run, settings, engine, pytestconfig):
             c.fail(f"{sum(classes.values())} requests failed across {len(errs)} sweep points "
                    f"(first at {errs[0]['sessions']} sessions): {first_err or worst}", worst)
         c.require(len(result["points"]) == len(cfg["sessions"]), "the sweep stopped early")
+        if not ok_points:
+            why = next((p.get("invalid_reason") for p in result["points"] if p.get("invalid_reason")), None)
+            c.skip("no sweep point was measured within the load generator's error budget"
+                   + (f" ({why})" if why else "") + ": this host could not measure the engine (its figures are kept "
+                   "in values, marked invalid); rerun on an idle host")
         c.summary = (f"peak {c.values['peak_output_tokens_per_s']:.0f} output tok/s at {c.values['peak_sessions']} "
                      f"sessions; single session {c.values['single_session_output_tokens_per_s']:.0f} tok/s"
                      + _roof_summary(result["points"], c.values["peak_sessions"], roof)
@@ -190,9 +195,14 @@ def test_transport(run, engine):
         c.evidence("transport.json", shape)
         if shape["distorted"] is None:
             c.skip(f"cannot tell: {shape['reasons'][0]}")
+        c.values["hop_possible"] = not engine.serves_on_loopback
+        if shape["distorted"] and engine.serves_on_loopback:
+            c.skip("streams arrived batched (" + "; ".join(shape["reasons"]) + "), but no hop exists: bakeoff launched "
+                   "this server on 127.0.0.1, so the engine's own frontend or a loaded host batched them; the sweep's "
+                   "TTFT/ITL are marked distorted, not the engine's")
         c.require(not shape["distorted"], "stream distorted in transit: " + "; ".join(shape["reasons"]))
-        c.summary = (f"no buffering hop: first token alone (median first cluster {shape['first_cluster_events_p50']:g} "
-                     f"event(s)), median {shape['events_per_cluster_p50']:g} events per arrival cluster over "
+        c.summary = (f"no buffering hop: median first cluster {shape['first_cluster_events_p50']:g} event(s), "
+                     f"median {shape['events_per_cluster_p50']:g} events per arrival cluster over "
                      f"{shape['requests']} streams" + (f"; headers {shape['headers']}" if shape["headers"] else ""))
 
 

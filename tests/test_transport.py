@@ -190,6 +190,20 @@ def test_buffering_proxy_is_flagged_and_the_direct_server_is_not(paced, tmp_path
         assert ctl["first_cluster_events_p50"] == 1
 
 
+def test_a_stream_that_arrives_in_one_burst_is_bursty():
+    """32 events inside one cluster (no period to measure), first token among them: distorted,
+    where it used to read "first token alone" and pass (found by a new user on a loaded host)."""
+    t0 = 1_000_000_000
+    recs = []
+    for i in range(4):
+        r = RequestRecord(request_id=f"b{i}", sent_ns=t0, first_token_ns=t0 + 190_000_000)
+        r.event_times_ns = [t0 + 190_000_000 + k * 10_000 for k in range(32)]
+        recs.append(r)
+    out = judge(recs)
+    assert out["distorted"] is True and out["cluster_period_p50_ms"] is None
+    assert any("one burst" in r for r in out["reasons"]) and any("held back" in r for r in out["reasons"])
+
+
 def test_usage_event_is_not_a_content_event():
     rec = RequestRecord(request_id="r")
     account(rec, [TokenEvent(5, "a"), TokenEvent(6, "b")], 3, 2, None)
@@ -275,7 +289,9 @@ def test_real_vllm_over_the_openai_api_agrees_without_token_ids(tmp_path):
             assert [r.accounting for r in recs] == ["agree"] * len(recs), [
                 (r.usage_output_tokens, r.text_output_tokens, r.content_events) for r in recs]
             assert all(r.output_tokens == 64 and r.content_events >= 64 for r in recs)
-            assert judge(recs)["distorted"] is False
+            # no judge(recs) assertion: on a loaded 2-core host vLLM's own frontend can deliver a
+            # stream in one burst (seen while other jobs ran); throughput.transport then says so
+            # without blaming a hop, since bakeoff launched this server on 127.0.0.1
     finally:
         v.stop()
 

@@ -123,12 +123,16 @@ def judge(records: list[RequestRecord], engine: dict[str, float] | None = None) 
                client_ttft_mean_ms=round(statistics.fmean(ttfts), 3) if ttfts else None,
                client_event_gap_p50_ms=round(statistics.median(gaps), 3) if gaps else None)
     held = first >= HELD_FIRST_EVENTS
-    bursts = per >= HELD_FIRST_EVENTS and period is not None and period >= BURST_PERIOD_MS
+    # a stream that arrives as one cluster has no period: the whole stream is one burst
+    bursts = per >= HELD_FIRST_EVENTS and (period is None or period >= BURST_PERIOD_MS)
     reasons = []
     if held:
         reasons.append(f"the first token arrived together with {first - 1:g} more events (median): it was held back, while a "
                        "direct stream sends it alone as soon as the prefill ends")
-    if bursts:
+    if bursts and period is None:
+        reasons.append(f"each stream arrived as one burst of {per:.1f} events (median), with gaps under "
+                       f"{CLUSTER_GAP_MS:g} ms: ITL ~0 that no engine decodes at")
+    elif bursts:
         reasons.append(f"events arrive in bursts of {per:.1f} every {period:.0f} ms (median), with gaps under "
                        f"{CLUSTER_GAP_MS:g} ms inside a burst: ITL ~0 that no engine decodes at")
     inflated = False
