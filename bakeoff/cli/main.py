@@ -269,11 +269,15 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--backends", help=f"comma-separated, from: {', '.join(backends.names())} "
                    f"(default: {','.join(backends.DEFAULT_QUALIFY)})")
     q.add_argument("--model", default=None, help=f"checkpoint folder, hub id, or fixture:NAME (default: {DEFAULT_MODEL})")
-    q.add_argument("--backend-opt", action="append", default=[], metavar="[BACKEND:]KEY=VALUE")
-    q.add_argument("--profile", default="quick", help="quick | full")
-    q.add_argument("--artifacts", default=str(REPO / "artifacts"))
+    q.add_argument("--backend-opt", action="append", default=[], metavar="[BACKEND:]KEY=VALUE",
+                   help="an engine option (repeatable); BACKEND: limits it to one backend, e.g. "
+                        "vllm:kv_cache_dtype=fp8 (README 'Use' lists each backend's keys)")
+    q.add_argument("--profile", default="quick", help="quick (1-8 sessions, default) | full (1-32 sessions)")
+    q.add_argument("--artifacts", default=str(REPO / "artifacts"), help="folder for runs/ and reports/ "
+                   "(default: the checkout's artifacts/)")
     q.add_argument("--report", default="latest", help="report name under artifacts/reports/")
-    q.add_argument("--reference-model", default=None)
+    q.add_argument("--reference-model", default=None, help="the transformers reference's checkpoint "
+                   "(default: the model under test, or its unquantized source when known)")
     q.add_argument("--reference-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="option of the transformers reference, e.g. device=cpu")
     q.add_argument("--no-preflight", action="store_true", help="let each engine decide whether it loads the checkpoint")
