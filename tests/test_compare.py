@@ -25,7 +25,7 @@ SESSIONS = [1, 2, 4, 8]
 
 
 def make_run(root: Path, backend: str, options: dict, scale: float, noise: float, seed: int,
-             kv_tokens: int = 100_000, cpu: str = "Test CPU") -> Path:
+             kv_tokens: int = 100_000, cpu: str = "Test CPU", invalid: bool = False) -> Path:
     """A finished run whose sweep has 3 repeats per point: ``scale`` x base throughput with
     multiplicative noise of ``noise`` (relative sd)."""
     rng = np.random.default_rng(seed)
@@ -44,6 +44,8 @@ def make_run(root: Path, backend: str, options: dict, scale: float, noise: float
                        "output_tokens_per_s": float(np.mean([r["output_tokens_per_s"] for r in reps])),
                        "per_session_output_tokens_per_s": 100 * scale, "ttft_p50_ms": float(np.mean([r["ttft_p50_ms"] for r in reps])),
                        "ttft_p99_ms": 40 / scale, "repeats": reps})
+        if invalid:
+            points[-1].update(valid=False, invalid_reason=f"{n} sessions exceed the load generator's calibrated concurrency (0)")
     run.dir.evidence("throughput.sweep", "sweep.json", {"points": points})
     run.record(Check(name="throughput.sweep", status="pass", values={"points": points, "repeats": 3},
                      evidence=["evidence/throughput.sweep/sweep.json"]))
@@ -154,3 +156,19 @@ def test_html_renders_in_headless_chromium(tmp_path):
     shot = tmp_path / "compare.png"
     subprocess.run([*flags, "--window-size=1280,2400", f"--screenshot={shot}", url], capture_output=True, timeout=120)
     assert shot.is_file() and shot.stat().st_size > 10_000
+
+
+def test_invalid_points_are_marked_and_recommend_nothing(tmp_path):
+    """A sweep point beyond the load generator's calibrated load is shown as invalid and never
+    wins an objective; a KV size stated by one run only is not a recommendation."""
+    from bakeoff.reporting.compare import build
+
+    fast = make_run(tmp_path, "vllm", {"a": 1}, 2.0, 0.01, 1, invalid=True)
+    slow = make_run(tmp_path, "vllm", {"a": 2}, 1.0, 0.01, 2, kv_tokens=0)
+    cols = load_columns([fast, slow])
+    out = build(cols, 1)
+    cells = [c["text"] for t in out["sweeps"] for row in t["rows"] for c in row]
+    assert any("(invalid: client over its error budget)" in t for t in cells)
+    recs = {r["objective"]: r for r in out["recommendations"]}
+    assert cols[1].run_id in recs["fastest single session"]["run"]
+    assert recs["largest KV capacity"]["run"] == "–" and "only" in recs["largest KV capacity"]["why"]

@@ -203,6 +203,8 @@ def sweep_tables(cols: list[Column], base: int) -> list[dict[str, Any]]:
                 val = fmt(p[key], digits) + (f" ({p['bound_kind']})" if key == "pct_of_bound" and p.get("bound_kind") else "")
                 if c.value("throughput.sweep", "transport_distorted"):  # throughput.transport: a buffering hop
                     val += " (distorted in transit)"
+                if p.get("valid") is False:  # beyond the load generator's calibrated concurrency
+                    val += " (invalid: client over its error budget)"
                 ci = bootstrap_mean(c.repeats(n, key))
                 if ci is not None and ci.n > 1:  # the 95% interval of the mean over repeats
                     val += f" [{fmt(ci.low, digits)}–{fmt(ci.high, digits)}]"

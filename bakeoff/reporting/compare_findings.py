@@ -54,19 +54,28 @@ def recommendations(cols: list[Column]) -> list[dict[str, str]]:
                 why += f"; within noise of {scored[1][1].label}"
         recs.append({"objective": objective, "run": f"{c.label} ({c.run_id})", "why": why, "href": f"{c.path}/verdict.json"})
 
-    best("fastest single session", lambda c: (c.points.get(1) or {}).get("output_tokens_per_s"),
+    def valid(c: Column, n: int) -> dict:  # a point beyond the client's calibrated load recommends nothing
+        p = c.points.get(n) or {}
+        return p if p.get("valid", True) else {}
+
+    best("fastest single session", lambda c: valid(c, 1).get("output_tokens_per_s"),
          "output tok/s at 1 session", tie_vals=lambda c: c.repeats(1, "output_tokens_per_s"))
     measured = [c for c in pool if c.points]  # a run refused at start has no sweep
     common = set.intersection(*(set(c.points) for c in measured)) if measured else set()
     if common:
         n = max(common)
         best(f"highest aggregate at {n} sessions (largest common)",
-             lambda c: (c.points.get(n) or {}).get("output_tokens_per_s"), f"output tok/s at {n} sessions",
+             lambda c: valid(c, n).get("output_tokens_per_s"), f"output tok/s at {n} sessions",
              tie_vals=lambda c: c.repeats(n, "output_tokens_per_s"))
     else:
         recs.append({"objective": "highest aggregate at the largest common session count", "run": "–",
                      "why": "the runs share no session count"})
-    best("largest KV capacity", lambda c: c.info.get("kv_cache_tokens"), "KV cache tokens", digits=0)
+    stated = [c for c in pool if c.info.get("kv_cache_tokens")]
+    if len(stated) == 1:
+        recs.append({"objective": "largest KV capacity", "run": "–", "why": f"only {stated[0].label} stated a KV "
+                     f"cache size ({fmt(stated[0].info['kv_cache_tokens'], 0)} tokens): nothing to compare it with"})
+    else:
+        best("largest KV capacity", lambda c: c.info.get("kv_cache_tokens"), "KV cache tokens", digits=0)
     return recs
 
 
