@@ -58,6 +58,14 @@ TEMPLATE = """# bakeoff report
 """
 
 
+
+def clip(text: str, n: int) -> str:
+    """``text`` cut to at most ``n`` characters at a word boundary, with an ellipsis when cut."""
+    if len(text) <= n:
+        return text
+    cut = text[:n - 1]
+    return (cut.rsplit(" ", 1)[0] if " " in cut else cut).rstrip(" ,;:") + "…"
+
 def fmt(value: Any, digits: int = 1) -> str:
     if value is None:
         return "–"
@@ -118,7 +126,7 @@ def load_run(path: Path) -> dict[str, Any]:
     _require_verdict_shape(v, path)
     checks = {c["name"]: c for c in v.get("checks", [])}
     v["status"], v["reasons"] = _recomputed(v)
-    fails = [f"{c['name']}: {c.get('failure_class') or 'error'}: {c.get('summary', '')[:160]}"
+    fails = [f"{c['name']}: {c.get('failure_class') or 'error'}: {clip(c.get('summary', ''), 160)}"
              for c in v.get("checks", []) if c["status"] in ("fail", "error")]
     sweep = checks.get("throughput.sweep", {}).get("values", {})
     ka = checks.get("sanity.known_answers", {})
@@ -135,11 +143,11 @@ def load_run(path: Path) -> dict[str, Any]:
         "info": v.get("backend_info") or {}, "points": sweep.get("points") or [], "warmup": sweep.get("warmup"),
         "sanity": {"accuracy": pct(ka.get("values", {}).get("accuracy")) if ka else "–",
                    "flagged": (f"{dg['values'].get('flagged')}/{dg['values'].get('outputs')}" if dg.get("values") else "–"),
-                   "exact": pct(ra.get("values", {}).get("exact_match_rate")) if ra.get("status") != "skip" else ra.get("summary", "–")[:40] if ra else "–",
+                   "exact": pct(ra.get("values", {}).get("exact_match_rate")) if ra.get("status") != "skip" else clip(ra.get("summary", "–"), 60) if ra else "–",
                    "ref": (f"{pct(ra['values'].get('accuracy'))} vs {pct(ra['values'].get('reference_accuracy'))}"
                            if ra.get("values", {}).get("reference_accuracy") is not None else "–")},
         "verdict": v,
-        "distorted": (tr.get("summary") or "distorted")[:300].replace("|", "\\|") if tr.get("status") == "fail" else None,
+        "distorted": clip(tr.get("summary") or "distorted", 300).replace("|", "\\|") if tr.get("status") == "fail" else None,
     }
 
 
