@@ -58,13 +58,13 @@ TEMPLATE = """# bakeoff report
 """
 
 
-
 def clip(text: str, n: int) -> str:
     """``text`` cut to at most ``n`` characters at a word boundary, with an ellipsis when cut."""
     if len(text) <= n:
         return text
     cut = text[:n - 1]
     return (cut.rsplit(" ", 1)[0] if " " in cut else cut).rstrip(" ,;:") + "…"
+
 
 def fmt(value: Any, digits: int = 1) -> str:
     if value is None:
