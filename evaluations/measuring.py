@@ -100,7 +100,7 @@ def is_fixture(settings) -> bool:
 def serves_one_at_a_time(engine) -> bool:
     """True for engines that do not batch (the transformers reference)."""
     info = getattr(engine, "info", None)
-    return bool(info and "one request at a time" in (info.notes or {}).get("scheduling", ""))
+    return bool(info and info.concurrent_requests == 1)
 
 
 def kv_unit(rng: random.Random, exclude: str = "") -> str:

@@ -388,7 +388,7 @@ def engine_state(request, pytestconfig, settings, run) -> dict:
             c.evidence("backend_info.json", info.model_dump())
             c.evidence("engine.log.tail", backend.log_tail(200))
             c.summary = f"{info.engine} {info.engine_version or ''} started in {info.startup_s} s".strip()
-            fallbacks = {k: v for k, v in (info.notes or {}).items() if k.endswith("_fallback")}
+            fallbacks = info.fallbacks
             if fallbacks:  # what bakeoff changed to get the engine serving is read first, not buried
                 c.values["fallbacks"] = fallbacks
                 c.summary += "; " + "; ".join(f"{k}: {v}" for k, v in fallbacks.items())

@@ -189,3 +189,18 @@ def test_start_failure_names_the_import_error_behind_a_failed_inspection():
     # without an import error it stays an architecture the engine could not inspect
     f = classify_start("\n".join(ln for ln in log.splitlines() if "ModuleNotFound" not in ln))
     assert f.failure_class == "unsupported-architecture"
+
+
+def test_capabilities_are_typed_fields_not_prose():
+    """Evaluations read how many requests an engine serves at once from ``BackendInfo``, not
+    from words in its notes (a note saying "one request at a time" alone decides nothing)."""
+    from bakeoff.api.specs import BackendInfo
+    from evaluations.measuring import serves_one_at_a_time
+
+    class Engine:
+        def __init__(self, info):
+            self.info = info
+
+    assert serves_one_at_a_time(Engine(BackendInfo(backend="t", engine="e", concurrent_requests=1)))
+    prose = BackendInfo(backend="t", engine="e", notes={"scheduling": "one request at a time"})
+    assert not serves_one_at_a_time(Engine(prose)) and prose.fallbacks == {}

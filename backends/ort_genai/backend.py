@@ -154,7 +154,9 @@ class OrtGenaiBackend(ChildServerBackend):
             backend=self.name, engine="onnxruntime-genai", engine_version=info.get("engine_version"),
             device=info.get("device", "cpu"), max_model_len=info.get("max_model_len"),
             launch_command=self.launch_cmd, base_url=self.base_url, served_model=self.config.model,
-            startup_s=round(startup_s, 2), notes=notes)
+            startup_s=round(startup_s, 2), notes=notes,
+            concurrent_requests=(1 if info.get("batching") == "generator" else info.get("engine_max_batch_size")),
+            fallbacks={k.removesuffix("_fallback"): v for k, v in notes.items() if k.endswith("_fallback")})
         rep = self.option_report()
         self.info.ignored_options = [st.model_dump(include={"option", "kind", "line"}) for st in rep.ignored()] if rep else []
         return self.info

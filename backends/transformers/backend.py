@@ -68,6 +68,8 @@ class TransformersBackend(ChildServerBackend):
             launch_command=self.launch_cmd, base_url=self.base_url, served_model=self.config.model,
             startup_s=round(startup_s, 2),
             kv_cache_tokens=info.get("kv_cache_tokens"),
+            concurrent_requests=None if info.get("batching") == "continuous" else 1,
+            fallbacks={"batching": str(info["batching_fallback"])} if info.get("batching_fallback") else {},
             notes={"dtype": str(info.get("dtype")), "torch": str(info.get("torch_version")),
                    "trust_remote_code": str(info.get("trust_remote_code")),
                    "scheduling": ("continuous batching (transformers ContinuousBatchingManager, paged KV cache)"

@@ -113,7 +113,12 @@ class BackendInfo(Spec):
         startup_s: seconds from launch to ready.
         ignored_options: the engine's statements at start that an option the user set was
             ignored, overridden or fell back: ``{option, kind, line}`` (backends/_options.py).
-        notes: anything else worth recording (workarounds applied, fallbacks).
+        concurrent_requests: how many requests the engine serves at once when it states a
+            number (1: one at a time; ORT GenAI's Engine: its configured maximum batch); None when
+            it schedules several without a fixed number (vLLM) or did not say.
+        fallbacks: what was used instead of what was asked, by option (``batching``,
+            ``tokenizer``, ...), with why: read first in the ``load`` check's summary.
+        notes: anything else worth recording (workarounds applied).
     """
 
     backend: str
@@ -129,6 +134,8 @@ class BackendInfo(Spec):
     served_model: str | None = None
     startup_s: float | None = None
     ignored_options: list[dict[str, str]] = Field(default_factory=list)
+    concurrent_requests: int | None = Field(None, ge=1)
+    fallbacks: dict[str, str] = Field(default_factory=dict)
     notes: dict[str, str] = Field(default_factory=dict)
 
 
