@@ -373,12 +373,19 @@ def engine_state(request, pytestconfig, settings, run) -> dict:
             try:
                 _preflight(settings, c)
                 info = backend.start()
-            except EngineFailure as exc:
+            except (CheckFailed, CheckSkipped):
+                raise
+            except Exception as exc:  # noqa: BLE001 - any start error is the load's failure, never a half-started engine
+                if not isinstance(exc, EngineFailure):
+                    import traceback
+
+                    exc = EngineFailure("load-failure", f"{type(exc).__name__} while starting {settings.backend}: {exc}",
+                                        {"traceback.txt": traceback.format_exc()})
                 state["error"] = f"{exc.failure_class}: {exc.message}"
                 if "engine.log.tail" not in exc.evidence:
                     exc.evidence["engine.log.tail"] = backend.log_tail(120)
                 backend.stop()
-                raise
+                raise exc from None
             state["info"] = info
             run.verdict.backend_info = info.model_dump()
             run.verdict.fingerprint["engine_versions"] = _versions(backend)

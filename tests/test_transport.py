@@ -342,3 +342,29 @@ def test_openai_tokenizer_that_does_not_load_is_refused_before_start(tmp_path):
 
     with pytest.raises(ValidationError, match="tokenizer"):
         OpenAIOptions(base_url="http://127.0.0.1:1", tokenizer=str(tmp_path / "nope"))
+
+
+def test_a_load_that_fails_with_any_exception_is_a_load_failure_and_nothing_measures(tmp_path):
+    """A server listing a model id that is not a string made ``start()`` raise TypeError, which
+    the plugin did not catch: the half-started backend was then measured (found by a break-it
+    review). Now: ``load-failure`` with the traceback, every engine check a skip."""
+    from aiohttp import web
+
+    from tests.test_tokenizer_check import serving
+
+    async def models(request):
+        return web.json_response({"object": "list", "data": [{"id": 5, "object": "model"}]})
+
+    async def health(request):
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    with serving(app) as url:
+        checks = _suite(tmp_path, url, word_tokenizer(tmp_path / "tok"))
+    load = checks["load"]
+    assert load["status"] == "fail" and load["failure_class"] == "load-failure", load
+    assert "TypeError" in load["summary"]
+    measured = [c for n, c in checks.items() if n.startswith("throughput.")]
+    assert measured and all(c["status"] == "skip" and "backend did not load" in c["summary"] for c in measured), measured
