@@ -304,13 +304,19 @@ def _compressing_app(coding: str):
     from aiohttp import web
 
     async def completions(request):
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Content-Encoding": coding})
+        sent = {"gzip-members": "gzip", "raw-deflate": "deflate"}.get(coding, coding)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Content-Encoding": sent})
         await resp.prepare(request)
-        z = zlib.compressobj(wbits=31)
-        for i in range(N):
-            event = f'data: {{"choices":[{{"index":0,"text":" t{i}"}}]}}\n\n'.encode()
+        events = [f'data: {{"choices":[{{"index":0,"text":" t{i}"}}]}}\n\n'.encode() for i in range(N)]
+        events.append(b"data: [DONE]\n\n")
+        if coding == "gzip-members":  # one whole gzip member per event: valid gzip, several members
+            for event in events:
+                await resp.write(zlib.compress(event, wbits=31))
+            return resp
+        z = zlib.compressobj(wbits=-15 if coding == "raw-deflate" else 31)
+        for event in events[:-1]:
             await resp.write(z.compress(event) + z.flush(zlib.Z_SYNC_FLUSH))
-        await resp.write(z.compress(b"data: [DONE]\n\n") + z.flush())
+        await resp.write(z.compress(events[-1]) + z.flush())
         return resp
 
     async def health(request):
@@ -322,13 +328,13 @@ def _compressing_app(coding: str):
     return app
 
 
-@pytest.mark.parametrize("coding", ["gzip", "br"])
+@pytest.mark.parametrize("coding", ["gzip", "gzip-members", "raw-deflate", "br"])
 def test_compressed_stream_is_inflated_or_refused_by_name(tmp_path, coding):
     from tests.test_tokenizer_check import serving
 
     with serving(_compressing_app(coding)) as url:
         rec = one(backend(url, "completions", tmp_path, model="m"), f"enc-{coding}")
-    if coding == "gzip":
+    if coding != "br":
         assert rec.status == "ok", rec.error
         assert rec.content_events == N and rec.output_text == "".join(f" t{i}" for i in range(N))
     else:

@@ -38,7 +38,8 @@ class ExportOptions(_Spec):
     execution_provider: Literal["cpu", "cuda", "dml", "webgpu", "NvTensorRtRtx"] = "cpu"
     block_size: int | None = Field(None, gt=0)
     accuracy_level: int | None = Field(None, ge=0, le=4)
-    int4_algo: str | None = None
+    int4_algo: Literal["default", "rtn", "k_quant", "rtn_last", "k_quant_last", "k_quant_mixed",
+                       "k_quant_linear"] | None = None
     moe_quant_type: Literal["int2", "int4", "int8", "mxfp4", "nvfp4"] | None = None
     qmoe_block_size: int | None = None
     extra_options: dict[str, str] = Field(default_factory=dict)

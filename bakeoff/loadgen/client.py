@@ -227,6 +227,8 @@ class OpenAIClient:
                 raise EngineFailure("hang", f"no bytes for {self.read_timeout_s:.0f} s after {nbytes} bytes") from None
             if exc.kind == "connect":
                 raise EngineFailure("runtime-crash", str(exc)) from None
+            if exc.kind == "undecodable":
+                raise EngineFailure("transport-distortion", f"{exc} (a hop compressed the stream; measure without it)") from None
             raise EngineFailure("transport-distortion",
                                 f"stream cut after {nbytes} bytes and {elapsed:.3f} s: {exc}",
                                 {"cut.json": json.dumps({"bytes": nbytes, "elapsed_s": elapsed})}) from None

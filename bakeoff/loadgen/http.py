@@ -32,7 +32,7 @@ class TransportError(Exception):
 
     Attributes:
         kind: ``connect`` (could not connect), ``cut`` (closed mid-body), ``timeout`` (no byte
-            within the read timeout).
+            within the read timeout), ``undecodable`` (a compressed body that does not inflate).
         nbytes: body bytes received before the failure.
     """
 
@@ -133,7 +133,27 @@ class Response:
         self._chunk_left = 0
         self._keep = headers.get("connection", "").lower() != "close"
         coding = headers.get("content-encoding", "").strip().lower()
+        self._coding, self._inflated = coding, False
         self._inflate = zlib.decompressobj(47) if coding in ("gzip", "x-gzip", "deflate") else None  # 47: gzip or zlib
+
+    def _inflate_piece(self, data: bytes) -> bytes:
+        """Inflate a piece of a compressed body: every gzip member (a stream may hold one per
+        event), and ``deflate`` sent raw (without its zlib header, as some servers do)."""
+        out = b""
+        while data:
+            try:
+                out += self._inflate.decompress(data)
+            except zlib.error as exc:
+                if self._coding == "deflate" and not self._inflated:
+                    self._inflate = zlib.decompressobj(-15)  # raw deflate
+                    continue
+                raise TransportError("undecodable", f"Content-Encoding {self._coding} body cannot be inflated: {exc}",
+                                     self.nbytes) from None
+            self._inflated = True
+            data = self._inflate.unused_data
+            if self._inflate.eof:
+                self._inflate = zlib.decompressobj(47)  # a next member may follow
+        return out
 
     async def chunks(self, timeout_s: float):
         """Yield ``(t_ns, body_bytes)`` until the body ends.
@@ -158,10 +178,7 @@ class Response:
                 t, data = item
             out = self._decode(data)
             if out and self._inflate is not None:
-                try:
-                    out = self._inflate.decompress(out)
-                except zlib.error as exc:
-                    raise TransportError("cut", f"compressed body cannot be inflated: {exc}", self.nbytes) from None
+                out = self._inflate_piece(out)
             if out:
                 self.nbytes += len(out)
                 yield t, out
