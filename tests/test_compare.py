@@ -172,3 +172,25 @@ def test_invalid_points_are_marked_and_recommend_nothing(tmp_path):
     recs = {r["objective"]: r for r in out["recommendations"]}
     assert cols[1].run_id in recs["fastest single session"]["run"]
     assert recs["largest KV capacity"]["run"] == "–" and "only" in recs["largest KV capacity"]["why"]
+
+
+def test_runs_of_other_models_are_named_and_never_twins(tmp_path):
+    """Two runs one option apart but of different models: no option effect is claimed, the
+    model row and a finding say so; a verdict.json of the wrong shape is one line."""
+    import json as _json
+
+    from bakeoff.reporting.compare import build
+
+    a = make_run(tmp_path, "vllm", {"kv_cache_dtype": "auto"}, 1.0, 0.01, 1)
+    b = make_run(tmp_path, "vllm", {"kv_cache_dtype": "fp8"}, 1.0, 0.01, 2, kv_tokens=100_000)
+    v = _json.loads((b / "verdict.json").read_text())
+    v["model"] = "Qwen/Qwen3-8B"
+    (b / "verdict.json").write_text(_json.dumps(v))
+    out = build(load_columns([a, b]), 0)
+    assert not any("kv_cache_dtype" in f for f in out["findings"])
+    assert any("2 models" in f for f in out["findings"])
+    assert ["model", "fixture:tiny-qwen3", "Qwen/Qwen3-8B"] == [c["text"] for c in out["fingerprint"]["rows"][2]]
+    v["checks"] = [{"name": "throughput.sweep", "status": "pass", "values": {"points": "zz"}}]
+    (b / "verdict.json").write_text(_json.dumps(v))
+    with pytest.raises(UserError, match="not bakeoff's"):
+        load_columns([a, b])

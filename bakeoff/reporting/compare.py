@@ -88,6 +88,7 @@ class Column:
         self.engine = f"{eng} {self.info.get('engine_version') or ev.get(eng) or ''}".strip()
         self.engine_versions = ", ".join(f"{k} {v}" for k, v in sorted(ev.items()))
         self.options = self.v.get("options") or {}
+        self.model = str(self.v.get("model") or "?")
         self.label = self.backend + (" " + ",".join(f"{k}={short_value(v)}" for k, v in self.options.items())
                                      if self.options else "")
 
@@ -116,7 +117,13 @@ def load_columns(paths: list[Path]) -> list[Column]:
         if not runs:
             raise UserError(f"cannot read run directory {p}: no verdict.json in it or below it")
         found += [q for q in runs if q not in found]
-    cols = [Column(p) for p in found]
+    cols = []
+    for p in found:
+        try:
+            cols.append(Column(p))
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a verdict.json of the wrong shape inside
+            raise UserError(f"cannot read run directory {p}: its verdict.json is not bakeoff's ({type(exc).__name__}: "
+                            f"{str(exc)[:120]}); remove it from the comparison") from None
     seen: dict[str, int] = {}
     for c in cols:  # same label on two machines or two repeats of a config: tell them apart
         seen[c.label] = seen.get(c.label, 0) + 1
@@ -147,6 +154,7 @@ def fingerprint_table(cols: list[Column]) -> dict[str, Any]:
     rows = [
         [cell("run")] + [cell(c.run_id, f"{c.path}/verdict.json") for c in cols],
         [cell("status")] + [cell(c.status, cls=c.status) for c in cols],
+        [cell("model")] + [cell(c.model) for c in cols],
         [cell("CPU")] + [cell(c.machine["cpu"]) for c in cols],
         [cell("GPU")] + [cell(c.machine["gpu"]) for c in cols],
         [cell("memory")] + [cell(c.machine["memory"]) for c in cols],

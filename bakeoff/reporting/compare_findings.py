@@ -80,8 +80,8 @@ def recommendations(cols: list[Column]) -> list[dict[str, str]]:
 
 
 def _one_option_apart(a: Column, b: Column) -> str | None:
-    """The single option key by which two runs of one backend on one machine differ, else None."""
-    if a.backend != b.backend or a.machine != b.machine:
+    """The single option key by which two runs of one backend, model and machine differ, else None."""
+    if a.backend != b.backend or a.machine != b.machine or a.model != b.model:
         return None
     keys = set(a.options) | set(b.options)
     diff = [k for k in keys if a.options.get(k) != b.options.get(k)]
@@ -98,6 +98,10 @@ def findings(cols: list[Column]) -> list[str]:
       with the noise call (the speed-up half of spec decode's ``ineffective-option`` rule).
     """
     out = []
+    models = sorted({c.model for c in cols})
+    if len(models) > 1:
+        out.append(f"these runs are of {len(models)} models ({', '.join(models)}): a delta between columns of "
+                   "different models compares the models, not the engines")
     for i, a in enumerate(cols):
         for b in cols[i + 1:]:
             key = _one_option_apart(a, b)
