@@ -374,3 +374,15 @@ def test_a_load_that_fails_with_any_exception_is_a_load_failure_and_nothing_meas
     assert "TypeError" in load["summary"]
     measured = [c for n, c in checks.items() if n.startswith("throughput.")]
     assert measured and all(c["status"] == "skip" and "backend did not load" in c["summary"] for c in measured), measured
+
+
+@pytest.mark.slow
+def test_disputed_counts_are_marked_in_the_report(doubled, tmp_path):
+    """Usage twice the client's count: throughput.accounting fails and the report says the
+    sweep's tokens/s may be off (neither count is proven right)."""
+    from bakeoff.reporting.report import write_report
+
+    checks = _suite(tmp_path / "s", doubled.url, word_tokenizer(tmp_path / "tok"))
+    assert checks["throughput.accounting"]["status"] == "fail"
+    text = write_report([tmp_path / "s" / "art" / "runs"], tmp_path / "report").read_text()
+    assert "Token counts disputed" in text

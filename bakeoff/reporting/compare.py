@@ -211,6 +211,8 @@ def sweep_tables(cols: list[Column], base: int) -> list[dict[str, Any]]:
                 val = fmt(p[key], digits) + (f" ({p['bound_kind']})" if key == "pct_of_bound" and p.get("bound_kind") else "")
                 if c.value("throughput.sweep", "transport_distorted"):  # throughput.transport: a buffering hop
                     val += " (distorted in transit)"
+                if (c.checks.get("throughput.accounting") or {}).get("status") == "fail":
+                    val += " (token counts disputed)"
                 if p.get("valid") is False:  # beyond the load generator's calibrated concurrency
                     val += " (invalid: client over its error budget)"
                 ci = bootstrap_mean(c.repeats(n, key))

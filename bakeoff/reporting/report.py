@@ -45,6 +45,8 @@ TEMPLATE = """# bakeoff report
 ### {{ r.backend }} on {{ r.model }}{% if r.options %} ({{ r.options }}){% endif %}
 {% if r.distorted %}
 **Figures distorted in transit: they are the hop's, not the engine's** (throughput.transport: {{ r.distorted }}).
+{% endif %}{% if r.disputed %}
+**Token counts disputed: the server's usage and the client's count disagree, so tokens/s and TPOT may be off** (throughput.accounting: {{ r.disputed }}).
 {% endif %}
 
 | sessions | aggregate output tok/s | per-session tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | ITL p50 ms | errors | valid |
@@ -133,6 +135,7 @@ def load_run(path: Path) -> dict[str, Any]:
     dg = checks.get("sanity.degeneration", {})
     ra = checks.get("sanity.reference_agreement", {})
     tr = checks.get("throughput.transport", {})
+    acc = checks.get("throughput.accounting", {})
 
     def pct(x):
         return f"{x:.0%}" if isinstance(x, (int, float)) else "–"
@@ -148,6 +151,7 @@ def load_run(path: Path) -> dict[str, Any]:
                            if ra.get("values", {}).get("reference_accuracy") is not None else "–")},
         "verdict": v,
         "distorted": clip(tr.get("summary") or "distorted", 300).replace("|", "\\|") if tr.get("status") == "fail" else None,
+        "disputed": clip(acc.get("summary") or "disputed", 300).replace("|", "\\|") if acc.get("status") == "fail" else None,
     }
 
 
