@@ -386,3 +386,41 @@ def test_disputed_counts_are_marked_in_the_report(doubled, tmp_path):
     assert checks["throughput.accounting"]["status"] == "fail"
     text = write_report([tmp_path / "s" / "art" / "runs"], tmp_path / "report").read_text()
     assert "Token counts disputed" in text
+
+
+def test_a_server_that_dies_mid_stream_is_a_crash_not_a_hop(tmp_path):
+    """A FAKE server streams 3 events, then closes its listener and the connection: the cut is
+    ``runtime-crash`` (nothing answers any more), where a cut from a server that still answers
+    stays ``transport-distortion``."""
+    import socket
+    import threading
+
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(1)
+    port = lsock.getsockname()[1]
+
+    def serve():
+        conn, _ = lsock.accept()
+        conn.recv(65536)
+        body = b"".join(f'data: {{"choices":[{{"index":0,"text":" t{i}"}}]}}\n\n'.encode() for i in range(3))
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     + f"{len(body):x}\r\n".encode() + body + b"\r\n")
+        lsock.close()
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    from bakeoff.loadgen.client import OpenAIClient
+
+    client = OpenAIClient(f"http://127.0.0.1:{port}", "m")
+
+    async def main():
+        try:
+            return [ev async for ev in client.stream(GenerationRequest(request_id="d", prompt="p", max_tokens=8))]
+        finally:
+            await client.aclose()
+    from bakeoff.api.errors import EngineFailure
+
+    with pytest.raises(EngineFailure) as exc:
+        asyncio.run(main())
+    assert exc.value.failure_class == "runtime-crash" and "refuses connections" in exc.value.message

@@ -57,6 +57,14 @@ class OpenAIOptions(Spec):
         built or written (not a ``config-rejected`` load failure charged to the server). It
         reads the file, nothing more."""
         if v is not None:
+            from pathlib import Path
+
+            p = Path(v.strip())
+            target = p / "tokenizer.json" if p.is_dir() else p
+            if not v.strip() or (target.exists() and not target.is_file()):
+                raise ValueError(f"tokenizer={v!r} is not a tokenizer.json file or a folder holding one")
+            if target.is_file() and target.stat().st_size > 512 * 2**20:
+                raise ValueError(f"tokenizer={v!r} is {target.stat().st_size / 2**20:.0f} MiB: not a tokenizer.json")
             try:
                 TokenCounter(v)
             except EngineFailure as exc:

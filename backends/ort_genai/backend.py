@@ -146,7 +146,10 @@ class OrtGenaiBackend(ChildServerBackend):
         notes = {**self.export_result.notes(), "batching": str(info.get("batching")),
                  "tokenizer": str(info.get("tokenizer")), "detokenizer": str(info.get("detokenizer")),
                  "intra_op_num_threads": str(info.get("intra_op_num_threads", "ORT default")),
-                 "stream_interval_ms": str(info.get("stream_interval_ms"))}
+                 "stream_interval_ms": str(info.get("stream_interval_ms")), "environment": envs.describe(self.python)}
+        exported = self.options.export_options()
+        if exported.int4_algo and self.options.int4_algo is None:  # bakeoff's default, stated where options are read
+            notes["int4_algo"] = f"{exported.int4_algo} (bakeoff's INT4 default: lm_head out of INT4)"
         notes.update({k: str(v) for k, v in (info.get("notes") or {}).items()})
         if info.get("engine_max_batch_size") is not None:
             notes["engine_max_batch_size"] = str(info["engine_max_batch_size"])

@@ -17,6 +17,7 @@ import json
 import os
 import time
 from typing import Any, AsyncIterator, Literal
+from urllib.parse import urlsplit
 
 from bakeoff.api.errors import EngineFailure
 from bakeoff.loadgen.http import Pool, TransportError
@@ -46,6 +47,17 @@ class OpenAIClient:
         extra_body: extra JSON fields for every request (e.g. ``{"return_token_ids": true}``).
         read_timeout_s: no byte within this many seconds ends the request as ``hang``.
     """
+
+    async def _answers(self) -> bool:
+        """Whether the server still accepts a connection (a cut stream from a server that is
+        gone is a crash, not a hop's doing)."""
+        u = urlsplit(self.base_url)
+        try:
+            _, w = await asyncio.wait_for(asyncio.open_connection(u.hostname, u.port or (443 if u.scheme == "https" else 80)), 2)
+        except (OSError, asyncio.TimeoutError):
+            return False
+        w.close()
+        return True
 
     def __init__(self, base_url: str, model: str, api: Api = "completions", api_key_env: str | None = None,
                  extra_body: dict[str, Any] | None = None, read_timeout_s: float = 120.0):
@@ -227,6 +239,9 @@ class OpenAIClient:
                 raise EngineFailure("hang", f"no bytes for {self.read_timeout_s:.0f} s after {nbytes} bytes") from None
             if exc.kind == "connect":
                 raise EngineFailure("runtime-crash", str(exc)) from None
+            if exc.kind == "cut" and not await self._answers():
+                raise EngineFailure("runtime-crash", f"the server went away: stream cut after {nbytes} bytes and "
+                                    f"{elapsed:.3f} s, and {self.base_url} refuses connections now") from None
             if exc.kind == "undecodable":
                 raise EngineFailure("transport-distortion", f"{exc} (a hop compressed the stream; measure without it)") from None
             raise EngineFailure("transport-distortion",
