@@ -348,6 +348,13 @@ def test_openai_tokenizer_that_does_not_load_is_refused_before_start(tmp_path):
 
     with pytest.raises(ValidationError, match="tokenizer"):
         OpenAIOptions(base_url="http://127.0.0.1:1", tokenizer=str(tmp_path / "nope"))
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # reading it would block forever
+    for bad in ("", "  ", str(fifo)):
+        with pytest.raises(ValidationError, match="tokenizer"):
+            OpenAIOptions(base_url="http://127.0.0.1:1", tokenizer=bad)
 
 
 def test_a_load_that_fails_with_any_exception_is_a_load_failure_and_nothing_measures(tmp_path):
