@@ -73,7 +73,7 @@ def _judge(scorer, opened: list[dict], probe_outs: list[dict]) -> tuple[list, li
 
 @pytest.mark.check("sanity.nll_judge")
 def test_nll_judge(run, settings, pytestconfig):
-    from evaluations.plugin import KEY_ENGINE
+    from evaluations.session import KEY_ENGINE
 
     with run.check("sanity.nll_judge", "garbage-output") as c:
         if is_reference_run(settings):
