@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+import adapters
+
 from bakeoff.host.artifacts import atomic_write_text, check_creatable
 from bakeoff.api.errors import UserError
 from bakeoff.cli.jobs import render, submit
@@ -53,22 +55,16 @@ def _first_error(exc: ValidationError) -> str:
 
 
 def _export_task(args, tag: str, push: PushTarget) -> JobTask:
-    if args.pipeline == "ort-genai":
-        from adapters.ort_genai_export import ExportOptions
-
-        raw: dict[str, Any] = {"precision": args.precision, "execution_provider": args.execution_provider,
-                               "block_size": args.block_size, "accuracy_level": args.accuracy_level,
-                               "int4_algo": args.int4_algo, "moe_quant_type": args.moe_quant_type,
-                               "qmoe_block_size": args.qmoe_block_size,
-                               "extra_options": _kv(args.extra_option, "--extra-option")}
-        try:
-            opts = ExportOptions.model_validate(raw).model_dump(mode="json", exclude_defaults=True)
-        except ValidationError as exc:
-            raise UserError(f"export option {_first_error(exc)}") from None
-    else:
-        if args.num_samples < 1 or args.max_seq_length < 8:
-            raise UserError("--num-samples must be >= 1 and --max-seq-length >= 8")
-        opts = {"num_samples": args.num_samples, "max_seq_length": args.max_seq_length}
+    """The export flags the pipeline's adapter takes (its ``Options`` fields), validated now."""
+    cls = adapters.resolve(args.pipeline)
+    raw: dict[str, Any] = {k: getattr(args, k) for k in cls.Options.model_fields
+                           if k != "extra_options" and getattr(args, k, None) is not None}
+    if "extra_options" in cls.Options.model_fields:
+        raw["extra_options"] = _kv(args.extra_option, "--extra-option")
+    try:
+        opts = cls.Options.model_validate(raw).model_dump(mode="json", exclude_defaults=True)
+    except ValidationError as exc:
+        raise UserError(f"export option {_first_error(exc)}") from None
     return JobTask(kind="export", tag=tag, model=args.model, export=ExportTask(pipeline=args.pipeline, options=opts),
                    push_to=push, path_in_repo=args.path_in_repo or "")
 
@@ -257,7 +253,7 @@ def add_jobs_parser(sub) -> None:
     j = sub.add_parser("jobs", help="run exports and qualifications as Hugging Face Jobs (see docs/jobs.md)")
     js = j.add_subparsers(dest="command_jobs", metavar="ACTION", parser_class=type(j))
     e = js.add_parser("export", help="an adapter pipeline (ort-genai INT4/QMoE export, awq-int4) as a job")
-    e.add_argument("pipeline", choices=list(("ort-genai", "awq-int4")))
+    e.add_argument("pipeline", choices=adapters.names())
     _submission(e)
     e.add_argument("--flavor", default="cpu-xl")
     e.add_argument("--precision", default="int4")

@@ -27,14 +27,10 @@ def engine_requirements(task: JobTask) -> list[str]:
     environment: bakeoff.host.envs finds the engine preinstalled there); qualify jobs get bakeoff's
     ``reference`` extra and let bakeoff create each engine's environment as on any host.
     """
-    if task.kind == "export" and task.export and task.export.pipeline == "ort-genai":
-        from adapters.ort_genai_export.env import REQUIREMENTS
+    if task.kind == "export" and task.export:
+        import adapters
 
-        return [*REQUIREMENTS, "huggingface_hub"]
-    if task.kind == "export" and task.export and task.export.pipeline == "awq-int4":
-        from adapters.awq_int4 import env_spec
-
-        return [*env_spec().requirements, "huggingface_hub"]
+        return [*adapters.resolve(task.export.pipeline).requirements(), "huggingface_hub"]
     return ["huggingface_hub"]
 
 

@@ -51,23 +51,12 @@ def _local_model(model: str, work: Path) -> str:
 
 
 def _export(task: JobTask, out: Path, work: Path) -> dict[str, Any]:
+    """The task's adapter (``adapters.REGISTRY``) on the job's checkpoint, written into ``out``."""
     assert task.export is not None
-    if task.export.pipeline == "ort-genai":
-        from adapters.ort_genai_export import ExportOptions, export
+    import adapters
 
-        options = ExportOptions.model_validate(task.export.options)
-        res = export(_local_model(task.model, work), options, log=_log)
-        src = Path(res.output_dir).parent
-        for item in src.iterdir():  # model/ and export.json, as the adapter caches them
-            (shutil.copytree if item.is_dir() else shutil.copy2)(item, out / item.name)
-        return {"export": {"cache_dir": str(src), "duration_s": res.duration_s, "output_bytes": res.output_bytes,
-                           "ops": res.graph.summary(), "cached": res.cached}}
-    from adapters.awq_int4 import quantize_awq
-
-    opts = dict(task.export.options)
-    res = quantize_awq(_local_model(task.model, work), out / "model", num_samples=int(opts.get("num_samples", 64)),
-                       max_seq_length=int(opts.get("max_seq_length", 256)), log=_log)
-    return {"export": {"duration_s": res.duration_s, "scheme": res.scheme, "device": res.device}}
+    adapter = adapters.resolve(task.export.pipeline)(task.export.options)
+    return {"export": adapter.run(_local_model(task.model, work), out, log=_log)}
 
 
 def _qualify(task: JobTask, out: Path) -> dict[str, Any]:

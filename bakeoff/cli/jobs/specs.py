@@ -12,7 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from bakeoff.api.errors import UserError
 
-PIPELINES = ("ort-genai", "awq-int4")
+import adapters
+
+PIPELINES = tuple(adapters.names())  # the adapters registry: a job exports with any of them
 TIMEOUT = re.compile(r"^\d+(\.\d+)?[smhd]?$")
 # Secret-looking names must travel as secrets, never in the job's plain environment.
 SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)", re.I)
@@ -74,14 +76,20 @@ class ExportTask(_Spec):
     """One adapter pipeline run inside the job.
 
     Attributes:
-        pipeline: ``ort-genai`` (adapters.ort_genai_export: INT4/QMoE export) or ``awq-int4``
-            (adapters.awq_int4: llm-compressor W4A16).
-        options: ``ExportOptions`` fields for ``ort-genai``; ``num_samples`` /
-            ``max_seq_length`` for ``awq-int4``.
+        pipeline: an adapter's name (``adapters.REGISTRY``: ``ort-genai`` INT4/QMoE export,
+            ``awq-int4`` llm-compressor W4A16).
+        options: that adapter's ``Options`` fields.
     """
 
-    pipeline: Literal["ort-genai", "awq-int4"]
+    pipeline: str
     options: dict[str, object] = Field(default_factory=dict)
+
+    @field_validator("pipeline")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        if v not in PIPELINES:
+            raise ValueError(f"unknown pipeline {v!r}; choose one of: {', '.join(PIPELINES)}")
+        return v
 
 
 class QualifyTask(_Spec):
