@@ -42,6 +42,15 @@ class Backend(abc.ABC):
     # between it and the client: throughput.transport then blames bursts on the engine or host)
     serves_on_loopback: bool = False
     Options: ClassVar[type[BaseModel]]
+    # What evaluations read from any backend (declared here, never looked up with getattr):
+    # the API its client speaks ("completions", "chat", "messages"); the interpreter of its
+    # environment (its packages go into the fingerprint; None: this interpreter); the process
+    # group it started (for py-spy stacks on a hang; None: nothing launched); its own output
+    # token counter (the openai backend's ``tokenizer=``; None: the suite picks one).
+    api: str = "completions"
+    env_python: Any = None
+    proc: Any = None
+    count_tokens: Any = None
 
     def __init__(self, config: BackendConfig):
         from bakeoff.api.options import parse_options

@@ -81,7 +81,7 @@ def client_token_counter(settings, engine) -> tuple[Any, str]:
     local ``--model``."""
     from bakeoff.loadgen.accounting import model_token_counter
 
-    own = getattr(engine, "count_tokens", None)
+    own = engine.count_tokens
     if own is not None:
         return own, f"the backend's tokenizer ({getattr(own, 'path', 'tokenizer=')})"
     counter = model_token_counter(settings.model.path if settings.model.local else None)
@@ -99,8 +99,7 @@ def is_fixture(settings) -> bool:
 
 def serves_one_at_a_time(engine) -> bool:
     """True for engines that do not batch (the transformers reference)."""
-    info = getattr(engine, "info", None)
-    return bool(info and info.concurrent_requests == 1)
+    return bool(engine.info and engine.info.concurrent_requests == 1)
 
 
 def kv_unit(rng: random.Random, exclude: str = "") -> str:

@@ -325,7 +325,7 @@ class _quiet:
 
 
 def _versions(backend) -> dict[str, str]:
-    python = getattr(backend, "env_python", None) or sys.executable
+    python = backend.env_python or sys.executable
     from bakeoff.host.envs import freeze
 
     allv = freeze(python)
@@ -343,6 +343,6 @@ def attach_engine_evidence(scope, engine, failure_class: str | None) -> None:
     if cuda is not None:  # OOM, illegal access, NCCL...: the line is the evidence (bakeoff/analysis/cuda_errors.py)
         scope.evidence("cuda_error.json", cuda.model_dump())
         scope.values["cuda_error"] = cuda.kind
-    proc = getattr(engine, "proc", None)
+    proc = engine.proc
     if failure_class == "hang" and proc is not None:
         scope.evidence("stacks.txt", proc.dump_stacks())

@@ -51,7 +51,7 @@ def _roofline(points: list[dict], engine, settings, max_tokens: int) -> dict:
     """Per-point roofline (bakeoff/analysis/roofline.py), merged into ``points``; returns the summary."""
     from bakeoff.analysis.roofline import load_shape, sweep_roofline
 
-    info = getattr(engine, "info", None)
+    info = engine.info
     dtype = (info.notes or {}).get("dtype") if info else None
     shape = load_shape(settings.model.path, dtype) if settings.model.local else None
     from bakeoff.host.telemetry import device_name

@@ -26,7 +26,7 @@ def sanity_prompts(items) -> list[str]:
 
 def uses_chat(engine) -> bool:
     """Whether the backend sends prompts as chat messages (its client's ``chat`` or ``messages`` API)."""
-    return getattr(getattr(engine, "client", None), "api", "completions") in ("chat", "messages")
+    return engine.api in ("chat", "messages")
 
 
 def reference_tokenizer(path: str, trust_remote_code: bool = False) -> tuple[Any | None, str]:

@@ -83,6 +83,7 @@ class OpenAIBackend(Backend):
         self.client: OpenAIClient | None = None
         # the client-side token count of --backend-opt tokenizer=DIR (bakeoff/loadgen/accounting.py)
         self.count_tokens: Callable[[str], int] | None = None
+        self.api = self.options.api
         self.base_url = self.options.base_url.rstrip("/")
         if self.base_url.endswith("/v1"):
             self.base_url = self.base_url[:-3]
