@@ -21,8 +21,8 @@ from backends.base import Backend
 from bakeoff.api.errors import EngineFailure
 from bakeoff.loadgen.client import OpenAIClient
 from bakeoff.analysis.failures import classify_start, missing_tokenizer
-from bakeoff.host.procs import ManagedProcess, describe_exit, died_by_signal
-from bakeoff.api.specs import GenerationRequest, TokenEvent
+from bakeoff.host.procs import ManagedProcess, describe_exit, died_by_signal, free_port
+from bakeoff.api.specs import BackendInfo, GenerationRequest, TokenEvent
 
 
 def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
@@ -60,8 +60,11 @@ def parse_prometheus(text: str) -> dict[str, float]:
 class ChildServerBackend(Backend):
     """A backend whose engine is a child process serving the OpenAI API over HTTP.
 
-    Subclasses implement :meth:`command` (and may override :meth:`after_ready` to read
-    the engine's log, e.g. its KV capacity).
+    :meth:`start` is the template every such backend runs: :meth:`prepare` (environment,
+    export, host probe), :meth:`launch` on a free port until the engine serves (a failure
+    passes through :meth:`classify_start_failure`), the client for :meth:`served_model`,
+    then :meth:`describe` says what the engine stated. Subclasses implement :meth:`command`
+    and :meth:`describe` and override the other hooks only where they differ.
     """
 
     ready_mode: str = "health"  # "health" (GET /health) or "file" (worker ready file)
@@ -85,9 +88,31 @@ class ChildServerBackend(Backend):
         """The command line and environment that start the engine on ``port``."""
         raise NotImplementedError
 
-    def after_ready(self) -> dict[str, Any]:
-        """Extra ``BackendInfo`` fields learned once the engine serves."""
-        return {}
+    def prepare(self) -> None:
+        """Work before the launch (the engine's environment, an export, a host probe)."""
+
+    def classify_start_failure(self, exc: EngineFailure) -> EngineFailure:
+        """A start failure as this engine's words classify it (default: unchanged)."""
+        return exc
+
+    def served_model(self) -> str:
+        """The model name requests carry."""
+        return self.config.model
+
+    def describe(self, startup_s: float) -> BackendInfo:
+        """What the engine stated once serving (versions, KV capacity, fallbacks)."""
+        raise NotImplementedError
+
+    def start(self) -> BackendInfo:
+        """The template (class docstring). Raises what :meth:`prepare` and :meth:`launch` raise."""
+        self.prepare()
+        try:
+            startup_s = self.launch(free_port())
+        except EngineFailure as exc:
+            raise self.classify_start_failure(exc) from None
+        self.make_client(self.served_model())
+        self.info = self.describe(round(startup_s, 2))
+        return self.info
 
     def extra_body(self) -> dict[str, Any]:
         return {}

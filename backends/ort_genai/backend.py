@@ -21,7 +21,6 @@ from backends._options import OptionReport, OptionStatement, fallback_notes, rea
 from backends._server import ChildServerBackend
 from bakeoff.host import envs
 from bakeoff.api.errors import EngineFailure
-from bakeoff.host.procs import free_port
 from bakeoff.api.specs import BackendInfo
 
 
@@ -131,7 +130,8 @@ class OrtGenaiBackend(ChildServerBackend):
                "--options", json.dumps(opts)]
         return cmd, envs.child_env({"TOKENIZERS_PARALLELISM": "false"})
 
-    def start(self) -> BackendInfo:
+    def prepare(self) -> None:
+        """The environment, then the export (cached) the worker serves."""
         if not Path(self.config.model).is_dir():
             raise EngineFailure("unavailable", f"ort-genai exports local checkpoint folders; {self.config.model!r} "
                                 "is not one (no hub access from the builder here)")
@@ -139,10 +139,9 @@ class OrtGenaiBackend(ChildServerBackend):
         self.export_result = export(self.config.model, self.options.export_options(), log=self._log,
                                     timeout_s=self.options.export_timeout_s, use_cache=self.options.reuse_export)
         (self.workdir / "export.json").write_text(self.export_result.model_dump_json(indent=1))
-        port = free_port()
-        startup_s = self.launch(port)
+
+    def describe(self, startup_s: float) -> BackendInfo:
         info = self.ready_payload.get("info", {})
-        self.make_client(self.config.model)
         notes = {**self.export_result.notes(), "batching": str(info.get("batching")),
                  "tokenizer": str(info.get("tokenizer")), "detokenizer": str(info.get("detokenizer")),
                  "intra_op_num_threads": str(info.get("intra_op_num_threads", "ORT default")),
@@ -153,16 +152,17 @@ class OrtGenaiBackend(ChildServerBackend):
         notes.update({k: str(v) for k, v in (info.get("notes") or {}).items()})
         if info.get("engine_max_batch_size") is not None:
             notes["engine_max_batch_size"] = str(info["engine_max_batch_size"])
-        self.info = BackendInfo(
+        described = BackendInfo(
             backend=self.name, engine="onnxruntime-genai", engine_version=info.get("engine_version"),
             device=info.get("device", "cpu"), max_model_len=info.get("max_model_len"),
             launch_command=self.launch_cmd, base_url=self.base_url, served_model=self.config.model,
-            startup_s=round(startup_s, 2), notes=notes,
+            startup_s=startup_s, notes=notes,
             concurrent_requests=(1 if info.get("batching") == "generator" else info.get("engine_max_batch_size")),
             fallbacks={k.removesuffix("_fallback"): v for k, v in notes.items() if k.endswith("_fallback")})
+        self.info = described  # option_report() reads the export and the worker's notes through it
         rep = self.option_report()
-        self.info.ignored_options = [st.model_dump(include={"option", "kind", "line"}) for st in rep.ignored()] if rep else []
-        return self.info
+        described.ignored_options = [st.model_dump(include={"option", "kind", "line"}) for st in rep.ignored()] if rep else []
+        return described
 
     def option_report(self) -> OptionReport | None:
         """What the builder, the runtime and the worker said about the options the user set.

@@ -10,7 +10,6 @@ from pydantic import Field
 
 from backends._server import ChildServerBackend
 from bakeoff.host.envs import child_env
-from bakeoff.host.procs import free_port
 from bakeoff.api.specs import BackendInfo, Spec
 
 
@@ -57,16 +56,13 @@ class TransformersBackend(ChildServerBackend):
                "--options", json.dumps(self.options.model_dump())]
         return cmd, child_env({"TOKENIZERS_PARALLELISM": "false"})
 
-    def start(self) -> BackendInfo:
-        port = free_port()
-        startup_s = self.launch(port)
+    def describe(self, startup_s: float) -> BackendInfo:
         info = self.ready_payload.get("info", {})
-        self.make_client(self.config.model)
-        self.info = BackendInfo(
+        return BackendInfo(
             backend=self.name, engine="transformers", engine_version=info.get("engine_version"),
             device=info.get("device", "cpu"), max_model_len=info.get("max_model_len"),
             launch_command=self.launch_cmd, base_url=self.base_url, served_model=self.config.model,
-            startup_s=round(startup_s, 2),
+            startup_s=startup_s,
             kv_cache_tokens=info.get("kv_cache_tokens"),
             concurrent_requests=None if info.get("batching") == "continuous" else 1,
             fallbacks={"batching": str(info["batching_fallback"])} if info.get("batching_fallback") else {},
@@ -78,4 +74,3 @@ class TransformersBackend(ChildServerBackend):
                    **{k: str(info[k]) for k in ("batching", "batching_fallback", "attn_implementation",
                                                 "gpu_headroom_held_gib") if info.get(k) is not None}},
         )
-        return self.info

@@ -30,7 +30,6 @@ from backends._server import ChildServerBackend, http_get, parse_prometheus
 from bakeoff.host import envs
 from bakeoff.api.errors import EngineFailure, UserError
 from bakeoff.analysis.preflight import raise_if_rejected
-from bakeoff.host.procs import free_port
 from bakeoff.api.specs import BackendInfo, Spec
 
 TRTLLM = "tensorrt-llm==1.2.1"
@@ -199,32 +198,37 @@ class TrtllmBackend(ChildServerBackend):
             EngineFailure: ``unavailable`` (no GPU, no tensorrt_llm), ``config-rejected``
                 (preflight or the engine's own refusal), ``load-failure``, ``hang``.
         """
+        return super().start()
+
+    def prepare(self) -> None:
         self.probe()
         if self.options.preflight:
             self.preflight_result = raise_if_rejected(self.config.model, self.name, cuda=True)
-        try:
-            startup_s = self.launch(free_port())
-        except EngineFailure as exc:
-            text = exc.evidence.get("engine.log.tail", "")
-            if "Unsupported quantization_config" in text or "Unsupported quant_bits" in text:
-                exc.failure_class = "config-rejected"
-            exc.evidence.setdefault("probe.txt", self.probe_text)
-            raise
+
+    def classify_start_failure(self, exc: EngineFailure) -> EngineFailure:
+        text = exc.evidence.get("engine.log.tail", "")
+        if "Unsupported quantization_config" in text or "Unsupported quant_bits" in text:
+            exc.failure_class = "config-rejected"
+        exc.evidence.setdefault("probe.txt", self.probe_text)
+        return exc
+
+    def served_model(self) -> str:
+        return self.options.served_model_name if self.options.mode == "worker" else self.config.model
+
+    def describe(self, startup_s: float) -> BackendInfo:
         worker = self.options.mode == "worker"
         info = self.ready_payload.get("info", {}) if worker else {}
-        served = self.options.served_model_name if worker else self.config.model
-        self.make_client(served)
+        served = self.served_model()
         kv = [int(m.group(1)) for m in KV_LINE.finditer(self.proc.tail(2000) if self.proc else "")]
         notes = {"mode": self.options.mode, "trtllm_backend": self.options.backend,
                  "kv_cache_free_gpu_memory_fraction": str(self.options.kv_cache_free_gpu_memory_fraction)}
         if self.preflight_result is not None:
             notes["preflight"] = self.preflight_result.reason
-        self.info = BackendInfo(
+        return BackendInfo(
             backend=self.name, engine="tensorrt-llm", engine_version=info.get("engine_version") or self.engine_version,
             device=info.get("device", "cuda"), kv_cache_tokens=kv[-1] if kv else None,
             max_model_len=self.options.max_seq_len, launch_command=self.launch_cmd, base_url=self.base_url,
-            served_model=served, startup_s=round(startup_s, 2), notes=notes)
-        return self.info
+            served_model=served, startup_s=startup_s, notes=notes)
 
     def metrics(self) -> dict[str, Any]:
         if not self.base_url:

