@@ -40,6 +40,20 @@ def validate(name: str) -> str:
     return name
 
 
+def preflight(model_path, name: str, cuda: bool | None = None, flags: set[str] | None = None):
+    """``bakeoff.analysis.preflight.preflight`` with the rule of the backend registered as ``name``."""
+    from bakeoff.analysis.preflight import preflight as predict
+
+    return predict(model_path, name, resolve(name).preflight_rule, cuda, flags)
+
+
+def raise_if_rejected(model_path, name: str, cuda: bool | None = None, flags: set[str] | None = None):
+    """``bakeoff.analysis.preflight.raise_if_rejected`` with the rule of the backend ``name``."""
+    from bakeoff.analysis.preflight import raise_if_rejected as check
+
+    return check(model_path, name, resolve(name).preflight_rule, cuda, flags)
+
+
 def resolve(name: str) -> type:
     """Import and return the backend class registered as ``name``.
 

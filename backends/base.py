@@ -48,6 +48,8 @@ class Backend(abc.ABC):
     # group it started (for py-spy stacks on a hang; None: nothing launched); its own output
     # token counter (the openai backend's ``tokenizer=``; None: the suite picks one).
     api: str = "completions"
+    # the engine's pre-flight rule (its folder's preflight.py; bakeoff/analysis/preflight.py Rule)
+    preflight_rule: ClassVar[Any] = None
     env_python: Any = None
     proc: Any = None
     count_tokens: Any = None

@@ -299,7 +299,7 @@ def _preflight(settings: Settings, scope) -> None:
     (the prediction is still recorded as evidence)."""
     if not settings.model.local:
         return
-    from bakeoff.analysis.preflight import preflight
+    from backends import preflight
 
     result = preflight(settings.model.path, settings.backend)
     scope.values["preflight"] = {"accepted": result.accepted, "reason": result.reason, "enforced": settings.preflight}

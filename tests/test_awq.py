@@ -18,7 +18,7 @@ import pytest
 from adapters.awq_int4 import RESULT_FILE, describe_quantization, is_quantized, quantize_awq
 from bakeoff.host import envs
 from bakeoff.api.errors import EngineFailure, UserError
-from bakeoff.analysis.preflight import preflight
+from backends import preflight
 
 REPO = Path(__file__).resolve().parent.parent
 TEXTS = ["count: 1 2 3 4 5 6 7 8 9 10", "copy: abc def => abc def", "the quick brown fox jumps over the lazy dog",

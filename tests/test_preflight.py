@@ -7,7 +7,8 @@ import json
 import pytest
 
 from bakeoff.api.errors import EngineFailure
-from bakeoff.analysis.preflight import describe_quantization, preflight, raise_if_rejected
+from backends import preflight, raise_if_rejected
+from bakeoff.analysis.preflight import describe_quantization
 
 # What llm-compressor 0.14 writes for W4A16_ASYM (AWQ): compressed-tensors, pack-quantized.
 W4A16 = {

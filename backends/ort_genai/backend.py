@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import Field
 
 from adapters.ort_genai_export import ExportOptions, ExportResult, env_spec, export
+from backends.ort_genai.preflight import rule as preflight_rule
 from backends._options import OptionReport, OptionStatement, fallback_notes, read_log, rule, scan
 from backends._server import ChildServerBackend
 from bakeoff.host import envs
@@ -101,6 +102,8 @@ class OrtGenaiOptions(ExportOptions):
 
 class OrtGenaiBackend(ChildServerBackend):
     """ONNX Runtime GenAI serving a model-builder export of the checkpoint."""
+
+    preflight_rule = staticmethod(preflight_rule)
 
     name = "ort-genai"
     Options = OrtGenaiOptions

@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from backends.transformers.preflight import rule as preflight_rule
 from backends._server import ChildServerBackend
 from bakeoff.host.envs import child_env
 from bakeoff.api.specs import BackendInfo, Spec
@@ -45,6 +46,8 @@ class TransformersBackend(ChildServerBackend):
     Runs in bakeoff's own environment (it already holds torch and transformers for the
     fixture builder).
     """
+
+    preflight_rule = staticmethod(preflight_rule)
 
     name = "transformers"
     Options = TransformersOptions

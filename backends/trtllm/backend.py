@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from backends.trtllm.preflight import rule as preflight_rule
 from backends._server import ChildServerBackend, http_get, parse_prometheus
 from bakeoff.host import envs
 from bakeoff.api.errors import EngineFailure, UserError
@@ -115,6 +116,8 @@ def _last_line(text: str) -> str:
 class TrtllmBackend(ChildServerBackend):
     """TensorRT-LLM, in its own environment: LLM API worker or ``trtllm-serve``."""
 
+    preflight_rule = staticmethod(preflight_rule)
+
     name = "trtllm"
     Options = TrtllmOptions
 
@@ -203,7 +206,7 @@ class TrtllmBackend(ChildServerBackend):
     def prepare(self) -> None:
         self.probe()
         if self.options.preflight:
-            self.preflight_result = raise_if_rejected(self.config.model, self.name, cuda=True)
+            self.preflight_result = raise_if_rejected(self.config.model, self.name, self.preflight_rule, cuda=True)
 
     def classify_start_failure(self, exc: EngineFailure) -> EngineFailure:
         text = exc.evidence.get("engine.log.tail", "")

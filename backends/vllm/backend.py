@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from backends.vllm.preflight import rule as preflight_rule
 from backends._options import OptionReport, read_log
 from backends._server import ChildServerBackend
 from backends.vllm import option_log
@@ -128,6 +129,8 @@ class VllmOptions(Spec):
 
 class VllmBackend(ChildServerBackend):
     """vLLM's OpenAI-compatible server, in vLLM's own environment."""
+
+    preflight_rule = staticmethod(preflight_rule)
 
     name = "vllm"
     Options = VllmOptions
