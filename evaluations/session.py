@@ -113,6 +113,36 @@ def settings_from(config: pytest.Config) -> Settings:
                     memory_limit_gib=mem, backend_cls=cls, reference_options=ref_options)
 
 
+def read_resumable(path: Path) -> tuple[dict[str, Any], Verdict]:
+    """A cut-off run's ``run.json`` and verdict, checked the one way both ``bakeoff qualify
+    --resume`` and ``pytest evaluations/ --resume`` check them.
+
+    Raises:
+        UserError: unreadable, not bakeoff's, finished, or not writable (one line each).
+    """
+    try:
+        meta = json.loads((path / "run.json").read_text())
+        raw = json.loads((path / "verdict.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot resume {path}: not a readable run directory ({exc.__class__.__name__}: "
+                        f"{' '.join(str(exc).split())[:100]}); pass a folder under artifacts/runs/ that holds run.json "
+                        "and verdict.json") from None
+    foreign = UserError(f"cannot resume {path}: run.json or verdict.json is not bakeoff's; pass a folder under "
+                        "artifacts/runs/ written by bakeoff")
+    if not is_run_meta(meta) or not isinstance(raw, dict):
+        raise foreign
+    if raw.get("finished_at"):
+        raise UserError(f"run {path.name} finished ({raw.get('status')}); nothing to resume: start a new run")
+    try:
+        verdict = Verdict.model_validate(raw)
+    except ValueError:
+        raise foreign from None
+    from bakeoff.host.artifacts import check_creatable
+
+    check_creatable(path, "run directory", "resume a run in a folder you can write (copy it elsewhere first)")
+    return meta, verdict
+
+
 def load_resume(config: pytest.Config) -> tuple[RunDir, Verdict]:
     """Read a cut-off run and make its settings this session's.
 
@@ -120,20 +150,7 @@ def load_resume(config: pytest.Config) -> tuple[RunDir, Verdict]:
         UserError: not a run directory, unreadable, already finished, or not writable.
     """
     path = Path(config.getoption("--resume"))
-    try:
-        meta = json.loads((path / "run.json").read_text())
-        verdict = Verdict.model_validate_json((path / "verdict.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot resume {path}: {exc.__class__.__name__}: {' '.join(str(exc).split())[:120]}; pass a run directory "
-                        "written by bakeoff (it holds run.json and verdict.json)") from None
-    if not is_run_meta(meta):
-        raise UserError(f"cannot resume {path}: run.json is not bakeoff's (it needs backend, model, options, profile); "
-                        "pass a run directory written by bakeoff")
-    if verdict.finished_at is not None:
-        raise UserError(f"run {path.name} finished ({verdict.status}); nothing to resume")
-    from bakeoff.host.artifacts import check_creatable
-
-    check_creatable(path, "run directory", "resume a run in a folder you can write (copy it elsewhere first)")
+    meta, verdict = read_resumable(path)
     o = config.option
     given = [f for f, v in (("--backend", o.backend != "transformers"), ("--model", o.model != "fixture:tiny-qwen3"),
                             ("--backend-opt", o.backend_opt), ("--reference-model", o.reference_model),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -145,22 +144,10 @@ def _resume(args) -> int:
         raise UserError(f"--repeats must be at least 1, got {args.repeats}")
     report_name = _plain_name(args.report, "--report")  # before the resumed run, not after it
     run_dir = Path(args.resume).resolve()
-    try:
-        meta = json.loads((run_dir / "run.json").read_text())
-        verdict = json.loads((run_dir / "verdict.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"--resume {args.resume}: not a readable run directory ({exc.__class__.__name__}: "
-                        f"{str(exc)[:100]}); pass a folder under artifacts/runs/ that holds run.json and verdict.json") from None
-    from bakeoff.host.artifacts import is_run_meta
-
-    if not is_run_meta(meta) or not isinstance(verdict, dict) or not isinstance(verdict.get("checks", []), list):
-        raise UserError(f"--resume {args.resume}: run.json or verdict.json is not bakeoff's; pass a folder under "
-                        "artifacts/runs/ written by bakeoff")
-    if verdict.get("finished_at"):
-        raise UserError(f"run {run_dir.name} finished ({verdict.get('status')}); nothing to resume: start a new run")
     from bakeoff.host.artifacts import check_creatable
+    from evaluations.session import read_resumable
 
-    check_creatable(run_dir, "run directory", "resume a run in a folder you can write (copy it elsewhere first)")
+    read_resumable(run_dir)  # the checks the plugin makes again when it resumes: one function
     check_creatable(run_dir.parent.parent / "reports" / report_name, "report folder",
                     "make the run's artifacts folder writable, or copy the run into one that is")
     cmd = [sys.executable, "-m", "pytest", str(REPO / "evaluations"), f"--resume={run_dir}", "-p", "no:cacheprovider",
