@@ -27,11 +27,12 @@ the workaround is recorded in the result.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
+
+from adapters._calibration import calibration_parser
 
 SCHEME = "W4A16_ASYM"
 
@@ -109,14 +110,7 @@ def apply_cpu_workaround() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--dataset", default=None)
-    ap.add_argument("--num-samples", type=int, default=64)
-    ap.add_argument("--max-seq-length", type=int, default=256)
-    ap.add_argument("--result-json", default=None)
-    args = ap.parse_args(argv)
+    args = calibration_parser(__doc__.splitlines()[0]).parse_args(argv)
 
     t0 = time.monotonic()
     import compressed_tensors

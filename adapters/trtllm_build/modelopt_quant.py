@@ -18,24 +18,19 @@ Run as ``python adapters/trtllm_build/modelopt_quant.py --model IN --out OUT --q
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 
+from adapters._calibration import calibration_parser
+
 QFORMATS = {"int4_awq": "INT4_AWQ_CFG", "fp8": "FP8_DEFAULT_CFG", "nvfp4": "NVFP4_DEFAULT_CFG"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--out", required=True)
+    ap = calibration_parser(__doc__.splitlines()[0])
     ap.add_argument("--qformat", choices=sorted(QFORMATS), default="int4_awq")
-    ap.add_argument("--dataset", default=None)
-    ap.add_argument("--num-samples", type=int, default=64)
-    ap.add_argument("--max-seq-length", type=int, default=256)
-    ap.add_argument("--result-json", default=None)
     args = ap.parse_args(argv)
 
     t0 = time.monotonic()

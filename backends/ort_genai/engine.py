@@ -15,12 +15,7 @@ HTTP server. Two schedulers:
 Frames of a dense stream are not sent one per token (see
 :class:`backends.ort_genai.frames.Out`); their text is None when the worker process
 detokenizes (see :func:`backends.ort_genai.tokenizing.worker_detokenizer`).
-Commands (worker to engine): ``("gen", rid, body)``, ``("cancel", rid)``, ``("tokenize", rid, text)``
-(answered ``("ids", rid, int32 id bytes)`` by the main thread, with generation's tokenizer). Frames (engine to
-worker): ``("start", rid, n_prompt_tokens)``, ``("tok", rid, int32 token id bytes, text)``,
-``("end", rid, finish_reason, stats)``, ``("err", rid, message)``; a request that asks for
-``logprobs`` runs alone on ``og.Generator`` and its ``"tok"`` frames carry a fifth item,
-``[(logprob, [(id, logprob), ...top k])]`` per id.
+Commands and frames between worker and engine: :mod:`backends.ort_genai.frames`.
 
 Options: ``batching``, ``execution_provider``, ``source_model``, ``intra_op_num_threads``,
 ``stream_interval_ms``.
@@ -37,7 +32,7 @@ import time
 import traceback
 from typing import Any
 
-from backends.ort_genai.frames import TOKENIZE, Collect, Decoder, Out, answer_tokenize
+from backends.ort_genai.frames import TOKENIZE, Collect, Decoder, Out, answer_tokenize, finish_name
 from backends.ort_genai.tokenizing import tokenizer_disagreement, worker_detokenizer
 
 
@@ -366,16 +361,9 @@ class OrtGenaiEngine:
                 out.fail(RuntimeError(f"og.Engine request failed: error_code={ev.error_code}"))
                 live.pop(id(ev.request), None)
             elif ev.finish_reason != none:
-                out.finish(self._finish_name(ev.finish_reason), self.stats())
+                out.finish(finish_name(self.og, ev.finish_reason), self.stats())
                 live.pop(id(ev.request), None)
                 req.close()
-
-    def _finish_name(self, reason) -> str:
-        og = self.og
-        names = {og.FinishReason.EOS: "stop", og.FinishReason.STOP_STRING: "stop",
-                 og.FinishReason.MAX_GENERATED_TOKENS: "length", og.FinishReason.MAX_SESSION_TOKENS: "length",
-                 og.FinishReason.CANCELLED: "abort"}
-        return names.get(reason, str(reason.name).lower())
 
 
 def main(argv: list[str] | None = None) -> None:

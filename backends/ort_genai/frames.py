@@ -1,6 +1,13 @@
 """Per-request output of the ORT GenAI engine process: frames, and the detokenizer used there.
 
-Split from :mod:`backends.ort_genai.engine`; the frame kinds are listed there.
+Split from :mod:`backends.ort_genai.engine`.
+
+Commands (worker to engine): ``("gen", rid, body)``, ``("cancel", rid)``, ``("tokenize", rid, text)``
+(answered ``("ids", rid, int32 id bytes)`` by the main thread, with generation's tokenizer). Frames (engine to
+worker): ``("start", rid, n_prompt_tokens)``, ``("tok", rid, int32 token id bytes, text)``,
+``("end", rid, finish_reason, stats)``, ``("err", rid, message)``; a request that asks for
+``logprobs`` runs alone on ``og.Generator`` and its ``"tok"`` frames carry a fifth item,
+``[(logprob, [(id, logprob), ...top k])]`` per id.
 """
 
 from __future__ import annotations
@@ -133,3 +140,11 @@ class Collect:
 
     def fail(self, exc: BaseException) -> None:
         self.result = exc
+
+
+def finish_name(og, reason) -> str:
+    """The OpenAI ``finish_reason`` for an ``og.FinishReason``."""
+    names = {og.FinishReason.EOS: "stop", og.FinishReason.STOP_STRING: "stop",
+             og.FinishReason.MAX_GENERATED_TOKENS: "length", og.FinishReason.MAX_SESSION_TOKENS: "length",
+             og.FinishReason.CANCELLED: "abort"}
+    return names.get(reason, str(reason.name).lower())

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bakeoff.loadgen.synth_server import SynthConfig
+from bakeoff.loadgen.synth_config import SynthConfig
 from bakeoff.host.procs import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -1,0 +1,94 @@
+"""Bad run directories given to ``compare``, ``report`` and ``--resume`` (both ``bakeoff qualify``
+and ``pytest evaluations/``), and bad plugin options: one line naming the fix, nothing written.
+Split from tests/test_bad_input.py (helpers and the ``bad_runs`` fixture live there)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.test_bad_input import BAKEOFF, PYTEST, _verdict_run, bad_runs, nothing_written, one_error_line, run  # noqa: F401 - bad_runs is a fixture
+
+
+@pytest.mark.parametrize("which, message", [
+    ("missing", "cannot read run directory"),
+    ("corrupt", "pass folders that hold a verdict.json"),
+    ("empty", "no verdict.json in it or below it"),
+])
+def test_compare_unreadable_runs(tmp_path, bad_runs, which, message):
+    art = tmp_path / "art"
+    proc = run(BAKEOFF + ["compare", str(bad_runs[which]), "--artifacts", str(art)])
+    assert proc.returncode == 2, proc.stderr
+    assert message in one_error_line(proc)
+    assert nothing_written(art)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--backends", "vllm"], "--resume continues a run with its own settings; drop --backends"),
+    (["--model", "fixture:tiny-qwen3"], "drop --model"),
+    (["--backends", "vllm", "--backend-opt", "dtype=float32"], "drop --backends, --backend-opt"),
+    (["--matrix", "prefix_cache=on,off"], "drop --matrix"),
+])
+def test_resume_conflicts_with_run_settings(bad_runs, extra, message):
+    proc = run(BAKEOFF + ["qualify", "--resume", str(bad_runs["corrupt"]), *extra])
+    assert proc.returncode == 2 and message in one_error_line(proc)
+    assert sorted(p.name for p in bad_runs["corrupt"].iterdir()) == ["run.json", "verdict.json"]
+
+
+@pytest.mark.parametrize("which, message", [
+    ("missing", "not a readable run directory (FileNotFoundError"),
+    ("corrupt", "not a readable run directory (JSONDecodeError"),
+    ("empty", "not a readable run directory"),
+    ("finished", "finished (qualified); nothing to resume"),
+    ("foreign", "run.json or verdict.json is not bakeoff's"),
+])
+def test_resume_unusable_run(bad_runs, which, message):
+    before = sorted(bad_runs["finished"].parent.rglob("*"))
+    proc = run(BAKEOFF + ["qualify", "--resume", str(bad_runs[which])])
+    assert proc.returncode == 2
+    assert message in one_error_line(proc)
+    assert sorted(bad_runs["finished"].parent.rglob("*")) == before
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--backend", "transformers", "--backend-opt", "batching=sometimes"], "bad value for option 'batching'"),
+    (["--backend", "transformers", "--memory-limit-gib", "0"], "--memory-limit-gib must be a positive number of GiB"),
+    (["--backend", "transformers", "--profile", "huge"], "unknown profile 'huge'"),
+    (["--backend", "transformers", "--min-probe-accuracy", "2"], "--min-probe-accuracy must be between 0 and 1"),
+    (["--backend", "transformers", "--repeats", "0"], "--repeats must be at least 1"),
+    (["--backend", "transformers", "--start-timeout", "-5"], "--start-timeout must be a positive number"),
+    (["--backend", "transformers", "--progress-timeout", "0"], "--progress-timeout must be a positive number"),
+])
+def test_pytest_plugin_bad_options(tmp_path, args, message):
+    art = tmp_path / "art"
+    proc = run(PYTEST + ["--artifacts", str(art), "--model", "fixture:tiny-qwen3-untrained", *args])
+    assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr
+    assert message in one_error_line(proc, "ERROR: ")
+    assert nothing_written(art)
+
+
+def test_pytest_resume_unreadable_run(bad_runs):
+    proc = run(PYTEST + ["--resume", str(bad_runs["corrupt"])])
+    assert proc.returncode == 4
+    assert "cannot resume" in one_error_line(proc, "ERROR: ")
+
+
+@pytest.mark.parametrize("verdict_text, message", [
+    ("[]", "verdict.json holds a list, not an object"),
+    ("null", "verdict.json holds a NoneType"),
+    ('{"backend": "b", "model": "m", "checks": "abc"}', "checks that are not a list"),
+    ('{"backend": "b", "model": "m", "checks": [{"foo": 1}]}', "a check without a name and a status"),
+    ('{"backend": "b", "model": "m", "checks": [], "options": "abc"}', "options that is not an object"),
+    ("{}", "has no backend"),
+])
+@pytest.mark.parametrize("command", ["compare", "report"])
+def test_runs_that_are_not_bakeoffs_are_refused(tmp_path, verdict_text, message, command):
+    run_dir = _verdict_run(tmp_path / "in", "r1", verdict_text)
+    art = tmp_path / "art"
+    proc = run(BAKEOFF + [command, str(run_dir), "--artifacts", str(art)])
+    assert proc.returncode == 2 and message in one_error_line(proc), proc.stderr
+    binary = _verdict_run(tmp_path / "in", "r2", "")
+    (binary / "verdict.json").write_bytes(b"\xff\xfe\x00garbage")
+    proc = run(BAKEOFF + [command, str(binary), "--artifacts", str(art)])
+    assert proc.returncode == 2 and "cannot read run directory" in one_error_line(proc)
