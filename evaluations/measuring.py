@@ -18,6 +18,7 @@ from typing import Any
 from bakeoff.models.fixtures.corpus import KV_KEYS, kv_haystack, kv_pair, kv_prompt, kv_value
 from bakeoff.loadgen.sweep import run_request
 from bakeoff.api.specs import GenerationRequest, RequestRecord
+from bakeoff.loadgen.accounting import model_token_counter
 
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
@@ -79,7 +80,6 @@ def client_token_counter(settings, engine) -> tuple[Any, str]:
     """``(count_tokens or None, where it came from)``: the backend's own client tokenizer
     (``--backend-opt tokenizer=DIR`` of the openai backend), else the ``tokenizer.json`` of a
     local ``--model``."""
-    from bakeoff.loadgen.accounting import model_token_counter
 
     own = engine.count_tokens
     if own is not None:

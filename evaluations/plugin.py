@@ -18,6 +18,14 @@ from bakeoff.api.specs import BackendConfig
 from bakeoff.api.verdict import Verdict
 from evaluations.session import (KEY_ENGINE, KEY_RUN, KEY_SETTINGS, KEY_TELEMETRY, MODULE_ORDER,
                                  RELEVANT_PACKAGES, Settings, load_resume, settings_from)
+from backends import preflight
+from bakeoff.analysis.cuda_errors import classify
+from bakeoff.api.verdict import Check
+from bakeoff.host.envs import freeze
+from bakeoff.host.envs import mode as envs_mode
+from bakeoff.host.telemetry import GpuSampler, load_nvml
+from evaluations.reference import is_reference_run
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("bakeoff", "bakeoff evaluations")
@@ -52,8 +60,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config.option, "backend") or config.option.help or config.option.collectonly:
         return
     try:
-        from bakeoff.host.envs import mode as envs_mode
-
         envs_mode()  # BAKEOFF_ENVS checked before any engine environment is made
         if config.getoption("--resume"):
             rundir, verdict = load_resume(config)
@@ -87,7 +93,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _start_telemetry(rundir: RunDir):
     """GPU sampler (200 ms) writing ``evidence/telemetry/gpu.jsonl`` on CUDA hosts, else the reason."""
-    from bakeoff.host.telemetry import GpuSampler, load_nvml
 
     nvml, reason = load_nvml()
     if nvml is None:
@@ -103,7 +108,6 @@ def gpu_sampler(config: pytest.Config):
 
 def _record_telemetry(config: pytest.Config, run: RunContext) -> None:
     """The ``telemetry.gpu`` check: the session's GPU summary and the sweep's (skip on CPU hosts)."""
-    from bakeoff.api.verdict import Check
 
     sampler = config.stash.get(KEY_TELEMETRY, None)
     if sampler is None or isinstance(sampler, str):
@@ -223,8 +227,6 @@ def engine_state(request, pytestconfig, settings, run) -> dict:
     """Starts the backend under test once; its start is the ``load`` check."""
     state = pytestconfig.stash[KEY_ENGINE]
     if "backend" not in state:
-        from evaluations.reference import is_reference_run
-
         if not is_reference_run(settings):
             request.getfixturevalue("reference")  # the reference runs first, alone
         cfg = BackendConfig(backend=settings.backend, model=settings.model.path, model_label=settings.model.label,
@@ -285,8 +287,6 @@ def pytest_runtest_makereport(item, call):
     if marker and run is not None and report.skipped and call.when == "setup":
         name = marker.args[0]
         if run.get(name) is None:
-            from bakeoff.api.verdict import Check
-
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
             run.record(Check(name=name, status="skip", summary=str(reason).removeprefix("Skipped: ")[:500]))
     return report
@@ -299,7 +299,6 @@ def _preflight(settings: Settings, scope) -> None:
     (the prediction is still recorded as evidence)."""
     if not settings.model.local:
         return
-    from backends import preflight
 
     result = preflight(settings.model.path, settings.backend)
     scope.values["preflight"] = {"accepted": result.accepted, "reason": result.reason, "enforced": settings.preflight}
@@ -326,7 +325,6 @@ class _quiet:
 
 def _versions(backend) -> dict[str, str]:
     python = backend.env_python or sys.executable
-    from bakeoff.host.envs import freeze
 
     allv = freeze(python)
     return {k: v for k, v in allv.items() if k.lower() in RELEVANT_PACKAGES}
@@ -337,7 +335,6 @@ def attach_engine_evidence(scope, engine, failure_class: str | None) -> None:
     ``hang`` the stacks of every thread of the engine's processes (py-spy)."""
     tail = engine.log_tail(150)
     scope.evidence("engine.log.tail", tail)
-    from bakeoff.analysis.cuda_errors import classify
 
     cuda = classify("\n".join(scope.values.get("first_errors") or []) + "\n" + tail)
     if cuda is not None:  # OOM, illegal access, NCCL...: the line is the evidence (bakeoff/analysis/cuda_errors.py)

@@ -7,6 +7,7 @@ import random
 
 from bakeoff.loadgen.sweep import run_request
 from bakeoff.api.specs import GenerationRequest
+from bakeoff.analysis.sanity import jsonable_logprobs
 
 
 def probe_max_tokens(expected: str, match: str = "prefix") -> int:
@@ -37,7 +38,6 @@ def run_probes(backend, probes, max_tokens: int | None = None, concurrency: int 
         "finish_reason", "status", "error", "error_class", "max_tokens"}]``; ``logprobs`` in
         the JSON-safe form of :func:`bakeoff.analysis.sanity.jsonable_logprobs`.
     """
-    from bakeoff.analysis.sanity import jsonable_logprobs
 
     async def main():
         sem = asyncio.Semaphore(concurrency)

@@ -1,7 +1,6 @@
 """The probes, the transformers reference's outputs on them, and what known answers are judged against.
 
 Fixtures of the evaluations plugin (registered by ``conftest.py``):
-
 - ``probes``: the model's shipped probes (``probes.jsonl``), else bakeoff's generic probes
   (:mod:`bakeoff.analysis.generic_probes`, chat form too when the checkpoint has a chat template).
 - ``reference``: greedy outputs of the transformers reference on the probes, with top-k
@@ -29,6 +28,8 @@ from bakeoff.api.errors import EngineFailure
 from bakeoff.models.resolve import Probe, ResolvedModel
 from bakeoff.analysis.sanity import PROBE_LOGPROBS, probe_correct
 from bakeoff.api.specs import BackendConfig
+from bakeoff.analysis.generic_probes import chat_template_of, generic_probes
+from evaluations.probing import run_probes
 
 REFERENCE_CACHE_VERSION = 2  # 2: outputs carry top-k logprobs
 
@@ -54,7 +55,6 @@ def probes(settings) -> tuple[list[Probe], str]:
     shipped = settings.model.probes() or settings.reference_model.probes()
     if shipped:
         return shipped, "model"
-    from bakeoff.analysis.generic_probes import chat_template_of, generic_probes
 
     template, special = (chat_template_of(settings.reference_model.path) if settings.reference_model.local
                          else (None, {}))
@@ -74,7 +74,6 @@ def reference(settings, run, probes):
     starts, then stops, so the two never hold the device at once."""
     if is_reference_run(settings):
         return None
-    from evaluations.probing import run_probes
 
     items, _ = probes
     key = hashlib.sha256(json.dumps([REFERENCE_CACHE_VERSION, settings.reference_model.path,

@@ -20,6 +20,11 @@ from bakeoff.api.verdict import Verdict
 from bakeoff.host.artifacts import RunDir, is_run_meta
 from bakeoff.host.run import RunContext
 from bakeoff.models.resolve import ResolvedModel, default_reference, resolve
+from bakeoff.analysis.matrix import load_baseline
+from bakeoff.api.options import parse_options
+from bakeoff.host.artifacts import check_artifacts
+from bakeoff.host.artifacts import check_creatable
+from bakeoff.models.resolve import check as check_model
 
 PROFILES: dict[str, dict[str, Any]] = {
     # quick: CI and `make qualify`; full: the usual serving sweep (1..32 sessions).
@@ -76,9 +81,6 @@ def settings_from(config: pytest.Config) -> Settings:
         raise UserError(f"unknown profile {profile!r}; choose one of: {', '.join(PROFILES)}")
     options = parse_kv(o("--backend-opt"))
     cls = backends.resolve(name)
-    from bakeoff.host.artifacts import check_artifacts
-    from bakeoff.models.resolve import check as check_model
-    from bakeoff.api.options import parse_options
 
     parse_options(name, cls.Options, options)  # fail fast, before anything is written
     ref_options = parse_kv(o("--reference-opt"))
@@ -99,7 +101,6 @@ def settings_from(config: pytest.Config) -> Settings:
         check_model(o("--reference-model"))
     check_artifacts(Path(o("--artifacts")))  # creates nothing: RunDir.create does, after the builds
     if o("--baseline-run"):  # a readable run, checked before anything is written
-        from bakeoff.analysis.matrix import load_baseline
 
         load_baseline(Path(o("--baseline-run")))
     model = resolve(o("--model"))
@@ -137,7 +138,6 @@ def read_resumable(path: Path) -> tuple[dict[str, Any], Verdict]:
         verdict = Verdict.model_validate(raw)
     except ValueError:
         raise foreign from None
-    from bakeoff.host.artifacts import check_creatable
 
     check_creatable(path, "run directory", "resume a run in a folder you can write (copy it elsewhere first)")
     return meta, verdict

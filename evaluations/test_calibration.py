@@ -9,12 +9,11 @@ above it are kept but marked ``valid: false`` (evaluations/test_throughput.py).
 from __future__ import annotations
 
 import pytest
+from bakeoff.loadgen.calibrate import ErrorBudget, calibrate_sweep
 
 
 @pytest.mark.check("loadgen.calibration")
 def test_calibration(run, settings):
-    from bakeoff.loadgen.calibrate import ErrorBudget, calibrate_sweep
-
     sessions = settings.profile_cfg["sessions"]
     with run.check("loadgen.calibration", "slo-miss") as c:
         res = calibrate_sweep(sessions, stop_at_first_miss=True, requests_per_session=2, output_tokens=32,

@@ -27,6 +27,7 @@ from bakeoff.api.specs import GenerationRequest
 from evaluations.measuring import send
 from evaluations.reference import is_reference_run, reference_config
 from evaluations.test_sanity import OPEN_ENDED_TOKENS
+from evaluations.session import KEY_ENGINE
 
 
 def _score(base_url: str, prompt: str, ids: list[int] | None, text: str, top_k: int = 0) -> dict:
@@ -73,8 +74,6 @@ def _judge(scorer, opened: list[dict], probe_outs: list[dict]) -> tuple[list, li
 
 @pytest.mark.check("sanity.nll_judge")
 def test_nll_judge(run, settings, pytestconfig):
-    from evaluations.session import KEY_ENGINE
-
     with run.check("sanity.nll_judge", "garbage-output") as c:
         if is_reference_run(settings):
             c.skip("the backend under test is the transformers reference")

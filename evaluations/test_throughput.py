@@ -15,6 +15,9 @@ from bakeoff.loadgen.distortion import engine_timing, judge
 from evaluations.measuring import client_token_counter, read_metrics
 from evaluations.plugin import attach_engine_evidence, gpu_sampler
 from evaluations.probing import throughput_prompt
+from bakeoff.analysis.roofline import load_shape, sweep_roofline
+from bakeoff.host.telemetry import device_name
+from bakeoff.host.telemetry import joules_per_token
 
 TOKEN_COUNTS = "token_counts.json"
 TRANSPORT = "transport.json"
@@ -30,7 +33,6 @@ GPU_KEYS = ("gpu_power_mean_w", "gpu_sm_util_mean_pct", "gpu_energy_j", "joules_
 
 def _gpu_point(sampler, t0_ns: int, t1_ns: int, tokens: int) -> dict:
     """Mean power, SM utilisation, energy and J/token of a window (empty without a sampler)."""
-    from bakeoff.host.telemetry import joules_per_token
 
     if sampler is None:
         return {}
@@ -49,12 +51,10 @@ def _roof_summary(points: list[dict], peak_sessions: int, roof: dict) -> str:
 
 def _roofline(points: list[dict], engine, settings, max_tokens: int) -> dict:
     """Per-point roofline (bakeoff/analysis/roofline.py), merged into ``points``; returns the summary."""
-    from bakeoff.analysis.roofline import load_shape, sweep_roofline
 
     info = engine.info
     dtype = (info.notes or {}).get("dtype") if info else None
     shape = load_shape(settings.model.path, dtype) if settings.model.local else None
-    from bakeoff.host.telemetry import device_name
 
     roof = sweep_roofline(points, shape, device_name(info.device) if info else None, max_tokens)
     for p, r in zip(points, roof.get("points") or []):
