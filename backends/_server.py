@@ -23,6 +23,8 @@ from bakeoff.loadgen.client import OpenAIClient
 from bakeoff.analysis.failures import classify_start, missing_tokenizer
 from bakeoff.host.procs import ManagedProcess, describe_exit, died_by_signal, free_port
 from bakeoff.api.specs import BackendInfo, GenerationRequest, TokenEvent
+from backends._options import OptionReport, fallback_notes
+from bakeoff.analysis.cuda_errors import classify, describe
 
 
 def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
@@ -248,7 +250,6 @@ class ChildServerBackend(Backend):
         workers write one when they serve otherwise than asked, e.g. transformers'
         ``batching_fallback``); nothing else is verified. Engines with their own log rules
         (vLLM, ORT GenAI) override it."""
-        from backends._options import OptionReport, fallback_notes
 
         if self.info is None:
             return None
@@ -289,7 +290,6 @@ def cuda_evidence(exc: EngineFailure, text: str, phase: str) -> EngineFailure:
     """Attach a CUDA failure named in ``text`` (:mod:`bakeoff.analysis.cuda_errors`) to ``exc``: its class
     for the phase (``load-failure`` at start, ``runtime-crash`` while serving) unless ``exc``
     already names a hang, and ``cuda_error.json`` with the line as evidence. Returns ``exc``."""
-    from bakeoff.analysis.cuda_errors import classify, describe
 
     err = classify(text, "start" if phase == "start" else "serving")
     if err is not None:
@@ -305,7 +305,6 @@ def death_cause(code: int | None, log: str) -> str:
     """What the log says about an exit: its root-cause line (:func:`last_error_line`); for a death
     by signal only when the log names a crash (segfault, OOM, CUDA), since the last warning
     before an outside kill is not its cause."""
-    from bakeoff.analysis.cuda_errors import classify
 
     if died_by_signal(code) and classify(log) is None and not any(m in log for m in OTHER_MARKERS):
         hint = " (an outside kill, or the OOM killer: see dmesg)" if code in (-9, 137) else ""
@@ -322,7 +321,6 @@ def last_error_line(log: str) -> str:
     the last line. The engine's log prefix (``(Worker pid=1) ERROR 11-30 ... [file.py:12]``)
     is kept: it says which process failed.
     """
-    from bakeoff.analysis.cuda_errors import classify
 
     cuda = classify(log)
     if cuda is not None and cuda.kind != "cuda-error":  # OOM, illegal access, assert, NCCL: the root cause

@@ -1,7 +1,6 @@
 """The Backend interface (docs/design.md "Core contracts").
 
 Four methods, in the spirit of lm-eval's ``LM`` and guidellm's start/validate/shutdown:
-
 - ``start() -> BackendInfo``: load or launch the engine in a child process.
 - ``stream(request) -> AsyncIterator[TokenEvent]``: one generation.
 - ``metrics() -> dict``: engine-side counters, where the engine exposes them.
@@ -22,6 +21,8 @@ from typing import Any, AsyncIterator, ClassVar
 from pydantic import BaseModel
 
 from bakeoff.api.specs import BackendConfig, BackendInfo, GenerationRequest, TokenEvent
+from backends._tokenize import server_tokenize
+from bakeoff.api.options import parse_options
 
 
 class Backend(abc.ABC):
@@ -55,8 +56,6 @@ class Backend(abc.ABC):
     count_tokens: Any = None
 
     def __init__(self, config: BackendConfig):
-        from bakeoff.api.options import parse_options
-
         self.config = config
         self.options = parse_options(self.name, self.Options, config.options)
         self.info: BackendInfo | None = None
@@ -116,7 +115,6 @@ class Backend(abc.ABC):
         if not base_url:
             self.tokenize_note = f"the {self.name} backend cannot report its engine's token ids"
             return None
-        from backends._tokenize import server_tokenize
 
         info = getattr(self, "info", None)
         ids, self.tokenize_note = server_tokenize(base_url, texts, chat=chat,

@@ -25,6 +25,8 @@ from bakeoff.api.errors import EngineFailure
 from bakeoff.loadgen.accounting import TokenCounter
 from bakeoff.loadgen.client import OpenAIClient
 from bakeoff.api.specs import BackendInfo, GenerationRequest, Spec, TokenEvent
+from backends._server import parse_prometheus
+from backends._tokenize import server_tokenize
 
 
 class OpenAIOptions(Spec):
@@ -174,7 +176,6 @@ class OpenAIBackend(Backend):
         status, body, _ = self._get("/metrics", 10)
         if status != 200:
             return {}
-        from backends._server import parse_prometheus
 
         return parse_prometheus(body)
 
@@ -183,7 +184,6 @@ class OpenAIBackend(Backend):
         SGLang's shape (:mod:`backends._tokenize`), with this backend's authorization; None,
         with the reason in ``tokenize_note``, where it has none (a hosted API, llama.cpp's
         other shape)."""
-        from backends._tokenize import server_tokenize
 
         model = self.info.served_model if self.info is not None else self.options.model
         ids, self.tokenize_note = server_tokenize(self.base_url, texts, chat=chat, model=model, headers=self._auth())
