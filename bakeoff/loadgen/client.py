@@ -48,17 +48,6 @@ class OpenAIClient:
         read_timeout_s: no byte within this many seconds ends the request as ``hang``.
     """
 
-    async def _answers(self) -> bool:
-        """Whether the server still accepts a connection (a cut stream from a server that is
-        gone is a crash, not a hop's doing)."""
-        u = urlsplit(self.base_url)
-        try:
-            _, w = await asyncio.wait_for(asyncio.open_connection(u.hostname, u.port or (443 if u.scheme == "https" else 80)), 2)
-        except (OSError, asyncio.TimeoutError):
-            return False
-        w.close()
-        return True
-
     def __init__(self, base_url: str, model: str, api: Api = "completions", api_key_env: str | None = None,
                  extra_body: dict[str, Any] | None = None, read_timeout_s: float = 120.0):
         self.base_url = base_url.rstrip("/")
@@ -88,6 +77,17 @@ class OpenAIClient:
         if pool is None:
             pool = self._pools[id(loop)] = Pool()
         return pool
+
+    async def _answers(self) -> bool:
+        """Whether the server still accepts a connection (a cut stream from a server that is
+        gone is a crash, not a hop's doing)."""
+        u = urlsplit(self.base_url)
+        try:
+            _, w = await asyncio.wait_for(asyncio.open_connection(u.hostname, u.port or (443 if u.scheme == "https" else 80)), 2)
+        except (OSError, asyncio.TimeoutError):
+            return False
+        w.close()
+        return True
 
     async def aclose(self) -> None:
         """Close the connections of the running loop."""
