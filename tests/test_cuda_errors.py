@@ -83,3 +83,14 @@ def test_cuda_evidence_on_engine_failure():
     assert hang.failure_class == "hang"  # a hang stays a hang; the NCCL line is its evidence
     plain = cuda_evidence(EngineFailure("runtime-crash", "boom"), "ValueError: boom", "serving")
     assert "cuda_error.json" not in plain.evidence
+
+
+VLLM_FREE_MEMORY = """(EngineCore pid=812) ERROR 12-02 01:50:11 [core.py:1012] ValueError: Free memory on device cuda:0 (139.81/140.39 GiB) on startup is less than desired GPU memory utilization (0.999, 140.25 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.
+RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+"""  # vLLM's check before it allocates its KV cache, a too-high gpu_memory_utilization
+
+
+def test_vllm_free_memory_check_is_an_out_of_memory_at_start():
+    err = classify(VLLM_FREE_MEMORY, phase="start")
+    assert err is not None and err.kind == "out-of-memory" and err.failure_class == "load-failure"
+    assert "less than desired GPU memory utilization (0.999" in err.line

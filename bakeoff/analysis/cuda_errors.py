@@ -26,7 +26,9 @@ Kind = Literal["out-of-memory", "illegal-memory-access", "device-assert", "nccl"
 PATTERNS: list[tuple[Kind, re.Pattern[str], str]] = [
     ("out-of-memory", re.compile(r"CUDA out of memory|OutOfMemoryError|cudaErrorMemoryAllocation|"
                                  r"CUDA_ERROR_OUT_OF_MEMORY|CUBLAS_STATUS_ALLOC_FAILED|"
-                                 r"CUDA error: out of memory|out of memory on device", re.I),
+                                 r"CUDA error: out of memory|out of memory on device|"
+                                 # vLLM's own check before it allocates (vllm/v1/worker/utils.py)
+                                 r"Free memory on device.*less than desired GPU memory utilization", re.I),
      "GPU memory exhausted: lower the batch / KV cache share / context, or use a smaller dtype"),
     ("illegal-memory-access", re.compile(r"illegal memory access|cudaErrorIllegalAddress|"
                                          r"CUDA_ERROR_ILLEGAL_ADDRESS|misaligned address|"
