@@ -40,18 +40,22 @@ def validate(name: str) -> str:
     return name
 
 
-def preflight(model_path, name: str, cuda: bool | None = None, flags: set[str] | None = None):
-    """``bakeoff.analysis.preflight.preflight`` with the rule of the backend registered as ``name``."""
+def preflight(model_path, name: str, cuda: bool | None = None, flags: set[str] | None = None, options: dict | None = None):
+    """``bakeoff.analysis.preflight.preflight`` with the rules of the backend registered as ``name``
+    (``preflight_rule`` and ``preflight_checkpoint_rule``); ``options``: the run's backend options."""
     from bakeoff.analysis.preflight import preflight as predict
 
-    return predict(model_path, name, resolve(name).preflight_rule, cuda, flags)
+    cls = resolve(name)
+    return predict(model_path, name, cls.preflight_rule, cuda, flags, options, cls.preflight_checkpoint_rule)
 
 
-def raise_if_rejected(model_path, name: str, cuda: bool | None = None, flags: set[str] | None = None):
-    """``bakeoff.analysis.preflight.raise_if_rejected`` with the rule of the backend ``name``."""
+def raise_if_rejected(model_path, name: str, cuda: bool | None = None, flags: set[str] | None = None,
+                      options: dict | None = None):
+    """``bakeoff.analysis.preflight.raise_if_rejected`` with the rules of the backend ``name``."""
     from bakeoff.analysis.preflight import raise_if_rejected as check
 
-    return check(model_path, name, resolve(name).preflight_rule, cuda, flags)
+    cls = resolve(name)
+    return check(model_path, name, cls.preflight_rule, cuda, flags, options, cls.preflight_checkpoint_rule)
 
 
 def resolve(name: str) -> type:

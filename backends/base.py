@@ -51,6 +51,9 @@ class Backend(abc.ABC):
     api: str = "completions"
     # the engine's pre-flight rule (its folder's preflight.py; bakeoff/analysis/preflight.py Rule)
     preflight_rule: ClassVar[Any] = None
+    # its rule on the checkpoint's tensors against its quantization config (e.g. vLLM's MTP head check;
+    # bakeoff/analysis/checkpoint_layout.py): (model_path, quantization, options) -> finding | None
+    preflight_checkpoint_rule: ClassVar[Any] = None
     env_python: Any = None
     proc: Any = None
     count_tokens: Any = None

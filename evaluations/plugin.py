@@ -19,6 +19,7 @@ from bakeoff.api.verdict import Verdict
 from evaluations.session import (KEY_ENGINE, KEY_RUN, KEY_SETTINGS, KEY_TELEMETRY, MODULE_ORDER,
                                  RELEVANT_PACKAGES, Settings, load_resume, settings_from)
 from backends import preflight
+from evaluations import patching
 from bakeoff.analysis.cuda_errors import classify
 from bakeoff.api.verdict import Check
 from bakeoff.host.envs import freeze
@@ -47,6 +48,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "(transformers, ort-genai), not vLLM whose virtual size is huge")
     g.addoption("--no-preflight", action="store_true",
                 help="do not predict the loader's verdict from config.json; let the engine decide")
+    g.addoption("--patch", action="append", default=[], metavar="PATCH",
+                help="run on a recorded, patched copy of the checkpoint (repeatable): PATH=VALUE, PATH+=VALUE, "
+                     "PATH-=VALUE, del:PATH, or 'preflight' for the pre-flight rules' suggested patches")
     g.addoption("--resume", default=None, metavar="RUN_DIR",
                 help="continue a cut-off run: same backend, model and options; completed checks are kept")
     g.addoption("--requests-log", action="store_true", help="write every request to requests.jsonl")
@@ -83,6 +87,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                    "model_path": s.model.path, "options": s.options, "profile": s.profile,
                                    "profile_settings": s.profile_cfg, "reference_model": s.reference_model.label,
                                    "reference_reason": s.reference_reason, "reference_options": s.reference_options,
+                                   "patches": s.patches, "source_model_path": s.source_model.path if s.source_model else None,
                                    "command": sys.argv, "cwd": os.getcwd()})
     config.stash[KEY_SETTINGS] = s
     config.stash[KEY_RUN] = RunContext(rundir, verdict)
@@ -261,6 +266,10 @@ def engine_state(request, pytestconfig, settings, run) -> dict:
             c.evidence("backend_info.json", info.model_dump())
             c.evidence("engine.log.tail", backend.log_tail(200))
             c.summary = f"{info.engine} {info.engine_version or ''} started in {info.startup_s} s".strip()
+            if c.values.get("patches"):  # what was changed in the checkpoint, and what pre-flight warns of
+                c.summary += f"; on a patched checkpoint ({', '.join(c.values['patches'])})"
+            for warning in (c.values.get("preflight") or {}).get("warnings") or []:
+                c.summary += f"; pre-flight warning: {warning[:300]}"
             fallbacks = info.fallbacks
             if fallbacks:  # what bakeoff changed to get the engine serving is read first, not buried
                 c.values["fallbacks"] = fallbacks
@@ -299,9 +308,11 @@ def _preflight(settings: Settings, scope) -> None:
     (the prediction is still recorded as evidence)."""
     if not settings.model.local:
         return
-
-    result = preflight(settings.model.path, settings.backend)
-    scope.values["preflight"] = {"accepted": result.accepted, "reason": result.reason, "enforced": settings.preflight}
+    if settings.patched is not None:  # the source's finding and the patches, beside the patched copy's prediction
+        patching.record(scope, settings.source_model, settings.patched, settings.backend, settings.options)
+    result = preflight(settings.model.path, settings.backend, options=settings.options)
+    scope.values["preflight"] = {"accepted": result.accepted, "reason": result.reason, "enforced": settings.preflight,
+                                 "warnings": result.warnings, "suggested_patches": result.suggested_patches}
     scope.evidence("preflight.json", result.model_dump())
     if result.accepted is False and settings.preflight:
         raise EngineFailure(result.failure_class or "config-rejected", f"preflight: {result.reason} "

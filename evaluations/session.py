@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import backends
+from evaluations import patching
 from bakeoff.api.errors import UserError
 from bakeoff.api.options import parse_kv
 from bakeoff.api.verdict import Verdict
@@ -59,6 +60,9 @@ class Settings:
     memory_limit_gib: float | None = None
     backend_cls: type = field(repr=False, default=None)
     reference_options: dict[str, Any] = field(default_factory=dict)
+    patches: list[str] = field(default_factory=list)  # --patch as given (evaluations/patching.py)
+    source_model: ResolvedModel | None = None  # the unpatched checkpoint when --patch applied
+    patched: Any = None  # its adapters.checkpoint_patches.PatchedCheckpoint
 
 
 KEY_SETTINGS = pytest.StashKey[Settings]()
@@ -96,6 +100,7 @@ def settings_from(config: pytest.Config) -> Settings:
     mpa = o("--min-probe-accuracy")
     if mpa is not None and not 0 <= mpa <= 1:
         raise UserError("--min-probe-accuracy must be between 0 and 1")
+    patching.check(o("--patch"))
     check_model(o("--model"))  # known fixture, readable checkpoint; a fixture cache that takes a build
     if o("--reference-model"):
         check_model(o("--reference-model"))
@@ -107,11 +112,15 @@ def settings_from(config: pytest.Config) -> Settings:
     if o("--reference-model"):
         ref, ref_reason = resolve(o("--reference-model")), "--reference-model"
     else:
-        ref, ref_reason = default_reference(model)
+        ref, ref_reason = default_reference(model)  # of the source: a patch edits config, not weights
+    source, patched = None, None
+    if o("--patch"):
+        source, (model, patched) = model, patching.apply(model, name, options, o("--patch"))
     return Settings(backend=name, model=model, options=options, artifacts=Path(o("--artifacts")), profile=profile,
                     profile_cfg=PROFILES[profile], reference_model=ref, reference_reason=ref_reason, min_probe_accuracy=mpa,
                     start_timeout_s=o("--start-timeout"), progress_timeout_s=o("--progress-timeout"), requests_log=o("--requests-log"),
-                    memory_limit_gib=mem, backend_cls=cls, reference_options=ref_options)
+                    memory_limit_gib=mem, backend_cls=cls, reference_options=ref_options, preflight=not o("--no-preflight"),
+                    patches=list(o("--patch")), source_model=source, patched=patched)
 
 
 def read_resumable(path: Path) -> tuple[dict[str, Any], Verdict]:
@@ -154,7 +163,7 @@ def load_resume(config: pytest.Config) -> tuple[RunDir, Verdict]:
     o = config.option
     given = [f for f, v in (("--backend", o.backend != "transformers"), ("--model", o.model != "fixture:tiny-qwen3"),
                             ("--backend-opt", o.backend_opt), ("--reference-model", o.reference_model),
-                            ("--reference-opt", o.reference_opt),
+                            ("--reference-opt", o.reference_opt), ("--patch", o.patch),
                             ("--profile", o.profile != "quick"), ("--artifacts", o.artifacts != "artifacts")) if v]
     if given:
         raise UserError(f"--resume continues a run with its own settings; drop {', '.join(given)}")
@@ -162,6 +171,7 @@ def load_resume(config: pytest.Config) -> tuple[RunDir, Verdict]:
     config.option.model = meta["model"]
     config.option.backend_opt = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in meta["options"].items()]
     config.option.profile = meta["profile"]
+    config.option.patch = list(meta.get("patches") or [])
     if meta.get("reference_reason") == "--reference-model":
         config.option.reference_model = meta["reference_model"]
     config.option.reference_opt = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}"

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from backends.vllm.preflight import checkpoint_rule as preflight_checkpoint_rule
 from backends.vllm.preflight import rule as preflight_rule
 from backends._options import OptionReport, read_log
 from backends._server import ChildServerBackend
@@ -131,6 +132,7 @@ class VllmBackend(ChildServerBackend):
     """vLLM's OpenAI-compatible server, in vLLM's own environment."""
 
     preflight_rule = staticmethod(preflight_rule)
+    preflight_checkpoint_rule = staticmethod(preflight_checkpoint_rule)
 
     name = "vllm"
     Options = VllmOptions

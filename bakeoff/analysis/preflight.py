@@ -8,6 +8,18 @@ names its source (a documentation URL or the engine source file that implements 
 predicted refusal is evidence a maintainer can check. A predicted refusal ends a run as
 ``config-rejected`` before anything is launched (:func:`raise_if_rejected`).
 
+A backend may also have a checkpoint rule (``Backend.preflight_checkpoint_rule``): it reads the
+safetensors headers against the quantization config (``bakeoff/analysis/checkpoint_layout.py``),
+today vLLM's MTP head check. Its defect decides the prediction only when the run asks for the
+feature that needs those tensors (``speculative_config`` method ``mtp``): the target model
+loads and serves without its MTP head, so refusing a run that does not use it would
+disqualify a checkpoint for a feature nobody asked for. Otherwise the defect is a warning
+(``warnings``, with the finding and its patch in ``findings``), recorded in the load check's
+evidence. The class of a refusal is ``config-rejected``, not ``incompatible-features``: the
+engine's loader is refused by what the checkpoint's ``quantization_config`` says (its
+exclusion list contradicts the stored tensors) and a config edit fixes it (``--patch``); the
+engine and the hardware can do MTP, so no feature is incompatible.
+
 This module imports no engine.
 
 Example:
@@ -23,6 +35,9 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from pydantic import Field
+
+from bakeoff.analysis.checkpoint_layout import mtp_requested
 from bakeoff.api.errors import EngineFailure
 from bakeoff.api.specs import Spec
 
@@ -44,6 +59,10 @@ class PreflightResult(Spec):
         quantization: :func:`describe_quantization` of the checkpoint.
         architecture: ``config.architectures[0]``.
         dtype: ``torch_dtype`` / ``dtype`` of the config.
+        warnings: defects that do not decide this run (e.g. the MTP head's, without MTP
+            speculative decoding requested).
+        findings: the checkpoint rule's findings (``MtpFinding`` dumps).
+        suggested_patches: checkpoint patches that fix the defects found (``--patch`` syntax).
     """
 
     backend: str
@@ -54,6 +73,9 @@ class PreflightResult(Spec):
     quantization: dict[str, Any]
     architecture: str | None = None
     dtype: str | None = None
+    warnings: list[str] = Field(default_factory=list)
+    findings: list[dict[str, Any]] = Field(default_factory=list)
+    suggested_patches: list[str] = Field(default_factory=list)
 
 
 def read_config(model_path: str | Path) -> dict[str, Any]:
@@ -161,7 +183,8 @@ def cpu_flags() -> set[str]:
 
 
 def preflight(model_path: str | Path, backend: str, rule: Callable[..., Rule] | None, cuda: bool | None = None,
-              flags: set[str] | None = None) -> PreflightResult:
+              flags: set[str] | None = None, options: dict[str, Any] | None = None,
+              checkpoint_rule: Callable[..., Any] | None = None) -> PreflightResult:
     """Predict whether ``backend``'s loader accepts the checkpoint at ``model_path``.
 
     Args:
@@ -171,6 +194,9 @@ def preflight(model_path: str | Path, backend: str, rule: Callable[..., Rule] | 
             prediction (``backends.preflight`` looks it up by name).
         cuda: whether the engine runs on an NVIDIA GPU; default: this host has one.
         flags: the CPU's flags (``avx512f``...); default: this host's ``/proc/cpuinfo``.
+        options: the run's backend options (decide whether a checkpoint defect is blocking).
+        checkpoint_rule: ``Backend.preflight_checkpoint_rule``: ``(model_path, quantization,
+            options) -> MtpFinding | None``.
 
     Returns:
         The prediction with its reason and the source of the rule applied.
@@ -191,11 +217,33 @@ def preflight(model_path: str | Path, backend: str, rule: Callable[..., Rule] | 
         cuda = has_cuda()
     accepted, reason, source, *named = rule(q, arch, cuda, flags)
     fclass = (named[0] if named else "config-rejected") if accepted is False else None
-    return PreflightResult(**base, accepted=accepted, reason=reason, rule_source=source, failure_class=fclass)
+    result = PreflightResult(**base, accepted=accepted, reason=reason, rule_source=source, failure_class=fclass)
+    finding = checkpoint_rule(model_path, q, options or {}) if checkpoint_rule else None
+    return _with_finding(result, finding, mtp_requested(options or {})) if finding is not None else result
+
+
+def _with_finding(result: PreflightResult, finding: Any, blocking: bool) -> PreflightResult:
+    """Fold a checkpoint rule's finding into the prediction: a defect refuses the run when the
+    feature is requested (it is then the first thing the loader trips on: the engine rule's own
+    reason becomes a warning), else it is a warning."""
+    result.findings.append(finding.model_dump(mode="json"))
+    if finding.status != "defect":
+        return result
+    if finding.patch:
+        result.suggested_patches.append(finding.patch)
+    if not blocking:
+        result.warnings.append(f"not blocking (no MTP speculative decoding requested): {finding.reason}")
+        return result
+    if result.accepted is False:
+        result.warnings.append(f"also predicted: {result.reason}")
+    return result.model_copy(update={
+        "accepted": False, "reason": f"speculative_config method mtp: {finding.reason}",
+        "rule_source": finding.source, "failure_class": "config-rejected"})
 
 
 def raise_if_rejected(model_path: str | Path, backend: str, rule: Callable[..., Rule] | None,
-                      cuda: bool | None = None, flags: set[str] | None = None) -> PreflightResult:
+                      cuda: bool | None = None, flags: set[str] | None = None, options: dict[str, Any] | None = None,
+                      checkpoint_rule: Callable[..., Any] | None = None) -> PreflightResult:
     """Run :func:`preflight`; raise when it predicts a refusal, so nothing is launched.
 
     Raises:
@@ -203,7 +251,7 @@ def raise_if_rejected(model_path: str | Path, backend: str, rule: Callable[..., 
             and ``preflight.json`` (the prediction, its rule source, the quantization config)
             as evidence.
     """
-    result = preflight(model_path, backend, rule, cuda, flags)
+    result = preflight(model_path, backend, rule, cuda, flags, options, checkpoint_rule)
     if result.accepted is False:
         raise EngineFailure(result.failure_class or "config-rejected", f"{backend} preflight: {result.reason}",
                             {"preflight.json": json.dumps(result.model_dump(mode="json"), indent=2, default=str)})

@@ -75,6 +75,9 @@ def cmd_qualify(args) -> int:
     if args.profile not in PROFILES:  # the plugin's own table: a profile is defined once
         raise UserError(f"unknown profile {args.profile!r}; choose one of: {', '.join(PROFILES)}")
     # everything is checked before the first fixture build (minutes) or write (issue 15)
+    from evaluations.patching import check as check_patches
+
+    check_patches(args.patch)  # a malformed --patch: one line, before any build
     check_model(args.model)
     if args.reference_model:  # a fixture reference must be built already (bakeoff fixture build NAME)
         ref = resolve(args.reference_model, build=False)
@@ -103,6 +106,7 @@ def cmd_qualify(args) -> int:
         cmd += [f"--reference-opt={o}" for o in args.reference_opt]
         if args.no_preflight:
             cmd.append("--no-preflight")
+        cmd += [f"--patch={p}" for p in args.patch]
         base = baseline_cell(cell, cells)
         if base is not None and (n, base.label) in cell_runs:
             cmd.append(f"--baseline-run={cell_runs[(n, base.label)]}")
@@ -137,7 +141,7 @@ def _resume(args) -> int:
                             ("--matrix", args.matrix), ("--reference-model", args.reference_model),
                             ("--reference-opt", args.reference_opt)) if v]
     given += [f for f, v in (("--profile", args.profile != "quick"), ("--artifacts", args.artifacts != str(REPO / "artifacts")),
-                             ("--no-preflight", args.no_preflight)) if v]
+                             ("--no-preflight", args.no_preflight), ("--patch", args.patch)) if v]
     if given:
         raise UserError(f"--resume continues a run with its own settings; drop {', '.join(given)}")
     if args.repeats < 1:
@@ -270,6 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--reference-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="option of the transformers reference, e.g. device=cpu")
     q.add_argument("--no-preflight", action="store_true", help="let each engine decide whether it loads the checkpoint")
+    q.add_argument("--patch", action="append", default=[], metavar="PATCH",
+                   help="run every backend on a recorded, patched copy of the checkpoint (repeatable): "
+                        "quantization_config.ignore+=re:.*mtp\\..*, PATH=VALUE, del:PATH; or 'preflight' for the "
+                        "patches the pre-flight rules suggest")
     q.add_argument("--matrix", action="append", default=[], metavar="KEY=V1,V2",
                    help="run every combination (repeatable): a backend option or a preset "
                         "(speculative=none,ngram,mtp; prefix_cache=on,off)")
