@@ -11,6 +11,11 @@
   run) against what the dtype's bytes predict (bf16 -> fp8: 2.0x). Within 1% of 1.0 the option
   changed nothing: ``ineffective-option``, naming both runs (:func:`bakeoff.analysis.matrix.kv_capacity_ratio`).
   ``bakeoff compare`` still shows the tokens of matrix twins side by side.
+  The check explains the figure from the checkpoint's config (:mod:`bakeoff.analysis.kv_layout`):
+  which layers hold a KV cache (a hybrid's full-attention layers only: 10 of 40 in a
+  Qwen3.5-35B-A3B), bytes per token per layer kind, the tokens the stated KV memory should hold
+  (``predicted_kv_tokens``), and the ratio the dtype should give; a measured ratio below that
+  prediction by more than 25% is ``ineffective-option`` too, one above it is recorded, not failed.
 - ``capacity.warmup``: the first request after start against the steady state, from the
   ``throughput.sweep`` check's warm-up (its first request is the first of the sweep's
   shape; the sanity probes ran before it) and its single-session point. Report only (pass): a slow first
@@ -24,11 +29,12 @@ from pathlib import Path
 import pytest
 
 from bakeoff.analysis.matrix import kv_capacity_ratio, load_baseline
+from bakeoff.analysis.preflight import read_config
 from evaluations.measuring import serves_one_at_a_time
 
 
 @pytest.mark.check("capacity.kv_cache")
-def test_kv_cache(run, engine, pytestconfig):
+def test_kv_cache(run, engine, pytestconfig, settings):
     with run.check("capacity.kv_cache", "ineffective-option") as c:
         info = engine.info
         c.evidence("backend_info.json", info.model_dump() if info else {})
@@ -48,13 +54,21 @@ def test_kv_cache(run, engine, pytestconfig):
             c.values["kv_tokens_per_gib"] = round(info.kv_cache_tokens / info.kv_cache_memory_gib)
         base_dir = pytestconfig.getoption("--baseline-run", None)
         baseline = load_baseline(Path(base_dir)) if base_dir else None
-        ratio = kv_capacity_ratio(run.verdict.options, info.model_dump(), run.verdict.run_id, baseline)
+        config = read_config(settings.model.path) if settings.model.local else {}
+        ratio = kv_capacity_ratio(run.verdict.options, info.model_dump(), run.verdict.run_id, baseline, config or None)
+        layout = ratio.pop("kv_layout", None)
         c.values["kv_ratio"] = ratio
+        if layout:
+            c.values["kv_layout"] = layout
+            c.evidence("kv_layout.json", layout)
+            if layout["kv_bytes_per_token"] and info.kv_cache_memory_gib:
+                c.values["predicted_kv_tokens"] = int(info.kv_cache_memory_gib * 2**30 / layout["kv_bytes_per_token"])
         if baseline is not None:
             c.evidence("baseline_backend_info.json", baseline)
         c.summary = (f"KV cache {info.kv_cache_tokens:,} tokens"
                      + (f" in {info.kv_cache_memory_gib} GiB" if info.kv_cache_memory_gib else "")
-                     + f" ({info.max_concurrency}x at {info.max_model_len} tokens per request); " + ratio["text"])
+                     + f" ({info.max_concurrency}x at {info.max_model_len} tokens per request); " + ratio["text"]
+                     + (f"; {layout['text']}" if layout and ratio.get("role") != "compared" else ""))
         if ratio["ineffective"]:
             c.fail(f"kv_cache_dtype {ratio['kv_cache_dtype']} is ineffective: {ratio['text']}")
 

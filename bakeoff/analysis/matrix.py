@@ -30,6 +30,7 @@ from typing import Any
 
 from pydantic import Field
 
+from bakeoff.analysis.kv_layout import KV_DTYPE_BYTES, RATIO_TOLERANCE, judge_ratio, kv_layout, predicted_ratio
 from bakeoff.api.errors import UserError
 from bakeoff.api.specs import Spec
 
@@ -164,14 +165,7 @@ def merge_options(base: list[str], cell: Cell) -> list[str]:
 
 
 # ---- KV cache dtype cells against their baseline ------------------------------------------
-# Bytes per KV element (vLLM's CacheDType names); "auto" stores the model's dtype. Block scales
-# of the per-token-head and FP4 formats are left out: the prediction is the element size's.
-KV_DTYPE_BYTES: dict[str, float] = {
-    "float16": 2, "bfloat16": 2, "half": 2, "float32": 4, "float": 4,
-    "torch.float16": 2, "torch.bfloat16": 2, "torch.float32": 4,
-    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "fp8_per_token_head": 1, "int8_per_token_head": 1,
-    "int4_per_token_head": 0.5, "nvfp4": 0.5, "ultraquant_4bit": 0.5, "turboquant_4bit_nc": 0.5,
-}
+# Bytes per KV element, which layers hold a KV cache and the tolerance: bakeoff/analysis/kv_layout.py.
 INEFFECTIVE_BAND = 0.01  # a KV ratio within 1% of 1.0: the dtype changed nothing
 
 
@@ -220,22 +214,29 @@ def load_baseline(path: Path) -> dict[str, Any]:
 
 
 def kv_capacity_ratio(options: dict[str, Any], info: dict[str, Any], run_id: str,
-                      baseline: dict[str, Any] | None) -> dict[str, Any]:
+                      baseline: dict[str, Any] | None, config: dict[str, Any] | None = None) -> dict[str, Any]:
     """This run's KV capacity against its baseline run (same backend, ``kv_cache_dtype`` auto).
 
     The judged ratio is KV tokens per GiB of KV memory when both runs state their memory (vLLM
     CPU sizes the cache from the memory free at start, which differs between runs), else KV
     tokens. The dtype's bytes predict it: baseline bytes / this run's bytes (bf16 -> fp8: 2.0).
-    A quantized dtype whose ratio is within 1% of 1.0 changed nothing: ``ineffective``.
+    A quantized dtype whose ratio is within 1% of 1.0 changed nothing: ``ineffective``; with the
+    model's ``config`` the prediction is the ratio of KV bytes per token over the layers that hold
+    a KV cache (``kv_layout``: a hybrid's full-attention layers only), and a ratio below it by more
+    than ``kv_layout.RATIO_TOLERANCE`` is ``ineffective`` too (``judgement``; above it is recorded).
 
     Returns:
         ``role`` (``baseline`` | ``compared`` | ``no-baseline``), ``ratio``, ``tokens_ratio``,
         ``tokens_per_gib_ratio``, ``predicted_ratio``, ``judged_on``, ``ineffective``,
-        ``baseline_run``, ``run``, ``text`` (one sentence for the verdict).
+        ``baseline_run``, ``run``, ``judgement``, ``kv_layout`` (with ``config``), ``text`` (one
+        sentence for the verdict).
     """
     mine = kv_dtype(options)
     out: dict[str, Any] = {"run": run_id, "kv_cache_dtype": mine, "ineffective": False, "ratio": None}
     notes = info.get("notes") or {}
+    served = str(notes["dtype"]).replace("torch.", "") if notes.get("dtype") else None
+    if config:
+        out["kv_layout"] = kv_layout(config, mine, served)
     if baseline is None:
         if mine == "auto":
             return {**out, "role": "baseline", "ratio": 1.0,
@@ -248,6 +249,9 @@ def kv_capacity_ratio(options: dict[str, Any], info: dict[str, Any], run_id: str
     out.update({"role": "compared", "baseline_run": baseline["run_id"], "baseline_kv_cache_dtype": b_dtype})
     mine_b, base_b = kv_bytes(mine, notes.get("dtype")), kv_bytes(b_dtype, b_notes.get("dtype"))
     out["predicted_ratio"] = round(base_b / mine_b, 3) if mine_b and base_b else None
+    if config and predicted_ratio(config, mine, b_dtype, served):
+        out["predicted_ratio"] = predicted_ratio(config, mine, b_dtype, served)
+        out["baseline_kv_bytes_per_token"] = kv_layout(config, b_dtype, served)["kv_bytes_per_token"]
     others = {k for k in set(options) | set(baseline["options"])
               if k != "kv_cache_dtype" and options.get(k) != baseline["options"].get(k)}
     if baseline["backend"] != info.get("backend") or others:
@@ -263,11 +267,16 @@ def kv_capacity_ratio(options: dict[str, Any], info: dict[str, Any], run_id: str
     out["judged_on"] = "KV tokens per GiB" if gib and b_gib else "KV tokens"
     out["ratio"] = out.get("tokens_per_gib_ratio") or out["tokens_ratio"]
     quantized = mine_b is not None and base_b is not None and mine_b < base_b
-    out["ineffective"] = bool(quantized and abs(out["ratio"] - 1) < INEFFECTIVE_BAND)
+    out["judgement"] = judge_ratio(out["ratio"], out["predicted_ratio"], quantized)
+    out["ineffective"] = bool(quantized and abs(out["ratio"] - 1) < INEFFECTIVE_BAND) or out["judgement"] == "ineffective"
     mem = lambda t, g: f"{t:,} tokens" + (f" in {g} GiB" if g else "")  # noqa: E731
     pred = f"{out['predicted_ratio']}x" if out["predicted_ratio"] else "no prediction (unknown bytes per element)"
     out["text"] = (f"kv_cache_dtype {mine} vs {b_dtype}: {out['ratio']:.2f}x the {out['judged_on']} of baseline run "
                    f"{baseline['run_id']} (baseline {mem(b_tok, b_gib)}; run {run_id} {mem(tok, gib)}; tokens "
                    f"{out['tokens_ratio']:.2f}x); the dtype's bytes predict {pred}"
+                   + {"ineffective": f" (below it by more than {RATIO_TOLERANCE:.0%}: the option did not give its bytes' worth)",
+                      "above-prediction": f" (above it by more than {RATIO_TOLERANCE:.0%}: recorded, not failed)",
+                      "as-predicted": f" (within {RATIO_TOLERANCE:.0%})"}.get(out["judgement"], "")
+                   + (f"; {out['kv_layout']['text']}" if out.get("kv_layout") else "")
                    + (f"; the runs also differ in {', '.join(out['differs_also_in'])}" if out.get("differs_also_in") else ""))
     return out
