@@ -43,11 +43,13 @@ def _evaluate(tmp: Path, backend: str, model: str, *opts: str, timeout: int = 90
 
 @pytest.fixture(scope="module")
 def qualify_run(tmp_path_factory):
-    """`bakeoff qualify --backends transformers,vllm` on the trained fixture, once."""
+    """`bakeoff qualify --backends transformers,vllm` on the trained fixture, once; every
+    ``--fail-on`` status is named, so its exit 0 also says that qualified runs pass every gate."""
     art = tmp_path_factory.mktemp("qualify")
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "bakeoff.cli.main", "qualify", "--backends", "transformers,vllm",
-                           "--model", "fixture:tiny-qwen3", "--artifacts", str(art)],
+                           "--model", "fixture:tiny-qwen3", "--artifacts", str(art),
+                           "--fail-on", "disqualified", "--fail-on", "incomplete,unavailable"],
                           capture_output=True, text=True, cwd=REPO, timeout=1500)
     return proc, art, time.monotonic() - t0
 
@@ -55,6 +57,7 @@ def qualify_run(tmp_path_factory):
 def test_qualify_writes_qualified_runs_and_report(qualify_run):
     proc, art, _ = qualify_run
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "--fail-on" not in proc.stderr and proc.stdout.count("pytest exit 0 ->") == 2
     verdicts = {json.loads((d / "verdict.json").read_text())["backend"]: json.loads((d / "verdict.json").read_text())
                 for d in (art / "runs").iterdir()}
     assert set(verdicts) == {"transformers", "vllm"}
