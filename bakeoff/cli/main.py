@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from bakeoff.api.errors import UserError
+from bakeoff.cli.progress import Progress, choose_mode
 from bakeoff.cli.gating import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NO_RUN, GATE_STATUSES, gate, parse_fail_on
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,39 +109,9 @@ def cmd_qualify(args) -> int:
     missing: list[tuple[str, str, str]] = []  # (label, "incomplete", why) of runs that were not written
     cell_runs: dict[tuple[str, str], Path] = {}  # (backend, cell label) -> its run, for --baseline-run
     print(f"qualifying {', '.join(names)} on {args.model} ({args.profile} profile)", flush=True)
-    for n, cell in [(n, cell) for n in names for cell in cells]:  # each matrix cell is its own run
-        t0 = time.monotonic()
-        with tempfile.NamedTemporaryFile("r", suffix=".run", delete=False) as fh:
-            run_file = fh.name
-        # --opt=value: pytest's first parse does not know the plugin's options yet and would take a
-        # separate value naming a folder for a test path, importing any conftest.py in it
-        cmd, cwd = _pytest_cmd(f"--backend={n}", f"--model={args.model}", f"--artifacts={artifacts}",
-                               f"--profile={args.profile}", f"--repeats={args.repeats}")
-        for o in merge_options(per[n], cell):
-            cmd.append(f"--backend-opt={o}")
-        if args.reference_model:
-            cmd.append(f"--reference-model={args.reference_model}")
-        cmd += [f"--reference-opt={o}" for o in args.reference_opt]
-        if args.no_preflight:
-            cmd.append("--no-preflight")
-        base = baseline_cell(cell, cells)
-        if base is not None and (n, base.label) in cell_runs:
-            cmd.append(f"--baseline-run={cell_runs[(n, base.label)]}")
-        elif base is not None:
-            print(f"{n} [{cell.label}]: its baseline cell [{base.label}] wrote no run; its KV ratio is not judged", flush=True)
-        env = dict(os.environ, BAKEOFF_RUN_FILE=run_file)
-        print(f"\n=== {n}{' [' + cell.label + ']' if cell.label else ''} ===\n$ {' '.join(cmd)}", flush=True)
-        proc = subprocess.run(cmd, env=env, cwd=cwd)
-        run_dir = Path(open(run_file).read().strip()) if os.path.getsize(run_file) else None
-        os.unlink(run_file)
-        if proc.returncode in (3, 4) or run_dir is None:
-            print(f"{n}: the evaluation did not start (pytest exit {proc.returncode})", file=sys.stderr)
-            missing.append((n + (f" [{cell.label}]" if cell.label else ""), "incomplete",
-                            f"no run written: pytest exit {proc.returncode}"))
-            continue
-        runs.append(run_dir)
-        cell_runs[(n, cell.label)] = run_dir
-        print(f"--- {n}: {time.monotonic() - t0:.0f} s, pytest exit {proc.returncode} -> {run_dir}", flush=True)
+    with Progress(choose_mode(args.quiet)) as progress:
+        for n, cell in [(n, cell) for n in names for cell in cells]:  # each matrix cell is its own run
+            _one_run(args, n, cell, cells, per, artifacts, progress, runs, cell_runs, missing)
     if not runs:
         print("bakeoff: error: no run was written; see the errors above", file=sys.stderr)
         return EXIT_NO_RUN
@@ -148,6 +119,47 @@ def cmd_qualify(args) -> int:
     outcomes = _print_summary(runs)
     print(f"\nreport: {report}")
     return _exit_code(outcomes + missing, fail_on)
+
+
+def _one_run(args, n: str, cell, cells, per, artifacts: Path, progress, runs: list[Path],
+             cell_runs: dict, missing: list) -> None:
+    """One backend x matrix cell: its pytest subprocess; appends to ``runs`` or ``missing``."""
+    from bakeoff.analysis.matrix import baseline_cell, merge_options
+
+    t0 = time.monotonic()
+    with tempfile.NamedTemporaryFile("r", suffix=".run", delete=False) as fh:
+        run_file = fh.name
+    # --opt=value: pytest's first parse does not know the plugin's options yet and would take a
+    # separate value naming a folder for a test path, importing any conftest.py in it
+    cmd, cwd = _pytest_cmd(f"--backend={n}", f"--model={args.model}", f"--artifacts={artifacts}",
+                           f"--profile={args.profile}", f"--repeats={args.repeats}")
+    for o in merge_options(per[n], cell):
+        cmd.append(f"--backend-opt={o}")
+    if args.reference_model:
+        cmd.append(f"--reference-model={args.reference_model}")
+    cmd += [f"--reference-opt={o}" for o in args.reference_opt]
+    if args.no_preflight:
+        cmd.append("--no-preflight")
+    base = baseline_cell(cell, cells)
+    if base is not None and (n, base.label) in cell_runs:
+        cmd.append(f"--baseline-run={cell_runs[(n, base.label)]}")
+    elif base is not None:
+        print(f"{n} [{cell.label}]: its baseline cell [{base.label}] wrote no run; its KV ratio is not judged", flush=True)
+    env = dict(os.environ, BAKEOFF_RUN_FILE=run_file)
+    label = n + (f" [{cell.label}]" if cell.label else "")
+    progress.announce(label, cmd)
+    try:
+        code, run_dir = progress.run(label, cmd, env, cwd, run_file)
+    finally:
+        os.unlink(run_file)
+    if code in (3, 4) or run_dir is None:
+        print(f"{n}: the evaluation did not start (pytest exit {code})", file=sys.stderr)
+        missing.append((label, "incomplete", f"no run written: pytest exit {code}"))
+        return
+    runs.append(run_dir)
+    cell_runs[(n, cell.label)] = run_dir
+    if progress.mode != "quiet":
+        print(f"--- {n}: {time.monotonic() - t0:.0f} s, pytest exit {code} -> {run_dir}", flush=True)
 
 
 def _exit_code(outcomes: list[tuple[str, str, str]], fail_on: frozenset[str]) -> int:
@@ -307,6 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run every combination (repeatable): a backend option or a preset "
                         "(speculative=none,ngram,mtp; prefix_cache=on,off)")
     q.add_argument("--repeats", type=int, default=1, help="measure each sweep point R times (noise estimate)")
+    q.add_argument("--quiet", action="store_true", help="no live table and no pytest output (each run keeps it "
+                   "in pytest.log); only the verdicts at the end")
     q.add_argument("--fail-on", action="append", default=[], metavar="STATUS",
                    help=f"exit 1 when a run's verdict is STATUS (repeatable): {', '.join(GATE_STATUSES)}; "
                         "without it the exit code is 0 whatever the verdicts (README 'CI gating')")
