@@ -86,7 +86,8 @@ def test_installed_qualification_from_a_temporary_folder(installed):
     """``bakeoff qualify`` of the transformers backend from an empty folder: the run lands in
     ./artifacts, the evaluations ran from the installed package; the untrained fixture (cheap:
     it fails its known answers, then the checks needing a sane engine skip) is disqualified and
-    ``--fail-on disqualified`` makes that exit 1."""
+    ``--fail-on disqualified`` makes that exit 1 (README "CI gating"). This is also the
+    transformers case of tests/test_e2e_engines.py's untrained-twin test."""
     python, work = installed
     env = dict(os.environ, PYTHONPATH="")  # nothing of the checkout on the path
     proc = _run([str(python.parent / "bakeoff"), "qualify", "--backends", "transformers", "--model",
@@ -98,6 +99,13 @@ def test_installed_qualification_from_a_temporary_folder(installed):
     assert verdict["status"] == "disqualified", out[-4000:]
     assert proc.returncode == 1 and "--fail-on disqualified: transformers: disqualified" in proc.stderr, out[-4000:]
     assert "pytest exit 1 ->" in proc.stdout  # `pytest evaluations/` itself exits non-zero on a disqualification
+    checks = {c["name"]: c for c in verdict["checks"]}  # as tests/test_e2e_engines.py asks of vLLM's twin
+    ka = checks["sanity.known_answers"]
+    assert ka["status"] == "fail" and ka["failure_class"] == "garbage-output" and ka["values"]["accuracy"] < 0.2
+    probes = json.loads((runs[0].parent / ka["evidence"][0]).read_text())
+    assert probes and {"prompt", "expected", "text", "correct"} <= set(probes[0])
+    rows = json.loads((runs[0].parent / checks["sanity.degeneration"]["evidence"][0]).read_text())
+    assert {"longest_repeat_run", "distinct_2", "u_fffd", "flags"} <= set(rows[0])
     run = json.loads((runs[0].parent / "run.json").read_text())
     site = str(python.parent.parent)
     assert any(site in part and "evaluations" in part for part in run["command"]), run["command"]
