@@ -110,3 +110,10 @@ def test_installed_qualification_from_a_temporary_folder(installed):
     site = str(python.parent.parent)
     assert any(site in part and "evaluations" in part for part in run["command"]), run["command"]
     assert (work / "artifacts" / "reports" / "latest" / "report.md").is_file()
+    # the engine child imported bakeoff through a folder of links to its packages alone, not the
+    # whole site-packages (bakeoff.host.envs.code_path); removed again, it is this test's own
+    from bakeoff.host.envs import cache_root
+
+    linked = [d for d in (cache_root() / "code").glob("*") if (d / "backends").resolve().is_relative_to(python.parent.parent)]
+    assert len(linked) == 1 and sorted(p.name for p in linked[0].iterdir()) == ["adapters", "backends", "bakeoff", "evaluations"]
+    shutil.rmtree(linked[0])
