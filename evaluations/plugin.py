@@ -59,9 +59,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="run of the same backend with kv_cache_dtype auto: capacity.kv_cache states this run's KV ratio against it")
 
 
+EVALUATIONS_DIR = Path(__file__).resolve().parent
+
+
+def targets_evaluations(config: pytest.Config) -> bool:
+    """Whether this session collects the evaluations suite: an argument names ``evaluations``
+    (``--pyargs evaluations[.test_x]``) or a path in, or above, its folder. Installed, the
+    plugin is loaded into every pytest session of the environment (its pytest11 entry point);
+    in any other session (a project's own tests) it adds its options and does nothing else."""
+    for arg in config.args:
+        arg = arg.split("::")[0]
+        if config.option.pyargs and (arg == "evaluations" or arg.startswith("evaluations.")):
+            return True
+        path = (config.invocation_params.dir / arg).resolve()
+        if path == EVALUATIONS_DIR or EVALUATIONS_DIR in path.parents or path in EVALUATIONS_DIR.parents:
+            return True
+    return False
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "check(name): the verdict check this test records")
     if not hasattr(config.option, "backend") or config.option.help or config.option.collectonly:
+        return
+    if not targets_evaluations(config):
         return
     try:
         envs_mode()  # BAKEOFF_ENVS checked before any engine environment is made
@@ -152,6 +172,9 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
+    if not targets_evaluations(config):
+        return
+
     def key(item):
         mod = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
         # a module not listed runs before the judge, which stops the engine

@@ -28,6 +28,7 @@ def _nothing_written(root: Path) -> bool:
     (["qualify", "--backends", "transformers", "--model", "/does/not/exist"], "model path /does/not/exist does not exist"),
     (["qualify", "--backends", "transformers", "--model", "fixture:nope"], "unknown fixture 'nope'; choose one of: fixture:tiny-qwen3"),
     (["qualify", "--backends", "transformers", "--profile", "huge"], "unknown profile 'huge'"),
+    (["qualify", "--backends", "transformers", "--fail-on", "qualified"], "--fail-on 'qualified' is not a verdict status to fail on"),
     (["report", "/does/not/exist"], "no run directory"),
     (["fixture", "build", "nope"], "unknown fixture 'nope'"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),

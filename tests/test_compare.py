@@ -25,9 +25,10 @@ SESSIONS = [1, 2, 4, 8]
 
 
 def make_run(root: Path, backend: str, options: dict, scale: float, noise: float, seed: int,
-             kv_tokens: int = 100_000, cpu: str = "Test CPU", invalid: bool = False) -> Path:
+             kv_tokens: int = 100_000, cpu: str = "Test CPU", invalid: bool = False, qualified: bool = False) -> Path:
     """A finished run whose sweep has 3 repeats per point: ``scale`` x base throughput with
-    multiplicative noise of ``noise`` (relative sd)."""
+    multiplicative noise of ``noise`` (relative sd). Disqualified by its spec-decode check, or
+    ``qualified`` (load and known answers pass, nothing fails)."""
     rng = np.random.default_rng(seed)
     rd = RunDir.create(root, backend, "fixture:tiny-qwen3")
     fp = {"cpu": cpu, "cpu_count": 2, "memory_gib": 24.0, "gpus": [], "cuda_driver": None, "hostname": "box",
@@ -55,9 +56,13 @@ def make_run(root: Path, backend: str, options: dict, scale: float, noise: float
     run.record(Check(name="needles.retrieval", status="pass", values={
         "table": table, "depths": [0.0, 0.5, 1.0], "fractions": [0.25, 0.9], "found": 5, "cases": 6, "format": "fixture kv recall"},
         evidence=["evidence/needles.retrieval/needles.json"]))
-    run.dir.evidence("spec_decode.acceptance", "counters.json", {"delta": {}})
-    run.record(Check(name="spec_decode.acceptance", status="fail", failure_class="ineffective-option",
-                     summary="0/90 drafted tokens accepted", evidence=["evidence/spec_decode.acceptance/counters.json"]))
+    if qualified:
+        for name in ("load", "sanity.known_answers"):
+            run.record(Check(name=name, status="pass"))
+    else:
+        run.dir.evidence("spec_decode.acceptance", "counters.json", {"delta": {}})
+        run.record(Check(name="spec_decode.acceptance", status="fail", failure_class="ineffective-option",
+                         summary="0/90 drafted tokens accepted", evidence=["evidence/spec_decode.acceptance/counters.json"]))
     run.finish()
     return rd.path
 
@@ -194,3 +199,42 @@ def test_runs_of_other_models_are_named_and_never_twins(tmp_path):
     (b / "verdict.json").write_text(_json.dumps(v))
     with pytest.raises(UserError, match="not bakeoff's"):
         load_columns([a, b])
+
+
+def test_recommendations_consider_every_run_and_name_an_unqualified_best(tmp_path):
+    """The issue's case: only a disqualified run stated a KV size; it is named with its status,
+    not dropped as "no run measured it". A faster disqualified run wins an objective with a note
+    naming the best qualified run's figure. Links to runs in a folder with a space are
+    percent-encoded, in the Markdown and the HTML."""
+    import re
+
+    from bakeoff.reporting.compare import build
+
+    art = tmp_path / "my runs"
+    good = make_run(art, "transformers", {}, 1.0, 0.01, 1, kv_tokens=0, qualified=True)
+    bad = make_run(art, "vllm", {}, 3.0, 0.01, 2, kv_tokens=5_393_792)
+    cols = load_columns([good, bad])
+    assert [c.status for c in cols] == ["qualified", "disqualified"]
+    recs = {r["objective"]: r for r in build(cols, 0)["recommendations"]}
+    kv = recs["largest KV capacity"]["why"]
+    assert "5,393,792" in kv and "not qualified (disqualified)" in kv and "no run measured it" not in kv
+    fast = recs["fastest single session"]
+    assert bad.name in fast["run"] and "not qualified (disqualified)" in fast["why"]
+    assert f"best qualified run: {cols[0].label} ({good.name})" in fast["why"]
+    # a second disqualified run stating a larger KV size than a qualified one: the qualified figure is named
+    good2 = make_run(art, "transformers", {"x": 1}, 1.0, 0.01, 3, kv_tokens=1_000, qualified=True)
+    recs = {r["objective"]: r for r in build(load_columns([good2, bad]), 0)["recommendations"]}
+    assert "best qualified run:" in recs["largest KV capacity"]["why"] and "1,000 KV cache tokens" in recs["largest KV capacity"]["why"]
+    # a qualified best gets no note
+    quick = make_run(art, "transformers", {"x": 2}, 9.0, 0.01, 4, qualified=True)
+    recs = {r["objective"]: r for r in build(load_columns([quick, bad]), 0)["recommendations"]}
+    assert quick.name in recs["fastest single session"]["run"] and "not qualified" not in recs["fastest single session"]["why"]
+
+    out = write_compare([good, bad], tmp_path / "report out")
+    md = out["markdown"].read_text()
+    targets = re.findall(r"\]\(([^)]*)\)", md)
+    assert targets and all(" " not in t for t in targets)
+    assert any("my%20runs/" in t for t in targets)
+    html = out["html"].read_text()
+    hrefs = re.findall(r'href="([^"]*)"', html)
+    assert hrefs and all(" " not in h for h in hrefs) and any("my%20runs/" in h for h in hrefs)

@@ -12,9 +12,29 @@ import time
 from pathlib import Path
 
 from bakeoff.api.errors import UserError
+from bakeoff.cli.progress import Progress, choose_mode
+from bakeoff.cli.gating import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NO_RUN, GATE_STATUSES, gate, parse_fail_on
 
 REPO = Path(__file__).resolve().parents[2]
+CHECKOUT = (REPO / "pyproject.toml").is_file()  # else an installed wheel: REPO is site-packages
 DEFAULT_MODEL = "fixture:tiny-qwen3"
+DEFAULT_ARTIFACTS = str(REPO / "artifacts") if CHECKOUT else "artifacts"  # installed: under the current folder
+
+
+def _pytest_cmd(*opts: str) -> tuple[list[str], str]:
+    """``python -m pytest`` on the evaluations suite, and the folder it runs in.
+
+    From a checkout: its ``evaluations/`` with the checkout as rootdir and folder. Installed:
+    the package's folder, from the current folder, with no ini file (``-c`` the null device: a
+    ``pytest.ini`` or ``addopts`` of the user's project does not apply) and no conftest above
+    the package. The plugin is named with ``-p`` (as its pytest11 entry point names it, so it is
+    registered once) so that ``PYTEST_DISABLE_PLUGIN_AUTOLOAD`` does not lose it."""
+    ev = REPO / "evaluations"
+    cmd = [sys.executable, "-m", "pytest", str(ev), "-p", "evaluations.plugin", "-p", "evaluations.reference",
+           "-p", "no:cacheprovider", "-q", "-o", "console_output_style=classic"]
+    if CHECKOUT:
+        return cmd + ["--rootdir", str(REPO), *opts], str(REPO)
+    return cmd + ["-c", os.devnull, "--rootdir", str(ev), "--confcutdir", str(ev), *opts], os.getcwd()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,8 +65,9 @@ def cmd_qualify(args) -> int:
     from bakeoff.host.envs import mode as envs_mode
 
     envs_mode()  # a BAKEOFF_ENVS bakeoff does not know is refused before any work
+    fail_on = parse_fail_on(args.fail_on)
     if args.resume:
-        return _resume(args)
+        return _resume(args, fail_on)
     args.model = DEFAULT_MODEL if args.model is None else args.model
     if not args.model.strip():
         raise UserError("--model is empty; pass a checkpoint folder, a hub id (org/name) or fixture:NAME")
@@ -88,50 +109,71 @@ def cmd_qualify(args) -> int:
         args.model = model.path  # absolute: the evaluation runs with the repository as its folder
     artifacts = check_writable(Path(args.artifacts)).resolve()
     runs: list[Path] = []
+    missing: list[tuple[str, str, str]] = []  # (label, "incomplete", why) of runs that were not written
     cell_runs: dict[tuple[str, str], Path] = {}  # (backend, cell label) -> its run, for --baseline-run
     print(f"qualifying {', '.join(names)} on {args.model} ({args.profile} profile)", flush=True)
-    for n, cell in [(n, cell) for n in names for cell in cells]:  # each matrix cell is its own run
-        t0 = time.monotonic()
-        with tempfile.NamedTemporaryFile("r", suffix=".run", delete=False) as fh:
-            run_file = fh.name
-        # --opt=value: pytest's first parse does not know the plugin's options yet and would take a
-        # separate value naming a folder for a test path, importing any conftest.py in it
-        cmd = [sys.executable, "-m", "pytest", str(REPO / "evaluations"), f"--backend={n}", f"--model={args.model}",
-               f"--artifacts={artifacts}", f"--profile={args.profile}", "-p", "no:cacheprovider", "-q",
-               "--rootdir", str(REPO), "-o", "console_output_style=classic", f"--repeats={args.repeats}"]
-        for o in merge_options(per[n], cell):
-            cmd.append(f"--backend-opt={o}")
-        if args.reference_model:
-            cmd.append(f"--reference-model={args.reference_model}")
-        cmd += [f"--reference-opt={o}" for o in args.reference_opt]
-        if args.no_preflight:
-            cmd.append("--no-preflight")
-        cmd += [f"--patch={p}" for p in args.patch]
-        base = baseline_cell(cell, cells)
-        if base is not None and (n, base.label) in cell_runs:
-            cmd.append(f"--baseline-run={cell_runs[(n, base.label)]}")
-        elif base is not None:
-            print(f"{n} [{cell.label}]: its baseline cell [{base.label}] wrote no run; its KV ratio is not judged", flush=True)
-        env = dict(os.environ, BAKEOFF_RUN_FILE=run_file)
-        print(f"\n=== {n}{' [' + cell.label + ']' if cell.label else ''} ===\n$ {' '.join(cmd)}", flush=True)
-        proc = subprocess.run(cmd, env=env, cwd=str(REPO))
-        run_dir = Path(open(run_file).read().strip()) if os.path.getsize(run_file) else None
-        os.unlink(run_file)
-        if proc.returncode in (3, 4) or run_dir is None:
-            print(f"{n}: the evaluation did not start (pytest exit {proc.returncode})", file=sys.stderr)
-            continue
-        runs.append(run_dir)
-        cell_runs[(n, cell.label)] = run_dir
-        print(f"--- {n}: {time.monotonic() - t0:.0f} s -> {run_dir}", flush=True)
+    with Progress(choose_mode(args.quiet)) as progress:
+        for n, cell in [(n, cell) for n in names for cell in cells]:  # each matrix cell is its own run
+            _one_run(args, n, cell, cells, per, artifacts, progress, runs, cell_runs, missing)
     if not runs:
-        raise UserError("no run was written; see the errors above")
+        print("bakeoff: error: no run was written; see the errors above", file=sys.stderr)
+        return EXIT_NO_RUN
     report = write_report(runs, artifacts / "reports" / report_name)
-    _print_summary(runs)
+    outcomes = _print_summary(runs)
     print(f"\nreport: {report}")
-    return 0
+    return _exit_code(outcomes + missing, fail_on)
 
 
-def _resume(args) -> int:
+def _one_run(args, n: str, cell, cells, per, artifacts: Path, progress, runs: list[Path],
+             cell_runs: dict, missing: list) -> None:
+    """One backend x matrix cell: its pytest subprocess; appends to ``runs`` or ``missing``."""
+    from bakeoff.analysis.matrix import baseline_cell, merge_options
+
+    t0 = time.monotonic()
+    with tempfile.NamedTemporaryFile("r", suffix=".run", delete=False) as fh:
+        run_file = fh.name
+    # --opt=value: pytest's first parse does not know the plugin's options yet and would take a
+    # separate value naming a folder for a test path, importing any conftest.py in it
+    cmd, cwd = _pytest_cmd(f"--backend={n}", f"--model={args.model}", f"--artifacts={artifacts}",
+                           f"--profile={args.profile}", f"--repeats={args.repeats}")
+    for o in merge_options(per[n], cell):
+        cmd.append(f"--backend-opt={o}")
+    if args.reference_model:
+        cmd.append(f"--reference-model={args.reference_model}")
+    cmd += [f"--reference-opt={o}" for o in args.reference_opt]
+    if args.no_preflight:
+        cmd.append("--no-preflight")
+    cmd += [f"--patch={p}" for p in args.patch]
+    base = baseline_cell(cell, cells)
+    if base is not None and (n, base.label) in cell_runs:
+        cmd.append(f"--baseline-run={cell_runs[(n, base.label)]}")
+    elif base is not None:
+        print(f"{n} [{cell.label}]: its baseline cell [{base.label}] wrote no run; its KV ratio is not judged", flush=True)
+    env = dict(os.environ, BAKEOFF_RUN_FILE=run_file)
+    label = n + (f" [{cell.label}]" if cell.label else "")
+    progress.announce(label, cmd)
+    try:
+        code, run_dir = progress.run(label, cmd, env, cwd, run_file)
+    finally:
+        os.unlink(run_file)
+    if code in (3, 4) or run_dir is None:
+        print(f"{n}: the evaluation did not start (pytest exit {code})", file=sys.stderr)
+        missing.append((label, "incomplete", f"no run written: pytest exit {code}"))
+        return
+    runs.append(run_dir)
+    cell_runs[(n, cell.label)] = run_dir
+    if progress.mode != "quiet":
+        print(f"--- {n}: {time.monotonic() - t0:.0f} s, pytest exit {code} -> {run_dir}", flush=True)
+
+
+def _exit_code(outcomes: list[tuple[str, str, str]], fail_on: frozenset[str]) -> int:
+    code, failing = gate(outcomes, fail_on)
+    for line in failing:
+        print(f"bakeoff: --fail-on {','.join(sorted(fail_on))}: {line}", file=sys.stderr)
+    return code
+
+
+def _resume(args, fail_on: frozenset[str]) -> int:
     """``bakeoff qualify --resume RUN_DIR``: finish a cut-off run (completed checks are kept),
     then re-write the report. The run's own backend, model and options apply, so options that
     choose them conflict."""
@@ -140,7 +182,7 @@ def _resume(args) -> int:
     given = [f for f, v in (("--backends", args.backends), ("--model", args.model), ("--backend-opt", args.backend_opt),
                             ("--matrix", args.matrix), ("--reference-model", args.reference_model),
                             ("--reference-opt", args.reference_opt)) if v]
-    given += [f for f, v in (("--profile", args.profile != "quick"), ("--artifacts", args.artifacts != str(REPO / "artifacts")),
+    given += [f for f, v in (("--profile", args.profile != "quick"), ("--artifacts", args.artifacts != DEFAULT_ARTIFACTS),
                              ("--no-preflight", args.no_preflight), ("--patch", args.patch)) if v]
     if given:
         raise UserError(f"--resume continues a run with its own settings; drop {', '.join(given)}")
@@ -154,19 +196,19 @@ def _resume(args) -> int:
     read_resumable(run_dir)  # the checks the plugin makes again when it resumes: one function
     check_creatable(run_dir.parent.parent / "reports" / report_name, "report folder",
                     "make the run's artifacts folder writable, or copy the run into one that is")
-    cmd = [sys.executable, "-m", "pytest", str(REPO / "evaluations"), f"--resume={run_dir}", "-p", "no:cacheprovider",
-           "-q", "--rootdir", str(REPO), "-o", "console_output_style=classic", f"--repeats={args.repeats}"]
+    cmd, cwd = _pytest_cmd(f"--resume={run_dir}", f"--repeats={args.repeats}")
     print(f"resuming {run_dir.name}\n$ {' '.join(cmd)}", flush=True)
-    proc = subprocess.run(cmd, cwd=str(REPO))
+    proc = subprocess.run(cmd, cwd=cwd)
     if proc.returncode in (3, 4):
         raise UserError(f"could not resume {run_dir.name} (pytest exit {proc.returncode}; see the error above)")
     report = write_report([run_dir], run_dir.parent.parent / "reports" / report_name)
-    _print_summary([run_dir])
+    outcomes = _print_summary([run_dir])
     print(f"\nreport: {report}")
-    return 0
+    return _exit_code(outcomes, fail_on)
 
 
-def _print_summary(runs: list[Path]) -> None:
+def _print_summary(runs: list[Path]) -> list[tuple[str, str, str]]:
+    """Print the verdict table; returns ``(backend, status, run directory)`` per run."""
     from rich.console import Console
     from rich.table import Table
 
@@ -175,10 +217,13 @@ def _print_summary(runs: list[Path]) -> None:
     t = Table(title="bakeoff verdicts")
     for col in ("backend", "model", "status", "reasons", "run"):
         t.add_column(col)
+    outcomes = []
     for p in runs:
         r = load_run(p)
         t.add_row(r["backend"], r["model"], r["status"], "\n".join(r["verdict"].get("reasons", []))[:300], p.name)
+        outcomes.append((r["backend"], r["status"], str(p)))
     Console(width=160).print(t)
+    return outcomes
 
 
 def _report_dest(args) -> Path:
@@ -266,8 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an engine option (repeatable); BACKEND: limits it to one backend, e.g. "
                         "vllm:kv_cache_dtype=fp8 (README 'Use' lists each backend's keys)")
     q.add_argument("--profile", default="quick", help="quick (1-8 sessions, default) | full (1-32 sessions)")
-    q.add_argument("--artifacts", default=str(REPO / "artifacts"), help="folder for runs/ and reports/ "
-                   "(default: the checkout's artifacts/)")
+    q.add_argument("--artifacts", default=DEFAULT_ARTIFACTS, help="folder for runs/ and reports/ "
+                   "(default: the checkout's artifacts/; installed: ./artifacts)")
     q.add_argument("--report", default="latest", help="report name under artifacts/reports/")
     q.add_argument("--reference-model", default=None, help="the transformers reference's checkpoint "
                    "(default: the model under test, or its unquantized source when known)")
@@ -282,6 +327,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run every combination (repeatable): a backend option or a preset "
                         "(speculative=none,ngram,mtp; prefix_cache=on,off)")
     q.add_argument("--repeats", type=int, default=1, help="measure each sweep point R times (noise estimate)")
+    q.add_argument("--quiet", action="store_true", help="no live table and no pytest output (each run keeps it "
+                   "in pytest.log); only the verdicts at the end")
+    q.add_argument("--fail-on", action="append", default=[], metavar="STATUS",
+                   help=f"exit 1 when a run's verdict is STATUS (repeatable): {', '.join(GATE_STATUSES)}; "
+                        "without it the exit code is 0 whatever the verdicts (README 'CI gating')")
     q.add_argument("--resume", default=None, metavar="RUN_DIR",
                    help="finish a cut-off run (its verdict says incomplete): completed checks are kept, then the report "
                         "is re-written; the run's own backend, model and options apply")
@@ -289,12 +339,12 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="compare runs side by side (Markdown + HTML + plots)")
     c.add_argument("runs", nargs="+", help="run directories or folders of them")
     c.add_argument("--baseline", default=None, help="run id, column label or 1-based column number (default: first)")
-    c.add_argument("--artifacts", default=str(REPO / "artifacts"))
+    c.add_argument("--artifacts", default=DEFAULT_ARTIFACTS)
     c.add_argument("--name", default="compare", help="report name under artifacts/reports/")
     c.set_defaults(func=cmd_compare)
     r = sub.add_parser("report", help="write a Markdown report of run directories")
     r.add_argument("runs", nargs="*", help="run directories or folders of them (default: artifacts/runs)")
-    r.add_argument("--artifacts", default=str(REPO / "artifacts"))
+    r.add_argument("--artifacts", default=DEFAULT_ARTIFACTS)
     r.add_argument("--name", default="latest")
     r.set_defaults(func=cmd_report)
     f = sub.add_parser("fixture", help="build or list bakeoff's fixture models")
@@ -324,10 +374,10 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except UserError as exc:
         print(f"bakeoff: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("bakeoff: interrupted; runs written so far are kept (their verdicts say incomplete)", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as exc:  # huggingface_hub's, raised lazily by the jobs commands
         if type(exc).__name__ != "LocalTokenNotFoundError":
             raise

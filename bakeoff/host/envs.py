@@ -40,6 +40,31 @@ from bakeoff.api.errors import EngineFailure
 from bakeoff.host.procs import tail
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("bakeoff", "backends", "adapters", "evaluations")  # what an engine child imports of bakeoff
+
+
+def is_checkout() -> bool:
+    """Whether bakeoff runs from its source tree (editable install or ``python -m``), not from an
+    installed wheel (its packages then sit in a ``site-packages`` beside every other package)."""
+    return (REPO_ROOT / "pyproject.toml").is_file()
+
+
+def code_path() -> Path:
+    """The folder an engine child gets on ``PYTHONPATH`` to import bakeoff's worker code: the
+    checkout, or, when installed, a folder of links to bakeoff's packages alone under the cache,
+    so that an engine's environment does not see (and import) bakeoff's own torch or transformers."""
+    if is_checkout():
+        return REPO_ROOT
+    out = cache_root() / "code" / hashlib.sha256(str(REPO_ROOT).encode()).hexdigest()[:12]
+    out.mkdir(parents=True, exist_ok=True)
+    for name in PACKAGES:
+        link = out / name
+        if not link.is_symlink() or link.resolve() != (REPO_ROOT / name).resolve():
+            tmp = out / f".{name}.{os.getpid()}"
+            tmp.unlink(missing_ok=True)
+            tmp.symlink_to(REPO_ROOT / name, target_is_directory=True)
+            os.replace(tmp, link)  # atomic: a concurrent child sees the old link or the new one
+    return out
 
 
 def cache_root() -> Path:
@@ -220,9 +245,9 @@ def freeze(python: Path | str, timeout_s: float = 60) -> dict[str, str]:
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for an engine child: ours plus the repo on ``PYTHONPATH``."""
+    """Environment for an engine child: ours plus bakeoff's packages (:func:`code_path`) on ``PYTHONPATH``."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO_ROOT), env.get("PYTHONPATH", "")] if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(code_path()), env.get("PYTHONPATH", "")] if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update(extra or {})
     return env

@@ -17,6 +17,7 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from bakeoff.host.artifacts import atomic_write_text, list_runs
 from bakeoff.api.errors import UserError
@@ -53,6 +54,12 @@ MEASUREMENTS = [  # (row title, check, value key, higher is better, digits)
     ("GPU mean power W (sweep)", "telemetry.gpu", "power_mean_w", False, 0),
     ("GPU SM utilisation % (sweep)", "telemetry.gpu", "sm_util_mean_pct", True, 0),
 ]
+
+
+def link(path: str | Path, out_dir: Path) -> str:
+    """``path`` relative to the report folder, percent-encoded (a space is ``%20``): Markdown ends
+    a link target at a space, and an HTML ``href`` must not hold one either."""
+    return quote(os.path.relpath(path, out_dir).replace(os.sep, "/"))
 
 
 def cell(text: str, href: str | None = None, cls: str = "") -> dict[str, Any]:
@@ -282,7 +289,7 @@ def _md_cell(c: dict[str, Any], out_dir: Path) -> str:
     if c.get("cls") in ("fail", "error", "disqualified", "worse"):
         text = f"**{text}**"
     if c.get("href"):
-        return f"[{text}]({os.path.relpath(c['href'], out_dir)})"
+        return f"[{text}]({link(c['href'], out_dir)})"
     return text
 
 
@@ -298,7 +305,8 @@ def render_markdown(data: dict[str, Any], out_dir: Path, images: dict[str, str])
              "called *real* only when the 95% bootstrap interval of the difference (over `--repeats`) excludes 0; "
              "otherwise *within noise*; with 1 repeat the noise is unknown.\n",
              "## Recommendation per objective\n\n| objective | run | why |\n|---|---|---|"]
-    parts += [f"| {r['objective']} | {r['run']} | {r['why']} |" for r in data["recommendations"]]
+    parts += [f"| {r['objective']} | {_md_cell(cell(r['run'], r.get('href')), out_dir)} | {r['why']} |"
+              for r in data["recommendations"]]
     if data["findings"]:
         parts.append("\n## Option effects (runs one option apart)\n")
         parts += [f"- {f}" for f in data["findings"]] + [""]
@@ -306,14 +314,14 @@ def render_markdown(data: dict[str, Any], out_dir: Path, images: dict[str, str])
     parts.append("## Verdicts\n\n" + md_table(data["verdicts"], out_dir))
     parts.append("## Throughput and latency\n")
     parts += [md_table(t, out_dir) for t in data["sweeps"]]
-    parts += [f"![{name}]({rel})\n" for name, rel in images.items() if name != "needles"]
+    parts += [f"![{name}]({quote(rel)})\n" for name, rel in images.items() if name != "needles"]
     if data["measurements"]["rows"]:
         parts.append("## Engine-side measurements\n\n" + md_table(data["measurements"], out_dir))
     if data["needles"]:
         parts.append("## Long-context needles\n")
         parts += [md_table(t, out_dir) for t in data["needles"]]
         if "needles" in images:
-            parts.append(f"![needles]({images['needles']})\n")
+            parts.append(f"![needles]({quote(images['needles'])})\n")
     return "\n".join(parts) + "\n"
 
 

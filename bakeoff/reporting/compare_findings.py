@@ -34,25 +34,36 @@ def delta_text(base: list[float], other: list[float], higher_better: bool) -> tu
 
 
 def recommendations(cols: list[Column]) -> list[dict[str, str]]:
-    """One recommendation per objective, among qualified runs (all runs when none qualified)."""
-    pool = [c for c in cols if c.status == "qualified"] or cols
-    note = "" if any(c.status == "qualified" for c in cols) else " (no run qualified: among all runs)"
+    """One recommendation per objective, among every run. When the best figure comes from a run
+    that did not qualify, the line says so (with its status) and names the best qualified run's
+    figure, or that no qualified run measured it: a disqualified run is never dropped unsaid."""
     recs = []
 
+    def row(objective: str, c: Column, why: str) -> dict[str, str]:
+        return {"objective": objective, "run": f"{c.label} ({c.run_id})", "why": why, "href": f"{c.path}/verdict.json"}
+
+    def not_qualified(c: Column, scored: list, unit: str, digits: int) -> str:
+        if c.status == "qualified":
+            return ""
+        q = next(((s, qc) for s, qc in scored if qc.status == "qualified"), None)
+        best_q = (f"best qualified run: {q[1].label} ({q[1].run_id}), {fmt(q[0], digits)} {unit}" if q
+                  else "no qualified run measured it")
+        return f"; from a run that was not qualified ({c.status}); {best_q}"
+
     def best(objective: str, key_fn, unit: str, higher: bool = True, tie_vals=None, digits: int = 1):
-        scored = [(key_fn(c), c) for c in pool]
+        scored = [(key_fn(c), c) for c in cols]
         scored = [(s, c) for s, c in scored if s is not None]
         if not scored:
             recs.append({"objective": objective, "run": "–", "why": "no run measured it"})
             return
         scored.sort(key=lambda t: t[0], reverse=higher)
         s, c = scored[0]
-        why = f"{fmt(s, digits)} {unit}{note}"
+        why = f"{fmt(s, digits)} {unit}"
         if len(scored) > 1 and tie_vals is not None:
             d = noise_compare(tie_vals(scored[1][1]), tie_vals(c))
             if d is not None and d.call == "within noise":
                 why += f"; within noise of {scored[1][1].label}"
-        recs.append({"objective": objective, "run": f"{c.label} ({c.run_id})", "why": why, "href": f"{c.path}/verdict.json"})
+        recs.append(row(objective, c, why + not_qualified(c, scored, unit, digits)))
 
     def valid(c: Column, n: int) -> dict:  # a point beyond the client's calibrated load recommends nothing
         p = c.points.get(n) or {}
@@ -60,7 +71,7 @@ def recommendations(cols: list[Column]) -> list[dict[str, str]]:
 
     best("fastest single session", lambda c: valid(c, 1).get("output_tokens_per_s"),
          "output tok/s at 1 session", tie_vals=lambda c: c.repeats(1, "output_tokens_per_s"))
-    measured = [c for c in pool if c.points]  # a run refused at start has no sweep
+    measured = [c for c in cols if c.points]  # a run refused at start has no sweep
     common = set.intersection(*(set(c.points) for c in measured)) if measured else set()
     if common:
         n = max(common)
@@ -70,10 +81,12 @@ def recommendations(cols: list[Column]) -> list[dict[str, str]]:
     else:
         recs.append({"objective": "highest aggregate at the largest common session count", "run": "–",
                      "why": "the runs share no session count"})
-    stated = [c for c in pool if c.info.get("kv_cache_tokens")]
+    stated = [c for c in cols if c.info.get("kv_cache_tokens")]
     if len(stated) == 1:
-        recs.append({"objective": "largest KV capacity", "run": "–", "why": f"only {stated[0].label} stated a KV "
-                     f"cache size ({fmt(stated[0].info['kv_cache_tokens'], 0)} tokens): nothing to compare it with"})
+        c = stated[0]
+        status = "" if c.status == "qualified" else f", a run that was not qualified ({c.status})"
+        recs.append({"objective": "largest KV capacity", "run": "–", "why": f"only {c.label}{status} stated a KV "
+                     f"cache size ({fmt(c.info['kv_cache_tokens'], 0)} tokens): nothing to compare it with"})
     else:
         best("largest KV capacity", lambda c: c.info.get("kv_cache_tokens"), "KV cache tokens", digits=0)
     return recs

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from jinja2 import Environment, select_autoescape
 
@@ -48,11 +49,11 @@ with 1 repeat the noise is unknown.</p>
 {{ table(data.verdicts, "verdicts") }}
 <h2>Throughput and latency</h2>
 {% for t in data.sweeps %}{{ table(t, "sweep-" ~ loop.index) }}{% endfor %}
-{% for name, src in images.items() if name != "needles" %}<img id="plot-{{ name }}" src="{{ src }}" alt="{{ name }}">{% endfor %}
+{% for name, src in images.items() if name != "needles" %}<img id="plot-{{ name }}" src="{{ src | urlencode }}" alt="{{ name }}">{% endfor %}
 {% if data.measurements.rows %}<h2>Engine-side measurements</h2>{{ table(data.measurements, "measurements") }}{% endif %}
 {% if data.needles %}<h2>Long-context needles</h2>
 {% for t in data.needles %}{{ table(t, "needles-" ~ loop.index) }}{% endfor %}
-{% if images.needles %}<img id="plot-needles" src="{{ images.needles }}" alt="needle heat map">{% endif %}{% endif %}
+{% if images.needles %}<img id="plot-needles" src="{{ images.needles | urlencode }}" alt="needle heat map">{% endif %}{% endif %}
 </body></html>
 """
 
@@ -60,7 +61,7 @@ with 1 repeat the noise is unknown.</p>
 def render_html(data: dict[str, Any], out_dir: Path, images: dict[str, str]) -> str:
     """The static page: the same tables as the Markdown, links relative to ``out_dir``."""
     env = Environment(autoescape=select_autoescape(default=True), trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(PAGE).render(data=data, images=images, rel=lambda p: os.path.relpath(p, out_dir))
+    return env.from_string(PAGE).render(data=data, images=images, rel=lambda p: quote(os.path.relpath(p, out_dir).replace(os.sep, "/")))
 
 
 def _series(col, key: str) -> tuple[list[int], list[float], list[float], list[float]]:
