@@ -18,6 +18,7 @@ REGISTRY: dict[str, str] = {
     "trtllm": "backends.trtllm.backend:TrtllmBackend",
     "openai": "backends.openai.backend:OpenAIBackend",
     "openvino": "backends.openvino.backend:OpenVinoBackend",
+    "optimum-ort": "backends.optimum_ort.backend:OptimumOrtBackend",
 }
 
 # Backends `bakeoff qualify` runs when --backends is not given: those that need no
