@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 REGISTRY: dict[str, str] = {
     "ort-genai": "adapters.ort_genai_export.adapter:OrtGenaiExportAdapter",
     "awq-int4": "adapters.awq_int4.adapter:AwqInt4Adapter",
+    "openvino": "adapters.openvino_export.adapter:OpenVinoExportAdapter",
+    "optimum-onnx": "adapters.optimum_onnx_export.adapter:OptimumOnnxExportAdapter",
 }
 
 

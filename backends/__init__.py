@@ -17,6 +17,8 @@ REGISTRY: dict[str, str] = {
     "ort-genai": "backends.ort_genai.backend:OrtGenaiBackend",
     "trtllm": "backends.trtllm.backend:TrtllmBackend",
     "openai": "backends.openai.backend:OpenAIBackend",
+    "openvino": "backends.openvino.backend:OpenVinoBackend",
+    "optimum-ort": "backends.optimum_ort.backend:OptimumOrtBackend",
 }
 
 # Backends `bakeoff qualify` runs when --backends is not given: those that need no

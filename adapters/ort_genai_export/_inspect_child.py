@@ -9,7 +9,9 @@ writes a :class:`GraphReport`-shaped JSON to FILE. Stages (each recorded, none r
 4. precision: ``MatMulNBits`` for int4/int8 linears, ``QMoE`` and no float ``MoE`` for a
    quantized MoE;
 5. one forward step with ``onnxruntime.InferenceSession`` on a 4-token prompt, empty past;
-6. ``onnxruntime_genai.Model`` load and one generated token.
+6. ``onnxruntime_genai.Model`` load and one generated token (skipped when ``expect`` says
+   ``"og_load": false``; ``expect["onnx_file"]`` names the model file of exports without a
+   ``genai_config.json``, e.g. optimum's).
 
 Only the standard library at import time: this module also runs under bakeoff's own Python
 for its parsing helpers.
@@ -148,6 +150,7 @@ def inspect(export_dir: str, expect: dict[str, Any]) -> dict[str, Any]:
         named = {"kv_cache_dim": int(decoder["head_size"]), "head_size": int(decoder["head_size"])}
     except (OSError, KeyError, ValueError, TypeError):
         pass
+    filename = expect.get("onnx_file") or filename  # exports without genai_config.json (optimum's) name theirs
     path = os.path.join(export_dir, filename)
     rep: dict[str, Any] = {"onnx_file": filename, "timings_s": {}, "problems": [], "warnings": [], "versions": {"onnx": onnx.__version__}}
     t = time.monotonic()
@@ -278,6 +281,8 @@ def inspect(export_dir: str, expect: dict[str, Any]) -> dict[str, Any]:
         del sess
     rep["timings_s"]["forward"] = round(time.monotonic() - t, 3)
 
+    if expect.get("og_load") is False:  # not an ONNX Runtime GenAI export: no og.Model stage
+        return rep
     t = time.monotonic()
     try:
         import onnxruntime_genai as og

@@ -51,15 +51,17 @@ def _versions(python: str | Path) -> dict[str, str]:
     return {k: v for k, v in envs.freeze(python).items() if k.lower().replace("_", "-") in VERSIONED}
 
 
-def inspect_graph(onnx_dir: str | Path, expect: ExportOptions | None = None, timeout_s: float = 1800,
-                  log: Callable[[str], None] = lambda s: None) -> GraphReport:
+def inspect_graph(onnx_dir: str | Path, expect: ExportOptions | dict | None = None, timeout_s: float = 1800,
+                  log: Callable[[str], None] = lambda s: None, python: str | Path | None = None) -> GraphReport:
     """Inspect an export folder in the ORT environment (op counts, checker, shape inference, forward).
 
     Args:
         onnx_dir: folder with ``genai_config.json`` and the ONNX model.
-        expect: the options it was exported with (precision checks); None checks none.
+        expect: the options it was exported with (precision checks), or the inspector's own
+            keys as a dict (``onnx_file``, ``og_load``: other exporters); None checks none.
         timeout_s: deadline for the inspection subprocess in seconds.
         log: progress sink.
+        python: the interpreter to inspect with (default: the ort-genai environment's).
 
     Returns:
         The report; problems are listed in it, never raised.
@@ -68,10 +70,12 @@ def inspect_graph(onnx_dir: str | Path, expect: ExportOptions | None = None, tim
         EngineFailure: ``unavailable`` when the environment cannot be created, ``hang`` on
             timeout, ``runtime-crash`` when the inspector itself dies.
     """
-    python = envs.ensure(env_spec(), log)
+    python = python or envs.ensure(env_spec(), log)
     out = Path(onnx_dir) / f".bakeoff-report-{os.getpid()}.json"
-    expect_json = json.dumps(expect.model_dump(mode="json") if expect else {})
-    cmd = [str(python), "-m", "adapters.ort_genai_export._inspect_child", str(onnx_dir), "--expect", expect_json,
+    expect_json = json.dumps(expect.model_dump(mode="json") if isinstance(expect, ExportOptions) else expect or {})
+    # run as a file, not ``-m``: the package's __init__ needs pydantic, which other exporters'
+    # environments (optimum-onnx) lack; the inspector itself imports only the standard library
+    cmd = [str(python), str(Path(__file__).with_name("_inspect_child.py")), str(onnx_dir), "--expect", expect_json,
            "--out", str(out)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=envs.child_env())

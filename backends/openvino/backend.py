@@ -1,0 +1,113 @@
+"""OpenVINO GenAI backend: export with ``optimum-cli export openvino`` (cached), serve in a worker.
+
+``start()`` runs :func:`adapters.openvino_export.export` (or reuses its cache), writes the
+:class:`OpenVinoExportResult` to ``<workdir>/export.json``, then launches
+:mod:`backends.openvino.worker` in the ``openvino`` environment. Export refusals surface as
+``EngineFailure`` (``unsupported-architecture``, ``export-defect``, ``load-failure``) from
+``start()``; a worker that dies while loading is classified by its log (``backends._server``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from adapters.openvino_export import OpenVinoExportOptions, OpenVinoExportResult, env_spec, export
+from backends._server import ChildServerBackend
+from backends.openvino.preflight import rule as preflight_rule
+from bakeoff.api.errors import EngineFailure
+from bakeoff.api.specs import BackendInfo
+from bakeoff.host import envs
+
+
+class OpenVinoOptions(OpenVinoExportOptions):
+    """``--backend-opt`` keys of the openvino backend: the export's (``weight_format``,
+    ``group_size``, ``ratio``, ``sym``) and these.
+
+    Attributes:
+        batching: ``continuous`` (``ContinuousBatchingPipeline``: concurrent sessions share each
+            step, paged KV cache) or ``pipeline`` (``LLMPipeline``, one request at a time).
+        kv_cache_gib: continuous: KV cache size in GiB (``SchedulerConfig.cache_size``).
+        max_num_seqs: continuous: most sequences scheduled per step.
+        enable_prefix_caching: continuous: keep KV blocks of finished prompts for reuse.
+        inference_precision: the CPU plugin's ``INFERENCE_PRECISION_HINT``; None keeps its
+            default (bf16 on CPUs with AVX-512 bf16, f32 elsewhere: outputs then differ by host).
+        reuse_export: reuse a cached export of the same checkpoint and options.
+        export_timeout_s: exporter deadline in seconds.
+    """
+
+    batching: Literal["continuous", "pipeline"] = "continuous"
+    kv_cache_gib: int = Field(1, ge=1)
+    max_num_seqs: int = Field(64, ge=1)
+    enable_prefix_caching: bool = True
+    inference_precision: Literal["f32", "bf16", "f16"] | None = None
+    reuse_export: bool = True
+    export_timeout_s: float = Field(3600.0, gt=0)
+
+    def export_options(self) -> OpenVinoExportOptions:
+        return OpenVinoExportOptions(**self.model_dump(include=set(OpenVinoExportOptions.model_fields)))
+
+
+class OpenVinoBackend(ChildServerBackend):
+    """OpenVINO GenAI serving an optimum-intel export of the checkpoint."""
+
+    preflight_rule = staticmethod(preflight_rule)
+
+    name = "openvino"
+    Options = OpenVinoOptions
+    ready_mode = "file"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.export_result: OpenVinoExportResult | None = None
+        self.python: Path | None = None
+
+    @property
+    def env_python(self) -> Path | None:
+        """The openvino environment's interpreter (its packages go into the run's fingerprint)."""
+        return self.python
+
+    def _log(self, line: str) -> None:
+        with open(self.workdir / "export.log", "a") as fh:
+            fh.write(line.rstrip() + "\n")
+
+    def prepare(self) -> None:
+        """The environment, then the export (cached) the worker serves."""
+        if not Path(self.config.model).is_dir():
+            raise EngineFailure("unavailable", f"openvino exports local checkpoint folders; {self.config.model!r} "
+                                "is not one (no hub access here)")
+        self.python = envs.ensure(env_spec(), self._log)
+        self.export_result = export(self.config.model, self.options.export_options(), log=self._log,
+                                    timeout_s=self.options.export_timeout_s, use_cache=self.options.reuse_export)
+        (self.workdir / "export.json").write_text(self.export_result.model_dump_json(indent=1))
+
+    def command(self, port: int) -> tuple[list[str], dict[str, str]]:
+        assert self.export_result is not None and self.python is not None
+        opts = self.options.model_dump(include={"batching", "kv_cache_gib", "max_num_seqs", "enable_prefix_caching",
+                                                "inference_precision"})
+        cmd = [str(self.python), "-m", "backends.openvino.worker", "--model", self.export_result.output_dir,
+               "--port", str(port), "--ready-file", str(self.ready_file), "--served-model", self.config.model,
+               "--options", json.dumps(opts)]
+        return cmd, envs.child_env({"TOKENIZERS_PARALLELISM": "false"})
+
+    def describe(self, startup_s: float) -> BackendInfo:
+        info = self.ready_payload.get("info", {})
+        continuous = info.get("batching") == "continuous"
+        notes = {**self.export_result.notes(), "batching": str(info.get("batching")),
+                 "openvino": str(info.get("openvino_version")), "detokenizer": str(info.get("detokenizer")),
+                 "logprobs": str(info.get("logprobs")), "environment": envs.describe(self.python),
+                 "inference_precision": str(info.get("properties", {}).get("INFERENCE_PRECISION_HINT",
+                                                                           "CPU plugin default"))}
+        if continuous:
+            notes["scheduler"] = " ".join(str(info.get("scheduler", "")).split())
+            notes["kv_cache_tokens"] = ("not stated: openvino_genai states the KV cache in bytes "
+                                        "(SchedulerConfig.cache_size), not in tokens")
+        return BackendInfo(
+            backend=self.name, engine="openvino-genai", engine_version=info.get("engine_version"),
+            device=info.get("device", "cpu"), launch_command=self.launch_cmd, base_url=self.base_url,
+            served_model=self.config.model, startup_s=startup_s,
+            kv_cache_memory_gib=float(info["kv_cache_gib"]) if continuous else None,
+            concurrent_requests=info.get("max_num_seqs") if continuous else 1, notes=notes)

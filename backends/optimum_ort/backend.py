@@ -1,0 +1,95 @@
+"""optimum-ort backend: ``optimum-cli export onnx`` (cached, inspected), then ``ORTModelForCausalLM`` in a worker.
+
+``start()`` runs :func:`adapters.optimum_onnx_export.export` (export problems surface as
+``EngineFailure``: ``unsupported-architecture``, ``export-defect`` naming the node,
+``load-failure``), writes the result to ``<workdir>/export.json``, then launches
+:mod:`backends.optimum_ort.worker` in the ``optimum-onnx`` environment.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from adapters.optimum_onnx_export import OptimumOnnxOptions, OptimumOnnxResult, env_spec, export
+from backends._server import ChildServerBackend
+from backends.openvino.preflight import rule as _float_rule
+from bakeoff.api.errors import EngineFailure
+from bakeoff.api.specs import BackendInfo
+from bakeoff.host import envs
+
+
+class OptimumOrtOptions(OptimumOnnxOptions):
+    """``--backend-opt`` keys: the export's (``precision`` fp32|int8, ``opset``) and these.
+
+    Attributes:
+        provider: the ONNX Runtime execution provider (``CUDAExecutionProvider`` needs
+            onnxruntime-gpu in the environment: ``BAKEOFF_ENVS=preinstalled``).
+        intra_op_num_threads: ORT intra-op threads; None keeps ORT's default.
+        reuse_export: reuse a cached export of the same checkpoint and options.
+        export_timeout_s: exporter deadline in seconds.
+    """
+
+    provider: Literal["CPUExecutionProvider", "CUDAExecutionProvider"] = "CPUExecutionProvider"
+    intra_op_num_threads: int | None = Field(None, ge=1)
+    reuse_export: bool = True
+    export_timeout_s: float = Field(3600.0, gt=0)
+
+    def export_options(self) -> OptimumOnnxOptions:
+        return OptimumOnnxOptions(**self.model_dump(include=set(OptimumOnnxOptions.model_fields)))
+
+
+class OptimumOrtBackend(ChildServerBackend):
+    """ONNX Runtime through optimum's ``ORTModelForCausalLM``, one request at a time."""
+
+    preflight_rule = staticmethod(_float_rule)
+
+    name = "optimum-ort"
+    Options = OptimumOrtOptions
+    ready_mode = "file"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.export_result: OptimumOnnxResult | None = None
+        self.python: Path | None = None
+
+    @property
+    def env_python(self) -> Path | None:
+        return self.python
+
+    def _log(self, line: str) -> None:
+        with open(self.workdir / "export.log", "a") as fh:
+            fh.write(line.rstrip() + "\n")
+
+    def prepare(self) -> None:
+        if not Path(self.config.model).is_dir():
+            raise EngineFailure("unavailable", f"optimum-ort exports local checkpoint folders; {self.config.model!r} "
+                                "is not one (no hub access here)")
+        self.python = envs.ensure(env_spec(), self._log)
+        self.export_result = export(self.config.model, self.options.export_options(), log=self._log,
+                                    timeout_s=self.options.export_timeout_s, use_cache=self.options.reuse_export)
+        (self.workdir / "export.json").write_text(self.export_result.model_dump_json(indent=1))
+
+    def command(self, port: int) -> tuple[list[str], dict[str, str]]:
+        assert self.export_result is not None and self.python is not None
+        opts = {"provider": self.options.provider, "intra_op_num_threads": self.options.intra_op_num_threads,
+                "onnx_file": self.export_result.onnx_file}
+        cmd = [str(self.python), "-m", "backends.optimum_ort.worker", "--model", self.export_result.output_dir,
+               "--port", str(port), "--ready-file", str(self.ready_file), "--served-model", self.config.model,
+               "--options", json.dumps(opts)]
+        return cmd, envs.child_env({"TOKENIZERS_PARALLELISM": "false"})
+
+    def describe(self, startup_s: float) -> BackendInfo:
+        info = self.ready_payload.get("info", {})
+        notes = {**self.export_result.notes(), "provider": str(info.get("provider")),
+                 "providers_active": str(info.get("providers_active")), "onnxruntime": str(info.get("onnxruntime_version")),
+                 "transformers": str(info.get("transformers_version")), "environment": envs.describe(self.python),
+                 "scheduling": "one request at a time (ORTModelForCausalLM.generate, no batching server)"}
+        return BackendInfo(
+            backend=self.name, engine="optimum-onnx", engine_version=info.get("engine_version"),
+            device=info.get("device", "cpu"), max_model_len=info.get("max_model_len"),
+            launch_command=self.launch_cmd, base_url=self.base_url, served_model=self.config.model,
+            startup_s=startup_s, concurrent_requests=1, notes=notes)
