@@ -127,11 +127,18 @@ def tokens_per_unit(engine, fixture: bool, k: int = 40) -> tuple[float, str]:
         fixture pair, each pair being one token of its tokenizer / 20 per generic sentence, when
         the engine reports no prompt usage).
     """
-    reqs = [GenerationRequest(request_id=f"calib-{n}-{time.monotonic_ns()}",
-                              prompt=_join(filler_units(n, fixture, 99), fixture), max_tokens=1) for n in (k, 2 * k)]
-    recs = send(engine, reqs)
-    if all(r.status == "ok" and r.input_tokens for r in recs):
-        return max(0.5, (recs[1].input_tokens - recs[0].input_tokens) / k), "engine-usage"
+    # k units, then fewer when the engine refuses the longer prompt: a tokenizer that spends many
+    # tokens per word (a fixture's small vocabulary under a real-size model, examples/h200/) puts
+    # 2k generic sentences past a 2,048-token context, and the estimate then overshoots it.
+    for n_units in (k, max(2, k // 4), 2):
+        reqs = [GenerationRequest(request_id=f"calib-{n}-{time.monotonic_ns()}",
+                                  prompt=_join(filler_units(n, fixture, 99), fixture), max_tokens=1)
+                for n in (n_units, 2 * n_units)]
+        recs = send(engine, reqs)
+        if all(r.status == "ok" and r.input_tokens for r in recs):
+            return max(0.5, (recs[1].input_tokens - recs[0].input_tokens) / n_units), "engine-usage"
+        if all(r.status == "ok" for r in recs):  # answered without usage: fewer units will not help
+            break
     return (1.0 if fixture else 20.0), "estimate"
 
 

@@ -42,9 +42,17 @@ def is_reference_run(settings) -> bool:
             and settings.options == settings.reference_options)
 
 
-def reference_config(settings, workdir) -> BackendConfig:
-    """How the transformers reference (and the judge's scorer) starts: ``--reference-opt`` options."""
-    return BackendConfig(backend="transformers", model=settings.reference_model.path, options=settings.reference_options,
+def reference_config(settings, workdir, scoring: bool = False) -> BackendConfig:
+    """How the transformers reference (and the judge's scorer) starts: ``--reference-opt`` options.
+
+    ``scoring``: the judge's scorer, which only runs forward passes (``/v1/score``): continuous
+    batching's paged attention serves generation alone (transformers 5.x ``sdpa_paged`` refuses a
+    standard forward: "called without a paged attention cache", seen on the H200 with
+    ``--reference-opt batching=continuous``), so ``batching`` is left out there."""
+    options = dict(settings.reference_options)
+    if scoring:
+        options.pop("batching", None)
+    return BackendConfig(backend="transformers", model=settings.reference_model.path, options=options,
                          workdir=str(workdir), start_timeout_s=settings.start_timeout_s,
                          progress_timeout_s=settings.progress_timeout_s)
 

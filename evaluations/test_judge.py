@@ -92,7 +92,7 @@ def test_nll_judge(run, settings, pytestconfig):
         if state.get("backend") is not None:  # the engine is done: free its device for the judge
             state["backend"].stop()
             state["stopped"] = "the judge stopped the engine to free its device (sanity.nll_judge runs last)"
-        scorer = backends.resolve("transformers")(reference_config(settings, run.dir.path / "engine" / "judge"))
+        scorer = backends.resolve("transformers")(reference_config(settings, run.dir.path / "engine" / "judge", scoring=True))
         try:
             try:
                 scorer.start()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from backends._server import cuda_evidence, last_error_line
 from bakeoff.analysis.cuda_errors import classify
 from bakeoff.api.errors import EngineFailure
@@ -94,3 +96,23 @@ def test_vllm_free_memory_check_is_an_out_of_memory_at_start():
     err = classify(VLLM_FREE_MEMORY, phase="start")
     assert err is not None and err.kind == "out-of-memory" and err.failure_class == "load-failure"
     assert "less than desired GPU memory utilization (0.999" in err.line
+
+
+VLLM_ATTN_REFUSED = """(EngineCore pid=5513) ERROR 12-02 01:45:02 [core.py:1012] EngineCore failed to start.
+(EngineCore pid=5513) ValueError: Selected backend AttentionBackendEnum.FLASHINFER is not valid for this configuration. Reason: ['head_size not supported']
+"""  # vLLM 0.26.0 on the H200, --backend-opt attention_backend=FLASHINFER (examples/h200/)
+
+
+@pytest.mark.parametrize("log, expected", [
+    (VLLM_ATTN_REFUSED, "incompatible-features"),
+    ("ValueError: No valid attention backend found for cpu", "incompatible-features"),
+    ("ValueError: max_model_len 99999 exceeds the model's 2048", "load-failure"),
+])
+def test_vllm_start_failure_classes(tmp_path, log, expected):
+    from backends import resolve
+    from bakeoff.api.errors import EngineFailure
+    from bakeoff.api.specs import BackendConfig
+
+    backend = resolve("vllm")(BackendConfig(backend="vllm", model=str(tmp_path), workdir=str(tmp_path / "v")))
+    exc = backend.classify_start_failure(EngineFailure("load-failure", "vllm exited", {"engine.log.tail": log}))
+    assert exc.failure_class == expected

@@ -199,7 +199,10 @@ class VllmBackend(ChildServerBackend):
 
     def classify_start_failure(self, exc: EngineFailure) -> EngineFailure:
         text = exc.evidence.get("engine.log.tail", "")
-        if "No valid attention backend" in text or "NotImplementedError" in text:
+        # "Selected backend AttentionBackendEnum.FLASHINFER is not valid for this configuration.
+        # Reason: ['head_size not supported']" (vLLM 0.26 on the H200, examples/h200/)
+        if ("No valid attention backend" in text or "NotImplementedError" in text
+                or "is not valid for this configuration" in text):
             exc.failure_class = "incompatible-features"
         return exc
 
