@@ -75,8 +75,9 @@ def recommendations(cols: list[Column]) -> list[dict[str, str]]:
     common = set.intersection(*(set(c.points) for c in measured)) if measured else set()
     if common:
         n = max(common)
-        best(f"highest aggregate at {n} sessions (largest common)",
-             lambda c: valid(c, n).get("output_tokens_per_s"), f"output tok/s at {n} sessions",
+        sessions = "session" if n == 1 else "sessions"
+        best(f"highest aggregate at {n} {sessions} (largest common)",
+             lambda c: valid(c, n).get("output_tokens_per_s"), f"output tok/s at {n} {sessions}",
              tie_vals=lambda c: c.repeats(n, "output_tokens_per_s"))
     else:
         recs.append({"objective": "highest aggregate at the largest common session count", "run": "–",
