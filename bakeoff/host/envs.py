@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Callable
 
 from bakeoff.api.errors import EngineFailure
+from bakeoff.host import env_patches
+from bakeoff.host.env_patches import SourcePatch
 from bakeoff.host.procs import tail
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -106,6 +108,8 @@ class EnvSpec:
         notes: why each workaround is applied, recorded as evidence.
         modules: the modules the engine's processes import; an interpreter that finds all of
             them can serve as a preinstalled environment (empty: never preinstalled).
+        patches: exact source edits applied after install (:mod:`bakeoff.host.env_patches`),
+            recorded in ``.bakeoff-ready``; part of the key.
     """
 
     name: str
@@ -113,10 +117,14 @@ class EnvSpec:
     uninstall: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
     modules: tuple[str, ...] = ()
+    patches: tuple[SourcePatch, ...] = ()
 
     @property
     def key(self) -> str:
-        blob = json.dumps([self.requirements, self.uninstall, sys.version_info[:2]], sort_keys=True)
+        parts: list = [self.requirements, self.uninstall, sys.version_info[:2]]
+        if self.patches:  # only then: the keys of environments without patches stay what they were
+            parts.append([p.key() for p in self.patches])
+        blob = json.dumps(parts, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     @property
@@ -219,6 +227,7 @@ def ensure(spec: EnvSpec, log: Callable[[str], None] = lambda s: None, timeout_s
             _run(pip + ["install", "-q", *spec.requirements], log_path, timeout_s)
             if spec.uninstall:
                 _run(pip + ["uninstall", "-y", *spec.uninstall], log_path, 300)
+            patched = env_patches.apply(spec.patches, env_patches.site_packages(spec.path))
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
             raise EngineFailure(
                 "unavailable",
@@ -228,6 +237,10 @@ def ensure(spec: EnvSpec, log: Callable[[str], None] = lambda s: None, timeout_s
         meta = {"requirements": list(spec.requirements), "uninstall": list(spec.uninstall),
                 "notes": list(spec.notes), "install_s": round(time.monotonic() - t0, 1),
                 "python": sys.version.split()[0]}
+        if patched:
+            meta["patches"] = patched
+            with open(log_path, "a") as fh:
+                fh.write("".join(f"\npatch {p['path']}: {p['status']} ({p['why']})" for p in patched) + "\n")
         (spec.path / ".bakeoff-ready").write_text(json.dumps(meta, indent=2))
         log(f"{spec.name} environment ready in {meta['install_s']} s")
         return spec.python
