@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator
 from backends.base import Backend
 from bakeoff.api.errors import EngineFailure
 from bakeoff.loadgen.client import OpenAIClient
-from bakeoff.analysis.failures import classify_start, missing_tokenizer
+from bakeoff.analysis.failures import classify_start, kernel_refusal, missing_tokenizer
 from bakeoff.host.procs import ManagedProcess, describe_exit, died_by_signal, free_port
 from bakeoff.api.specs import BackendInfo, GenerationRequest, TokenEvent
 from backends._options import OptionReport, fallback_notes
@@ -200,11 +200,11 @@ class ChildServerBackend(Backend):
                 await self._settle()
             if self.proc is not None and not self.proc.alive():
                 log = self.proc.tail(300)
-                raise cuda_evidence(EngineFailure(
+                raise shape_refusal(cuda_evidence(EngineFailure(
                     "runtime-crash", f"{self.name} {describe_exit(self.proc.poll(), log)} while serving: "
                     f"{death_cause(self.proc.poll(), log)}",
                     {"engine.log.tail": self.proc.tail(120), "client_error.txt": exc.message}),
-                    exc.message + "\n" + self.proc.tail(300), "serving") from None
+                    exc.message + "\n" + self.proc.tail(300), "serving"), log) from None
             if self.proc is not None and exc.failure_class == "hang":
                 if self._stacks is None:  # once: concurrent requests hang together
                     self._stacks = self.proc.dump_stacks()
@@ -219,7 +219,7 @@ class ChildServerBackend(Backend):
                 cause = last_error_line(self.proc.tail(300))
                 exc.message = f"{exc.message} | engine log: {cause}"
                 exc.evidence.setdefault("engine.log.tail", self.proc.tail(120))
-                cuda_evidence(exc, exc.message + "\n" + self.proc.tail(300), "serving")
+                shape_refusal(cuda_evidence(exc, exc.message + "\n" + self.proc.tail(300), "serving"), self.proc.tail(300))
             raise
 
     async def _settle(self, wait_s: float = 1.0) -> None:
@@ -284,6 +284,20 @@ EXC_LINE = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception|Exit)):\s*(.+)")
 WRAPPER_HINTS = ("See stack trace", "check the stack trace", "EngineDeadError", "EngineCore encountered an issue",
                  "Engine core initialization failed", "Worker failed with error")
 OTHER_MARKERS = ("CUDA error", "out of memory", "Killed", "Segmentation fault", "core dumped")
+
+
+def shape_refusal(exc: EngineFailure, log: str) -> EngineFailure:
+    """A serving failure whose log shows a kernel refusing the model's shapes
+    (:func:`bakeoff.analysis.failures.kernel_refusal`: vLLM CPU's gated-delta-net kernel at head
+    dim 32) is ``incompatible-features``, naming the kernel's line, not a ``runtime-crash``: the
+    engine did not crash, it said it cannot run these shapes here. Returns ``exc``."""
+    found = kernel_refusal(log)
+    if found is not None and exc.failure_class == "runtime-crash":
+        exc.failure_class = found.failure_class
+        if found.line not in exc.message:
+            exc.message = f"{exc.message} | {found.line}"
+        exc.evidence["kernel_refusal.txt"] = f"{found.line}\nrecognised: {found.kind} -> {found.failure_class}"
+    return exc
 
 
 def cuda_evidence(exc: EngineFailure, text: str, phase: str) -> EngineFailure:

