@@ -91,7 +91,7 @@ def test_needles(run, settings, engine):
         recs = send(engine, reqs, concurrency=1 if serves_one_at_a_time(engine) else 4)
         rows = []
         for case, r, q in zip(cases, recs, reqs):
-            rows.append({**case, "prompt_tokens": r.input_tokens, "status": r.status, "error": r.error,
+            rows.append({**case, "prompt_tokens": r.input_tokens, "status": r.status, "error": r.error, "error_class": r.error_class,
                          "output": r.output_text, "found": r.status == "ok" and found(r.output_text, case["expected"], fixture),
                          "prompt_head": q.prompt[:80], "prompt_tail": q.prompt[-60:]})
         c.evidence("needles.json", rows)
@@ -107,7 +107,8 @@ def test_needles(run, settings, engine):
                                   for r in rows]})
         if errs:
             c.evidence("engine.log.tail", engine.log_tail(150))
-            c.fail(f"{len(errs)}/{len(rows)} needle requests failed: {errs[0]['error']}")
+            c.fail(f"{len(errs)}/{len(rows)} needle requests failed: {errs[0]['error']}",
+                   errs[0]["error_class"] or "runtime-crash")
         lens = sorted({r["prompt_tokens"] for r in rows if r["prompt_tokens"]})
         where = (f"{n_found}/{len(rows)} needles found at {len(fracs)} lengths "
                  f"({lens[0] if lens else '?'}-{lens[-1] if lens else '?'} tokens) x {len(depths)} depths")

@@ -60,7 +60,7 @@ def test_acceptance(run, settings, engine):
         recs = send(engine, reqs)  # one stream at a time: acceptance and single-stream decode speed
         after = read_metrics(engine)
         d = delta(before, after, PREFIX)
-        rows = [{"prompt": q.prompt, "output": r.output_text, "status": r.status, "error": r.error,
+        rows = [{"prompt": q.prompt, "output": r.output_text, "status": r.status, "error": r.error, "error_class": r.error_class,
                  "output_tokens": r.output_tokens, "decode_tokens_per_s": decode_tokens_per_s(r)} for q, r in zip(reqs, recs)]
         c.evidence("requests.json", rows)
         c.evidence("counters.json", {"before": {k: v for k, v in before.items() if k.startswith(PREFIX)},
@@ -68,7 +68,7 @@ def test_acceptance(run, settings, engine):
         errs = [r for r in rows if r["status"] != "ok"]
         if errs:
             c.evidence("engine.log.tail", engine.log_tail(150))
-            c.fail(f"{len(errs)}/{len(rows)} requests failed: {errs[0]['error']}", "runtime-crash")
+            c.fail(f"{len(errs)}/{len(rows)} requests failed: {errs[0]['error']}", errs[0]["error_class"] or "runtime-crash")
         import numpy as np
 
         tps = [r["decode_tokens_per_s"] for r in rows if r["decode_tokens_per_s"]]
