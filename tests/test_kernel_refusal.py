@@ -48,3 +48,17 @@ def test_serving_crash_with_the_kernels_words_becomes_incompatible_features():
     assert hang.failure_class == "hang" and "kernel_refusal.txt" not in hang.evidence
     other = shape_refusal(EngineFailure("runtime-crash", "segfault"), "Segmentation fault")
     assert other.failure_class == "runtime-crash"
+
+
+def test_prefix_cache_prompt_covers_a_stated_kv_block():
+    """vLLM's hybrid allocator states 384-token blocks for the Qwen3.5 fixture (640 with fp8 KV)
+    and caches whole blocks only: the prefix-cache prompt must fill one to be able to hit."""
+    from backends.vllm.backend import HYBRID_BLOCK_LINE
+    from evaluations.test_prefix_cache import BLOCK_MARGIN, prompt_target
+
+    line = ("(Worker pid=1632) INFO 12-02 09:05:39 [interface.py:1096] Setting attention block size to 384 tokens "
+            "to ensure that attention page size is >= mamba page size.")
+    assert HYBRID_BLOCK_LINE.findall(line) == ["384"]
+    assert prompt_target(2048, None) == prompt_target(2048, 128) == 1495  # 0.73 of the context
+    assert prompt_target(512, 384) == 384 + BLOCK_MARGIN
+    assert prompt_target(512, 640) is None  # no prompt in a 512-token context fills a 640-token block

@@ -37,6 +37,10 @@ BAKEOFF_KEYS = {"extra_args", "api", "served_model_name"}  # bakeoff's client an
 # vLLM CPU (0.32) states both on one line; vLLM CUDA (0.26) on two consecutive log lines
 KV_LINE = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens")
 CONCURRENCY_LINE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+# A hybrid model (attention + mamba/gated-delta-net layers): vllm/model_executor/models/config.py
+# HybridAttentionMambaModelConfig "Setting attention block size to N tokens to ensure that
+# attention page size is >= mamba page size." (384 for the Qwen3.5 fixture in bf16, 640 with fp8 KV)
+HYBRID_BLOCK_LINE = re.compile(r"Setting attention block size to (\d+) tokens")
 
 
 def stated_kv(log: str) -> tuple[str | None, int | None, float | None]:
@@ -252,6 +256,9 @@ class VllmBackend(ChildServerBackend):
         notes.update({k: cfg[k] for k in ("dtype", "kv_cache_dtype") if k in cfg})  # effective, for KV bytes per token
         if mem:
             notes["kv_cache_memory_line"] = mem["line"][-300:]
+        blocks = HYBRID_BLOCK_LINE.findall(log)
+        if blocks:  # whole blocks are what the prefix cache can hit and what a request takes
+            notes["kv_block_size_tokens"] = blocks[-1]
         patched = env_patches.summary(self.environment_record())
         if patched:
             notes["env_patches"] = patched
