@@ -242,7 +242,7 @@ class VllmBackend(ChildServerBackend):
         no_head = self.missing_mtp_head(text + "\n" + exc.message)
         if no_head:
             exc.failure_class = "incompatible-features"
-            exc.message = f"{exc.message} ({no_head})"
+            exc.message = f"{no_head}; {exc.message}"  # first: the engine's line is long (the weight names)
         return exc
 
     def missing_mtp_head(self, log: str) -> str | None:
