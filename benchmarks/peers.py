@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -159,6 +160,16 @@ def clock_offset_ns(samples: int = 9) -> int:
     return sorted(vals)[len(vals) // 2]
 
 
+_WORKDIRS: list[str] = []
+
+
+def _workdir(prefix: str) -> str:
+    """A temporary folder for one peer run's exports; :func:`run_peer` removes it afterwards."""
+    work = tempfile.mkdtemp(prefix=prefix)
+    _WORKDIRS.append(work)
+    return work
+
+
 def _child(cmd: list[str], what: str, timeout_s: float, cwd: str | None = None, offline: bool = True) -> str:
     env = dict(os.environ, **CHILD_ENV)
     if not offline:
@@ -240,7 +251,7 @@ def run_aiperf(python: str, url: str, tok: Path, streams: int, turns: int, outpu
     export level): observations from ``profile_export.jsonl``'s profiling phase, matched by
     the ``X-Request-ID`` it sent. Its per-request stamps are wall clock: ``request_start_ns``
     (``time.time_ns()``, taken with its ``perf_counter`` start) + its ``time_to_first_token``."""
-    work = tempfile.mkdtemp(prefix="bench-aiperf-")
+    work = _workdir("bench-aiperf-")
     cmd = [python, "-m", "aiperf", "profile", "--model", "synth", "--url", url, "--endpoint-type", "completions",
            "--streaming", "--tokenizer", str(tok), "--concurrency", str(streams),
            "--request-count", str(streams * (turns - 1)), "--warmup-request-count", str(streams),
@@ -255,8 +266,7 @@ def run_aiperf(python: str, url: str, tok: Path, streams: int, turns: int, outpu
     obs, errors = aiperf_observations((Path(work) / "profile_export.jsonl").read_text(), (off0 + off1) // 2)
     agg = json.loads((Path(work) / "profile_export_aiperf.json").read_text())
     tput = (agg.get("output_token_throughput") or {}).get("avg")
-    return obs, {"tool_output_tokens_per_s": tput, "tool_errors": errors, "clock_drift_ms": (off1 - off0) / 1e6,
-                 "artifacts": work}
+    return obs, {"tool_output_tokens_per_s": tput, "tool_errors": errors, "clock_drift_ms": (off1 - off0) / 1e6}
 
 
 def aiperf_observations(jsonl: str, offset_ns: int) -> tuple[list[Observation], int]:
@@ -286,7 +296,7 @@ def run_guidellm(python: str, url: str, tok: Path, streams: int, turns: int, out
     observations from its JSON report (every request's text and timings), matched by the
     ``[id]`` token the server put in the text. Its stamps are ``time.time()``: ``request_start``
     (first header write) and ``first_token_iteration`` (the first line carrying a token)."""
-    work = tempfile.mkdtemp(prefix="bench-guidellm-")
+    work = _workdir("bench-guidellm-")
     report = Path(work) / "benchmarks.json"
     cmd = [python, "-m", "guidellm", "run",
            "--backend", f"kind=openai_http,target={url},model=synth,request_format=/v1/completions",
@@ -303,7 +313,7 @@ def run_guidellm(python: str, url: str, tok: Path, streams: int, turns: int, out
     totals = (bench.get("metrics") or {}).get("output_tokens_per_second", {})
     tput = ((totals.get("successful") or {}).get("mean")) if isinstance(totals, dict) else None
     return obs, {"tool_output_tokens_per_s": tput, "tool_errors": len(bench["requests"].get("errored") or []),
-                 "clock_drift_ms": (off1 - off0) / 1e6, "artifacts": work}
+                 "clock_drift_ms": (off1 - off0) / 1e6}
 
 
 def guidellm_observations(bench: dict, skip_first: int, offset_ns: int) -> list[Observation]:
@@ -329,6 +339,9 @@ def run_peer(tool: str, python: str, srv, tok: Path, streams: int, turns: int, o
         obs, own = RUNNERS[tool](python, srv.url, tok, streams, turns, output_tokens)
     except (RuntimeError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as exc:
         return {"error": f"{type(exc).__name__}: {exc}"[-2000:], "wall_s": time.monotonic() - t0}
+    finally:
+        while _WORKDIRS:
+            shutil.rmtree(_WORKDIRS.pop(), ignore_errors=True)
     out = compare(obs, srv.records(expect=streams * turns))
     out.update(own)
     out["wall_s"] = time.monotonic() - t0
