@@ -3,7 +3,7 @@
 Fast tests use a tiny random Qwen3.5-MoE built here (seconds): the head's tensor names are the
 ones vLLM's ``qwen3_5_mtp.py`` loads, its experts are stored as transformers stores the
 target's, the batched drafting equals drafting one position at a time, acceptance is counted
-as vLLM counts it, and the quantize adapter carries the head byte for byte. The real fixtures
+as vLLM counts it, and the quantize adapter records the head (and can leave it as released). The real fixtures
 (minutes of training on 2 cores) are opt-in, as the MoE fixture builds are
 (``BAKEOFF_MOE_FIXTURES=1``), or run when already built.
 """
@@ -125,38 +125,35 @@ def test_acceptance_is_counted_as_vllm_counts_it(monkeypatch):
     assert first_only["k2"]["mean_acceptance_length"] == 2.0 and first_only["k2"]["per_task"]["t"]["drafts"] == 5
 
 
-def test_quantize_carries_the_head_byte_for_byte(tmp_path):
-    """What ``bakeoff quantize awq`` does after llm-compressor saved a checkpoint without the head."""
-    from adapters.awq_int4.carry import MTP_IGNORE, carry_mtp
-    from bakeoff.analysis.checkpoint_layout import read_tensors
+def test_quantize_records_the_head_and_can_leave_it_as_released(tmp_path):
+    """What ``bakeoff quantize awq`` does after llm-compressor saved the checkpoint: the head
+    carried (compressed-tensors' ``model_mtp.safetensors`` and ``re:^mtp.*``), recorded, and with
+    ``mtp_as_released`` the pattern removed (the released Qwen3.5 INT4 layout)."""
+    from adapters.awq_int4.carry import mtp_record
 
     src, out = tmp_path / "src", tmp_path / "out"
     src.mkdir()
     out.mkdir()
     head = {"mtp.fc.weight": torch.randn(4, 8).to(torch.bfloat16), "mtp.norm.weight": torch.randn(4).to(torch.bfloat16)}
     save_file({"model.embed_tokens.weight": torch.randn(6, 4).to(torch.bfloat16), **head}, str(src / "model.safetensors"))
-    save_file({"model.embed_tokens.weight": torch.zeros(6, 4, dtype=torch.bfloat16),
-               "model.layers.0.mlp.down_proj.weight_packed": torch.zeros(4, 1, dtype=torch.int32)},
+    save_file({"model.layers.0.mlp.down_proj.weight_packed": torch.zeros(4, 1, dtype=torch.int32)},
               str(out / "model.safetensors"))
-    qc = {"quant_method": "compressed-tensors", "ignore": ["lm_head"]}
-    for d in (src, out):
-        (d / "config.json").write_text(json.dumps({"quantization_config": qc} if d == out else {}))
-    facts = carry_mtp(src, out, ignore=False)
-    assert facts["tensors"] == 2 and facts["dtypes"] == ["BF16"] and facts["ignore"] == ["lm_head"]
-    assert sorted(p.name for p in out.glob("*.safetensors")) == ["model-00001-of-00002.safetensors",
-                                                                "model-00002-of-00002.safetensors"]
-    index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
-    assert index["mtp.fc.weight"] == "model-00002-of-00002.safetensors" and len(index) == 4
-    carried = mtp.read_prefix(out, "mtp.")
-    assert all(torch.equal(carried[k], head[k]) for k in head)
-    assert {t.name: t.dtype for t in read_tensors(out)}["mtp.fc.weight"] == "BF16"
-    assert carry_mtp(src, out, ignore=True) == {}  # nothing left to carry
-    out2 = tmp_path / "out2"
-    out2.mkdir()
-    save_file({"x.weight_packed": torch.zeros(1, 1, dtype=torch.int32)}, str(out2 / "model.safetensors"))
-    (out2 / "config.json").write_text(json.dumps({"quantization_config": qc}))
-    assert carry_mtp(src, out2, ignore=True)["ignore"] == ["lm_head", MTP_IGNORE]
-    assert json.loads((out2 / "config.json").read_text())["quantization_config"]["ignore"][-1] == MTP_IGNORE
+    save_file(head, str(out / "model_mtp.safetensors"))
+    (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "model.layers.0.mlp.down_proj.weight_packed": "model.safetensors",
+        **{k: "model_mtp.safetensors" for k in head}}}))
+    (src / "config.json").write_text("{}")
+    qc = {"quant_method": "compressed-tensors", "ignore": ["lm_head", "re:^mtp.*"]}
+    (out / "config.json").write_text(json.dumps({"quantization_config": qc}))
+    kept = mtp_record(src, out, as_released=False)
+    assert kept == {"source_tensors": 2, "tensors": 2, "dtypes": ["BF16"], "shards": ["model_mtp.safetensors"],
+                    "ignore_patterns": ["re:^mtp.*"], "removed_from_ignore": []}
+    released = mtp_record(src, out, as_released=True)
+    assert released["ignore_patterns"] == [] and released["removed_from_ignore"] == ["re:^mtp.*"]
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["ignore"] == ["lm_head"]
+    (src / "model.safetensors").unlink()
+    save_file({"model.embed_tokens.weight": torch.randn(6, 4)}, str(src / "model.safetensors"))
+    assert mtp_record(src, out, as_released=True) == {}  # no head in the source: nothing to say
 
 
 def test_fixture_names_and_recipes():
@@ -164,7 +161,7 @@ def test_fixture_names_and_recipes():
     assert {"tiny-qwen3.5-moe-w4a16", "tiny-qwen3.5-moe-w4a16-patched"} <= set(names)
     base = recipes.get("tiny-qwen3.5-moe")
     assert base["mtp"]["num_hidden_layers"] == 1
-    assert recipes.get("tiny-qwen3.5-moe-w4a16")["mtp_ignore"] is False
+    assert recipes.get("tiny-qwen3.5-moe-w4a16")["mtp_as_released"] is True
     assert recipes.get("tiny-qwen3.5-moe-w4a16-patched")["patches"] == [r"quantization_config.ignore+=re:.*mtp\..*"]
     # a variant's cache key follows its source's recipe
     assert fixtures.recipe_hash("tiny-qwen3.5-moe-w4a16") != fixtures.recipe_hash("tiny-qwen3.5-moe-w4a16-patched")

@@ -18,8 +18,8 @@ class AwqOptions(Spec):
     Attributes:
         num_samples: calibration samples.
         max_seq_length: tokens per calibration sample.
-        mtp_as_released: carry an MTP head in BF16 without naming it in the ignore list (the
-            released Qwen3.5 INT4 layout; default: named, so that engines build it unquantized).
+        mtp_as_released: leave an MTP head out of the ignore list (the released Qwen3.5 INT4
+            layout; default: named, so that engines build it unquantized).
     """
 
     num_samples: int = Field(64, ge=1)
@@ -40,5 +40,5 @@ class AwqInt4Adapter(Adapter):
     def run(self, source: str | Path, out: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
         res = quantize_awq(source, out / "model", num_samples=self.options.num_samples,
                            max_seq_length=self.options.max_seq_length, log=log,
-                           mtp_ignore=not self.options.mtp_as_released)
+                           mtp_as_released=self.options.mtp_as_released)
         return {"duration_s": res.duration_s, "scheme": res.scheme, "device": res.device}
