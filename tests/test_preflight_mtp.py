@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -212,7 +213,7 @@ def test_real_w4a16_fixture_is_flagged_in_seconds_and_its_patched_twin_passes():
 
     bad = resolve("fixture:tiny-qwen3.5-moe-w4a16").path
     good = resolve("fixture:tiny-qwen3.5-moe-w4a16-patched").path
-    cfg = json.loads(open(f"{bad}/config.json").read())
+    cfg = json.loads(Path(bad, "config.json").read_text())
     assert not any("mtp" in p for p in cfg["quantization_config"]["ignore"])  # the released defect
     dtypes = {t.name: t.dtype for t in read_tensors(bad)}
     head = {n: d for n, d in dtypes.items() if n.startswith("mtp.")}
@@ -229,7 +230,7 @@ def test_real_w4a16_fixture_is_flagged_in_seconds_and_its_patched_twin_passes():
     assert r.suggested_patches == [FIX]
     ok = preflight(good, "vllm", cuda=False, flags=AVX512, options=MTP)
     assert ok.accepted is True and ok.findings[0]["status"] == "consistent" and not ok.warnings
-    meta = json.loads(open(f"{good}/fixture.json").read())
+    meta = json.loads(Path(good, "fixture.json").read_text())
     assert [p["patch"] for p in meta["patches"]] == [FIX] and meta["sibling"]["name"] == "tiny-qwen3.5-moe-w4a16"
     assert fixtures.is_built("tiny-qwen3.5-moe-w4a16")
     print(f"\npre-flight on tiny-qwen3.5-moe-w4a16: {seconds * 1000:.0f} ms: {r.reason[:200]}")
