@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.bakeoff-installed
-BACKENDS ?= transformers,vllm,ort-genai,trtllm
+BACKENDS ?= transformers,vllm,ort-genai,optimum-ort,openvino,trtllm
 MODEL ?= fixture:tiny-qwen3
 
 .PHONY: qualify test test-fresh install clean-venv chromium

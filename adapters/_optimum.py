@@ -33,8 +33,12 @@ RESULT_FILE = "export.json"
 # "Trying to export a qwen3_5_moe model, that is a custom or unsupported architecture, ..."
 # optimum exporters (export configs with MAX_TRANSFORMERS_VERSION): "ValueError: The current version of
 # Transformers does not allow for the export of the model. Maximum required is 5.2.*, got: 5.5.4"
+# exporters/tasks.py (TasksManager.get_exporter_config_constructor) for a task the architecture has no
+# export config for: "Asked to export a qwen3_5_moe model for the task text-generation-with-past, but the
+# Optimum OpenVINO exporter only supports the tasks image-text-to-text for qwen3_5_moe."
 _REFUSED = (re.compile(r"Trying to export an? (?P<mt>[\w-]+) model, that is a custom or unsupported architecture"),
-            re.compile(r"The current version of Transformers does not allow for the export of the model"))
+            re.compile(r"The current version of Transformers does not allow for the export of the model"),
+            re.compile(r"Asked to export an? (?P<mt>[\w-]+) model for the task [\w-]+.*? only supports the tasks"))
 # transformers configuration_auto.py: "The checkpoint you are trying to load has model type `x` but
 # Transformers does not recognize this architecture", and CONFIG_MAPPING's bare KeyError: 'x'.
 _UNKNOWN = (re.compile(r"model type `(?P<mt>[\w-]+)` but Transformers does not recognize this architecture"),

@@ -23,7 +23,7 @@ REGISTRY: dict[str, str] = {
 
 # Backends `bakeoff qualify` runs when --backends is not given: those that need no
 # user-supplied endpoint.
-DEFAULT_QUALIFY = ["transformers", "vllm", "ort-genai", "trtllm"]
+DEFAULT_QUALIFY = ["transformers", "vllm", "ort-genai", "optimum-ort", "openvino", "trtllm"]
 
 
 def names() -> list[str]:

@@ -58,6 +58,14 @@ class Backend(abc.ABC):
     proc: Any = None
     count_tokens: Any = None
 
+    @classmethod
+    def env_specs(cls) -> list:
+        """The engine environments (``bakeoff.host.envs.EnvSpec``) ``start()`` will need on this host,
+        so that ``bakeoff qualify`` can create them while the fixture trains; [] for none (the
+        reference runs in bakeoff's own environment, an ``openai`` server needs none, an engine
+        that cannot run here creates none)."""
+        return []
+
     def __init__(self, config: BackendConfig):
         self.config = config
         self.options = parse_options(self.name, self.Options, config.options)

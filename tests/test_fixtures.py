@@ -227,9 +227,11 @@ def test_qwen3_5_moe_two_layouts_same_weights():
     assert ccfg["architectures"] == ["Qwen3_5MoeForConditionalGeneration"]
     assert ccfg["text_config"]["layer_types"] == tcfg["layer_types"]
     tkeys, ckeys = _safetensor_keys(text), _safetensor_keys(cg)
-    assert all(k.startswith(("model.layers.", "model.embed_tokens.", "model.norm.", "lm_head."))
+    assert all(k.startswith(("model.layers.", "model.embed_tokens.", "model.norm.", "lm_head.", "mtp."))
                for k in tkeys)
     assert any(k.startswith("model.language_model.layers.") for k in ckeys)
+    # the MTP head stays at the top level in both layouts, as released (tests/test_fixtures_mtp.py)
+    assert {k for k in tkeys if k.startswith("mtp.")} == {k for k in ckeys if k.startswith("mtp.")} != set()
     assert any(k.startswith("model.visual.") for k in ckeys)
     meta = json.loads((cg / "fixture.json").read_text())
     assert meta["layout"] == "conditional_generation"

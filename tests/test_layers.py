@@ -33,6 +33,12 @@ ALLOWED = {
     ("bakeoff.loadgen.calibrate", "backends.openai.backend"):
         "calibration measures the client through the same openai backend the sweeps use, against "
         "the synthetic server; called from the application and the calibration check only",
+    ("bakeoff.models.fixtures.variants", "adapters.awq_int4"):
+        "the tiny-qwen3.5-moe-w4a16 fixture is made by bakeoff's own `bakeoff quantize awq` (issue 19), and "
+        "fixtures are built on first use by bakeoff.models.resolve; imported inside the builder only",
+    ("bakeoff.models.fixtures.variants", "adapters.checkpoint_patches"):
+        "the -w4a16-patched fixture is the -w4a16 one with the checkpoint patch the pre-flight names; "
+        "imported inside the builder only",
 }
 
 

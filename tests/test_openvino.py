@@ -129,3 +129,18 @@ def test_backend_streams_concurrent_sessions_like_the_reference(tiny_qwen3, ov_b
     assert m.get("bakeoff_worker:kv_cache_size_bytes", 0) > 0
     toks = b.tokenize([prompts[0]])
     assert toks and toks[0] and all(isinstance(t, int) for t in toks[0]), b.tokenize_note
+
+
+def test_a_task_the_architecture_has_no_export_config_for_is_unsupported_architecture(tmp_path):
+    """optimum-intel 2.2.0 on the Qwen3.5-MoE conditional-generation layout (seen 2026-12-02): the
+    exporter knows the model type for image-text-to-text only; that is a refusal, not a broken export."""
+    from adapters._optimum import classify_failure
+
+    log = tmp_path / "export.log"
+    log.write_text("Traceback (most recent call last):\n  ...\nValueError: Asked to export a qwen3_5_moe model for the "
+                   "task text-generation-with-past, but the Optimum OpenVINO exporter only supports the tasks "
+                   "image-text-to-text for qwen3_5_moe. Please use a supported task.\n")
+    f = classify_failure("optimum-cli export openvino", 1, log, ["optimum-cli"], 60, "Qwen3_5MoeForConditionalGeneration",
+                         "qwen3_5_moe")
+    assert f.failure_class == "unsupported-architecture"
+    assert "only supports the tasks image-text-to-text" in f.message and "'qwen3_5_moe'" in f.message

@@ -2,15 +2,19 @@
 quantization config's exclusion list (issue 19, item 3).
 
 Tiny synthetic checkpoints in the real Qwen3.5-MoE INT4 layout (``weight_packed`` /
-``weight_scale`` targets, an ``mtp.*`` head), written with ``safetensors``; no engine runs.
+``weight_scale`` targets, an ``mtp.*`` head), written with ``safetensors``; no engine runs. Then the
+real fixtures (opt-in, or when built): ``tiny-qwen3.5-moe-w4a16`` (``bakeoff quantize awq`` of the
+MTP fixture, the head carried in BF16 and no ignore pattern) and its patched twin.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -186,3 +190,47 @@ def test_qualify_refuses_a_malformed_patch_in_one_line(tmp_path):
                            "--model", str(tmp_path), "--patch", "ignore"], capture_output=True, text=True, timeout=60,
                           env={"BAKEOFF_CACHE": str(tmp_path / "c"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "malformed patch 'ignore'" in proc.stderr
+
+
+# ---- the real fixtures: tiny-qwen3.5-moe quantized by `bakeoff quantize awq` (issue 19) ----
+
+def _fixtures_ready(*names: str):
+    from bakeoff.models import fixtures
+
+    ready = os.environ.get("BAKEOFF_MOE_FIXTURES") == "1" or all(fixtures.is_built(n) for n in names)
+    return pytest.mark.skipif(not ready, reason=f"builds {', '.join(names)} (training and llm-compressor: minutes "
+                                                "on 2 cores); set BAKEOFF_MOE_FIXTURES=1 to run, or build them first")
+
+
+W4A16 = ("tiny-qwen3.5-moe-w4a16", "tiny-qwen3.5-moe-w4a16-patched")
+
+
+@pytest.mark.slow
+@_fixtures_ready(*W4A16)
+def test_real_w4a16_fixture_is_flagged_in_seconds_and_its_patched_twin_passes():
+    from bakeoff.models import fixtures
+    from bakeoff.models.resolve import resolve
+
+    bad = resolve("fixture:tiny-qwen3.5-moe-w4a16").path
+    good = resolve("fixture:tiny-qwen3.5-moe-w4a16-patched").path
+    cfg = json.loads(Path(bad, "config.json").read_text())
+    assert not any("mtp" in p for p in cfg["quantization_config"]["ignore"])  # the released defect
+    dtypes = {t.name: t.dtype for t in read_tensors(bad)}
+    head = {n: d for n, d in dtypes.items() if n.startswith("mtp.")}
+    assert len(head) == 41 and set(head.values()) == {"BF16"}
+    assert any(n.endswith(".weight_packed") for n in dtypes)  # the target is W4A16
+    t0 = time.monotonic()
+    r = preflight(bad, "vllm", cuda=False, flags=AVX512, options=MTP)
+    seconds = time.monotonic() - t0
+    assert seconds < 10, seconds
+    assert r.accepted is False and r.failure_class == "config-rejected"
+    f = r.findings[0]
+    # fc, q/k/v/o, 8 x 3 routed experts, 3 shared-expert projections (routers and norms are never quantized)
+    assert f["status"] == "defect" and f["mtp_tensors"] == 41 and f["uncovered_tensors"] == 32, f
+    assert r.suggested_patches == [FIX]
+    ok = preflight(good, "vllm", cuda=False, flags=AVX512, options=MTP)
+    assert ok.accepted is True and ok.findings[0]["status"] == "consistent" and not ok.warnings
+    meta = json.loads(Path(good, "fixture.json").read_text())
+    assert [p["patch"] for p in meta["patches"]] == [FIX] and meta["sibling"]["name"] == "tiny-qwen3.5-moe-w4a16"
+    assert fixtures.is_built("tiny-qwen3.5-moe-w4a16")
+    print(f"\npre-flight on tiny-qwen3.5-moe-w4a16: {seconds * 1000:.0f} ms: {r.reason[:200]}")

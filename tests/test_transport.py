@@ -76,7 +76,9 @@ def test_doubled_usage_is_flagged_and_figures_use_the_client_count(doubled, tmp_
     assert rec.output_tokens == N and rec.output_tokens_source == "client-tokenizer (server usage disagrees)"
     row = per_request(rec)
     assert row["output_tokens"] == N and row["usage_output_tokens"] == 2 * N
-    assert row["itl_ms"].count(0.0) < N // 2, "no ITL invented by spreading usage over events"
+    # one ITL per gap between the N tokens the client counted, not 2N - 1 from spreading the doubled
+    # usage over the events (zeros alone can't tell: a loaded host reads several events at once)
+    assert len(row["itl_ms"]) == N - 1, "no ITL invented by spreading usage over events"
 
 
 @pytest.mark.parametrize("api", APIS)
@@ -288,7 +290,9 @@ def test_real_vllm_over_the_openai_api_agrees_without_token_ids(tmp_path):
             assert all(r.status == "ok" for r in recs)
             assert [r.accounting for r in recs] == ["agree"] * len(recs), [
                 (r.usage_output_tokens, r.text_output_tokens, r.content_events) for r in recs]
-            assert all(r.output_tokens == 64 and r.content_events >= 64 for r in recs)
+            assert all(r.output_tokens == 64 and 1 <= r.content_events <= 64 for r in recs)
+            # not one event per token: a busy vLLM frontend merges the deltas of several steps
+            # into one event (seen on a loaded 2-core host); the counts above must agree anyway
             # no judge(recs) assertion: on a loaded 2-core host vLLM's own frontend can deliver a
             # stream in one burst (seen while other jobs ran); throughput.transport then says so
             # without blaming a hop, since bakeoff launched this server on 127.0.0.1

@@ -11,6 +11,13 @@ environment (``llmcompressor==0.14.0.1`` + ``torch==2.13.0``: on this machine pi
 local CPU wheel; it resolves transformers 5.17 and compressed-tensors 0.19). The quantization
 script (:mod:`adapters.awq_int4.quantize`) runs there as a child process.
 
+An MTP head (``mtp.*``, which transformers does not load) is carried over by llm-compressor's
+save path as the source stored it (BF16) and named in ``quantization_config.ignore``
+(``re:^mtp.*``), so that engines build it unquantized (:mod:`adapters.awq_int4.carry`).
+``mtp_as_released=True`` (``--mtp-as-released``) removes that pattern: the released
+Qwen3.5/3.6-35B-A3B INT4 checkpoint's layout, whose MTP speculative decoding fails to load until
+the checkpoint is patched (the ``tiny-qwen3.5-moe-w4a16`` fixture reproduces it).
+
 Already quantized input (AutoAWQ, GPTQ, compressed-tensors, FP8, ModelOpt) is recognised by
 :func:`describe_quantization` and goes to a backend as it is, never re-quantized.
 
@@ -35,6 +42,7 @@ from typing import Any, Callable
 
 from pydantic import Field
 
+from adapters.awq_int4.carry import mtp_record
 from bakeoff.host import envs
 from bakeoff.api.errors import EngineFailure, UserError
 from bakeoff.analysis.preflight import describe_quantization
@@ -74,6 +82,8 @@ class QuantizeResult(Spec):
         versions: llmcompressor, compressed-tensors, torch, transformers, python.
         device: ``cpu`` or ``cuda``.
         workarounds: runtime workarounds applied (e.g. the no-accelerator ``pin_memory`` no-op).
+        mtp: the MTP head in the output and its ignore patterns (:func:`carry.mtp_record`),
+            ``{}`` when the source has none.
         quantization: :func:`describe_quantization` of the output.
         quantization_config: the output's ``quantization_config`` as written.
         log_path: the quantization log.
@@ -91,6 +101,7 @@ class QuantizeResult(Spec):
     versions: dict[str, str]
     device: str
     workarounds: list[str] = Field(default_factory=list)
+    mtp: dict[str, Any] = Field(default_factory=dict)
     quantization: dict[str, Any] = Field(default_factory=dict)
     quantization_config: dict[str, Any] = Field(default_factory=dict)
     log_path: str
@@ -107,7 +118,7 @@ def is_quantized(model_path: str | Path) -> bool:
 
 def quantize_awq(model_path: str | Path, out_dir: str | Path, dataset: str | Path | None = None,
                  num_samples: int = 64, max_seq_length: int = 256, log: Callable[[str], None] = print,
-                 timeout_s: float = 4 * 3600) -> QuantizeResult:
+                 timeout_s: float = 4 * 3600, mtp_as_released: bool = False) -> QuantizeResult:
     """Quantize a checkpoint to W4A16 (AWQ, asymmetric, group 128) as compressed-tensors.
 
     Args:
@@ -119,6 +130,8 @@ def quantize_awq(model_path: str | Path, out_dir: str | Path, dataset: str | Pat
         max_seq_length: calibration samples are truncated to this many tokens.
         log: progress lines (the environment creation, the script's output).
         timeout_s: deadline for the quantization script, seconds.
+        mtp_as_released: with an MTP head in the source, remove the ignore pattern that names
+            it (the released checkpoint's layout: BF16 head, no pattern).
 
     Returns:
         The result, also written to ``out_dir/bakeoff-quantization.json``.
@@ -173,7 +186,13 @@ def quantize_awq(model_path: str | Path, out_dir: str | Path, dataset: str | Pat
         if (f.is_file() and not (out / f.name).exists() and f.suffix not in CARRY_SKIP_SUFFIXES
                 and not f.name.endswith(".index.json")):
             shutil.copy2(f, out / f.name)
-    result = QuantizeResult(path=str(out), source=str(src), log_path=str(log_path),
+    mtp = mtp_record(src, out, as_released=mtp_as_released)
+    if mtp:
+        log(f"MTP head: {mtp['tensors']} of the source's {mtp['source_tensors']} tensors "
+            f"({'/'.join(mtp['dtypes']) or '-'}) in {', '.join(mtp['shards']) or 'the checkpoint'}; ignore patterns "
+            f"{mtp['ignore_patterns'] or 'none'}" + (f" (removed {mtp['removed_from_ignore']}: the released layout, "
+                                                    "which vLLM's MTP refuses until patched)" if mtp_as_released else ""))
+    result = QuantizeResult(path=str(out), source=str(src), log_path=str(log_path), mtp=mtp,
                             quantization={k: v for k, v in describe_quantization(out).items() if k != "raw"}, **raw)
     (out / RESULT_FILE).write_text(result.model_dump_json(indent=2))
     log(f"quantized in {time.monotonic() - t0:.1f} s (oneshot {result.oneshot_s} s): "

@@ -18,10 +18,13 @@ class AwqOptions(Spec):
     Attributes:
         num_samples: calibration samples.
         max_seq_length: tokens per calibration sample.
+        mtp_as_released: leave an MTP head out of the ignore list (the released Qwen3.5 INT4
+            layout; default: named, so that engines build it unquantized).
     """
 
     num_samples: int = Field(64, ge=1)
     max_seq_length: int = Field(256, ge=8)
+    mtp_as_released: bool = False
 
 
 class AwqInt4Adapter(Adapter):
@@ -36,5 +39,6 @@ class AwqInt4Adapter(Adapter):
 
     def run(self, source: str | Path, out: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
         res = quantize_awq(source, out / "model", num_samples=self.options.num_samples,
-                           max_seq_length=self.options.max_seq_length, log=log)
+                           max_seq_length=self.options.max_seq_length, log=log,
+                           mtp_as_released=self.options.mtp_as_released)
         return {"duration_s": res.duration_s, "scheme": res.scheme, "device": res.device}

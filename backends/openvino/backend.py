@@ -60,6 +60,10 @@ class OpenVinoBackend(ChildServerBackend):
     Options = OpenVinoOptions
     ready_mode = "file"
 
+    @classmethod
+    def env_specs(cls) -> list[envs.EnvSpec]:
+        return [env_spec()]
+
     def __init__(self, config):
         super().__init__(config)
         self.export_result: OpenVinoExportResult | None = None

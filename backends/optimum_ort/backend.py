@@ -51,6 +51,10 @@ class OptimumOrtBackend(ChildServerBackend):
     Options = OptimumOrtOptions
     ready_mode = "file"
 
+    @classmethod
+    def env_specs(cls) -> list[envs.EnvSpec]:
+        return [env_spec()]
+
     def __init__(self, config):
         super().__init__(config)
         self.export_result: OptimumOnnxResult | None = None

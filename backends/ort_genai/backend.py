@@ -109,6 +109,10 @@ class OrtGenaiBackend(ChildServerBackend):
     Options = OrtGenaiOptions
     ready_mode = "file"
 
+    @classmethod
+    def env_specs(cls) -> list[envs.EnvSpec]:
+        return [env_spec()]
+
     def __init__(self, config):
         super().__init__(config)
         self.export_result: ExportResult | None = None

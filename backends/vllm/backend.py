@@ -165,6 +165,10 @@ class VllmBackend(ChildServerBackend):
     Options = VllmOptions
     ready_mode = "health"
 
+    @classmethod
+    def env_specs(cls) -> list[envs.EnvSpec]:
+        return [env_spec(envs.has_cuda())]
+
     def __init__(self, config):
         super().__init__(config)
         self.cuda = envs.has_cuda()

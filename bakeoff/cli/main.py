@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from bakeoff.api.errors import UserError
+from bakeoff.cli.progress import print_verdicts as _print_summary
 from bakeoff.cli.progress import Progress, choose_mode
 from bakeoff.cli.gating import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NO_RUN, GATE_STATUSES, gate, parse_fail_on
 
@@ -104,7 +105,19 @@ def cmd_qualify(args) -> int:
         ref = resolve(args.reference_model, build=False)
         args.reference_model = ref.path if ref.local and not args.reference_model.startswith("fixture:") else args.reference_model
     check_artifacts(Path(args.artifacts), report_name)
+    from bakeoff.cli.steps import EnvPrewarm, StepClock
+
+    clock = StepClock()  # engine environments are made while the fixture trains
+    prewarm = EnvPrewarm([spec for n in names for spec in backends.resolve(n).env_specs()],
+                         log=lambda s: print(s, flush=True))
+    t_fixture = time.monotonic()
     model = resolve(args.model, log=lambda s: print(f"[fixture] {s}", flush=True))
+    clock.add("fixture", time.monotonic() - t_fixture, args.model)
+    if prewarm.specs:
+        waited = time.monotonic()
+        total = prewarm.wait()
+        clock.add("environments", time.monotonic() - waited,
+                  f"{total:.0f} s in all, beside the fixture: " + "; ".join(f"{k} {v}" for k, v in prewarm.results.items()))
     if model.local and not args.model.startswith("fixture:"):
         args.model = model.path  # absolute: the evaluation runs with the repository as its folder
     artifacts = check_writable(Path(args.artifacts)).resolve()
@@ -114,12 +127,17 @@ def cmd_qualify(args) -> int:
     print(f"qualifying {', '.join(names)} on {args.model} ({args.profile} profile)", flush=True)
     with Progress(choose_mode(args.quiet)) as progress:
         for n, cell in [(n, cell) for n in names for cell in cells]:  # each matrix cell is its own run
+            t_run, before = time.monotonic(), len(runs)
             _one_run(args, n, cell, cells, per, artifacts, progress, runs, cell_runs, missing)
+            clock.add_run(n + (f" [{cell.label}]" if cell.label else ""), time.monotonic() - t_run,
+                          runs[-1] if len(runs) > before else None)
     if not runs:
         print("bakeoff: error: no run was written; see the errors above", file=sys.stderr)
         return EXIT_NO_RUN
     report = write_report(runs, artifacts / "reports" / report_name)
     outcomes = _print_summary(runs)
+    if progress.mode != "quiet":
+        clock.print()
     print(f"\nreport: {report}")
     return _exit_code(outcomes + missing, fail_on)
 
@@ -205,25 +223,6 @@ def _resume(args, fail_on: frozenset[str]) -> int:
     outcomes = _print_summary([run_dir])
     print(f"\nreport: {report}")
     return _exit_code(outcomes, fail_on)
-
-
-def _print_summary(runs: list[Path]) -> list[tuple[str, str, str]]:
-    """Print the verdict table; returns ``(backend, status, run directory)`` per run."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from bakeoff.reporting.report import load_run
-
-    t = Table(title="bakeoff verdicts")
-    for col in ("backend", "model", "status", "reasons", "run"):
-        t.add_column(col)
-    outcomes = []
-    for p in runs:
-        r = load_run(p)
-        t.add_row(r["backend"], r["model"], r["status"], "\n".join(r["verdict"].get("reasons", []))[:300], p.name)
-        outcomes.append((r["backend"], r["status"], str(p)))
-    Console(width=160).print(t)
-    return outcomes
 
 
 def _report_dest(args) -> Path:

@@ -127,3 +127,22 @@ class Progress:
         if self._live is not None:
             self._live.update(table(self.rows, self.elapsed_s))
         return run_dir
+
+
+def print_verdicts(runs: list[Path]) -> list[tuple[str, str, str]]:
+    """Print the verdict table; returns ``(backend, status, run directory)`` per run."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from bakeoff.reporting.report import load_run
+
+    t = Table(title="bakeoff verdicts")
+    for col in ("backend", "model", "status", "reasons", "run"):
+        t.add_column(col)
+    outcomes = []
+    for p in runs:
+        r = load_run(p)
+        t.add_row(r["backend"], r["model"], r["status"], "\n".join(r["verdict"].get("reasons", []))[:300], p.name)
+        outcomes.append((r["backend"], r["status"], str(p)))
+    Console(width=160).print(t)
+    return outcomes

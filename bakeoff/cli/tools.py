@@ -47,7 +47,7 @@ def cmd_quantize(args) -> int:
     model = resolve(args.model, log=lambda s: print(f"[fixture] {s}", flush=True))
     try:
         result = quantize_awq(model.path, out, dataset=args.dataset, num_samples=args.num_samples,
-                              log=lambda s: print(s, flush=True))
+                              log=lambda s: print(s, flush=True), mtp_as_released=args.mtp_as_released)
     except EngineFailure as exc:
         print(f"bakeoff: quantization failed: {exc.failure_class}: {exc.message}")
         for name, text in exc.evidence.items():
@@ -74,6 +74,9 @@ def add_tool_parsers(sub) -> None:
     q.add_argument("--out", required=True, help="output folder (must not exist or be empty)")
     q.add_argument("--dataset", default=None, help="calibration texts: .jsonl with a text field, or one text per line")
     q.add_argument("--num-samples", type=int, default=64)
+    q.add_argument("--mtp-as-released", action="store_true",
+                   help="leave the BF16 MTP head out of quantization_config.ignore (the released Qwen3.5 INT4 "
+                        "layout, which vLLM's MTP refuses until patched)")
     q.set_defaults(func=cmd_quantize)
     c = sub.add_parser("calibrate", help="measure the load generator's own timing error against a synthetic server",
                        add_help=False)

@@ -1,0 +1,120 @@
+"""Where ``bakeoff qualify``'s time goes: engine environments made while the fixture trains, and
+the time of each step printed at the end.
+
+A fresh machine spends most of a first ``bakeoff qualify`` installing engine environments
+(pip: mostly network and disk) and training the fixture (CPU). :class:`EnvPrewarm` creates the
+environments the chosen backends will need (``Backend.env_specs``) in background threads while
+the fixture builds, so the two overlap; each backend's own ``start()`` then finds its
+environment ready, or waits on the same file lock (``bakeoff.host.envs.ensure``) if it is still
+being made. A failed install is not reported here: the run that needs the environment records
+it as its ``load`` check's ``unavailable``, with the pip log.
+
+:class:`StepClock` collects ``(step, seconds, note)`` rows (environments, fixture, each run with
+its export and engine start read from the run directory) and prints them as one table.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+
+class EnvPrewarm:
+    """Create engine environments in the background.
+
+    Args:
+        specs: ``bakeoff.host.envs.EnvSpec`` objects; duplicates (by path) are made once.
+        log: progress printer (called from worker threads).
+        parallel: how many installs run at once.
+    """
+
+    def __init__(self, specs: list, log: Callable[[str], None] = print, parallel: int = 2):
+        from bakeoff.host import envs
+
+        self._envs = envs
+        seen: dict[str, object] = {}
+        for s in specs:
+            seen.setdefault(str(s.path), s)
+        self.specs = [s for s in seen.values() if not s.is_ready()]
+        self.results: dict[str, str] = {}  # spec name -> "ready in N s" | "preinstalled" | "failed: ..."
+        self._log = log
+        self._t0 = time.monotonic()
+        self._queue = list(self.specs)
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._work, name=f"bakeoff-env-{i}", daemon=True)
+                         for i in range(min(parallel, len(self.specs)))]
+        for t in self._threads:
+            t.start()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    return
+                spec = self._queue.pop(0)
+            t0 = time.monotonic()
+            try:
+                python = self._envs.ensure(spec, lambda m: self._log(f"[envs] {m}"))
+                how = "preinstalled" if str(python) != str(spec.python) else f"ready in {time.monotonic() - t0:.0f} s"
+            except Exception as exc:  # noqa: BLE001 - the run that needs it records the failure
+                how = f"failed ({type(exc).__name__}); its run records why"
+            self.results[spec.name] = how
+
+    def wait(self) -> float:
+        """Block until every environment is made; returns seconds since the prewarm started."""
+        for t in self._threads:
+            t.join()
+        return time.monotonic() - self._t0
+
+
+class StepClock:
+    """Rows of ``(step, seconds, note)``, printed as one table by :meth:`print`."""
+
+    def __init__(self):
+        self.rows: list[tuple[str, float, str]] = []
+
+    def add(self, step: str, seconds: float, note: str = "") -> None:
+        self.rows.append((step, seconds, note))
+
+    def add_run(self, label: str, seconds: float, run_dir: Path | None) -> None:
+        """A run's row; its note says how long its export and its engine start took (read from
+        ``engine/export.json`` and ``verdict.json``'s ``backend_info``) where it had them."""
+        self.add(f"run {label}", seconds, run_note(run_dir) if run_dir else "no run written")
+
+    def print(self, out: Callable[[str], None] = print) -> None:
+        if not self.rows:
+            return
+        total = sum(s for name, s, _ in self.rows if not name.startswith("  "))
+        out("\ntime per step:")
+        width = max(len(name) for name, _, _ in self.rows)
+        for name, s, note in self.rows:
+            out(f"  {name:<{width}}  {_fmt(s):>8}  {note}".rstrip())
+        out(f"  {'total':<{width}}  {_fmt(total):>8}")
+
+
+def run_note(run_dir: Path) -> str:
+    """``export 13 s (cached), engine start 4 s``: what a run directory says of its start."""
+    parts = []
+    try:
+        exp = json.loads((run_dir / "engine" / "export.json").read_text())
+        if exp.get("cached"):
+            parts.append(f"export cached (first made in {exp.get('duration_s')} s)")
+        elif exp.get("duration_s") is not None:
+            parts.append(f"export {exp['duration_s']:.0f} s")
+    except (OSError, ValueError, TypeError):
+        pass
+    try:
+        info = json.loads((run_dir / "verdict.json").read_text()).get("backend_info") or {}
+        if info.get("startup_s") is not None:
+            parts.append(f"engine start {float(info['startup_s']):.0f} s")
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass
+    return ", ".join(parts)
+
+
+def _fmt(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m} min {s:02d} s" if m else f"{s} s"
