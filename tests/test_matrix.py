@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bakeoff.api.errors import UserError
-from bakeoff.analysis.matrix import Cell, merge_options, parse_matrix, split_top_level
+from bakeoff.analysis.matrix import Cell, cells_for, merge_options, parse_matrix, split_top_level
 
 
 def test_no_matrix_is_one_empty_cell():
@@ -60,7 +60,9 @@ def test_merge_refuses_a_key_set_twice():
 
 @pytest.mark.parametrize("argv, message", [
     (["qualify", "--backends", "vllm", "--matrix", "speculative=eagle"], "unknown --matrix value"),
-    (["qualify", "--backends", "vllm", "--matrix", "kv_cache_dtypo=fp8"], "unknown option 'kv_cache_dtypo' for backend vllm"),
+    (["qualify", "--backends", "vllm", "--matrix", "kv_cache_dtypo=fp8"], "--matrix kv_cache_dtypo is an option of none of vllm"),
+    (["qualify", "--backends", "vllm,ort-genai", "--matrix", "kv_cache_dtype=auto,fp8", "--matrix", "speculativ=none"],
+     "--matrix speculativ is an option of none of vllm, ort-genai"),
     (["qualify", "--backends", "vllm", "--repeats", "0"], "--repeats must be at least 1"),
 ])
 def test_qualify_rejects_bad_matrix_before_running(argv, message, capsys, tmp_path):
@@ -70,3 +72,46 @@ def test_qualify_rejects_bad_matrix_before_running(argv, message, capsys, tmp_pa
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "runs").exists()
+
+
+def test_each_backend_varies_only_the_axes_it_has():
+    cells = parse_matrix(["kv_cache_dtype=auto,fp8", "speculative=none,mtp"])
+    vllm_like = {"kv_cache_dtype", "speculative_config"}.__contains__
+    assert cells_for(cells, vllm_like) == (cells, [])
+    kv_only, dropped = cells_for(cells, {"kv_cache_dtype"}.__contains__)
+    assert [c.label for c in kv_only] == ["kv_cache_dtype=auto", "kv_cache_dtype=fp8"] and dropped == ["speculative"]
+    assert kv_only[1].options == {"kv_cache_dtype": "fp8"}
+    none, dropped = cells_for(cells, lambda name: False)
+    assert none == [Cell()] and dropped == ["kv_cache_dtype", "speculative"]
+    assert cells_for([Cell()], lambda name: False) == ([Cell()], [])
+
+
+def test_qualify_runs_a_backend_once_when_the_matrix_is_not_its_own(tmp_path, monkeypatch, capsys):
+    """vLLM gets both KV cells (fp8 against its auto run); ORT GenAI, which has no KV dtype option,
+    one run with no --backend-opt from the matrix (the evaluations are stood in for)."""
+    import subprocess
+    from pathlib import Path
+
+    import bakeoff.cli.main as cli
+
+    real_run, calls = subprocess.run, []
+
+    def fake_pytest(cmd, env=None, cwd=None, **kw):
+        if "pytest" not in cmd:
+            return real_run(cmd, env=env, cwd=cwd, **kw)
+        calls.append(cmd)
+        run = tmp_path / "art" / "runs" / f"run{len(calls)}"
+        run.mkdir(parents=True)
+        Path(env["BAKEOFF_RUN_FILE"]).write_text(str(run))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(cli.subprocess, "run", fake_pytest)
+    monkeypatch.setattr("bakeoff.reporting.report.write_report", lambda runs, dest: dest)
+    monkeypatch.setattr(cli, "_print_summary", lambda runs: [])
+    assert cli.main(["qualify", "--backends", "vllm,ort-genai", "--matrix", "kv_cache_dtype=auto,fp8",
+                     "--artifacts", str(tmp_path / "art")]) == 0
+    backends_run = [next(a for a in c if a.startswith("--backend=")) for c in calls]
+    assert backends_run == ["--backend=vllm", "--backend=vllm", "--backend=ort-genai"]
+    assert "--backend-opt=kv_cache_dtype=fp8" in calls[1] and f"--baseline-run={tmp_path / 'art' / 'runs' / 'run1'}" in calls[1]
+    assert not any(a.startswith("--backend-opt") for a in calls[2])
+    assert "ort-genai: --matrix kv_cache_dtype not varied (no such option of ort-genai)" in capsys.readouterr().out

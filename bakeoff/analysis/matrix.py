@@ -150,6 +150,37 @@ def parse_matrix(items: list[str]) -> list[Cell]:
     return cells
 
 
+def cells_for(cells: list[Cell], has_option) -> tuple[list[Cell], list[str]]:
+    """The cells one backend runs: the matrix axes whose options it has, the others left out.
+
+    ``bakeoff qualify --backends vllm,ort-genai --matrix kv_cache_dtype=auto,fp8`` varies the KV
+    dtype for vLLM and runs ORT GenAI once, as a user comparing engines means it; an axis no
+    backend has is refused by the caller (a typo, not a choice).
+
+    Args:
+        cells: :func:`parse_matrix`'s cells.
+        has_option: ``option name -> bool`` for this backend.
+
+    Returns:
+        ``(cells, axes left out)``: cells of the applicable axes only, in order, each once (one
+        empty cell when no axis applies).
+    """
+    axes = list(cells[0].choices) if cells else []
+    values = {k: {c.choices[k] for c in cells} for k in axes}
+    applies = {k: all(has_option(o) for v in values[k] for o in _expand(k, v)) for k in axes}
+    dropped = [k for k in axes if not applies[k]]
+    if not dropped:
+        return list(cells), []
+    out: dict[str, Cell] = {}
+    for c in cells:
+        choices = {k: v for k, v in c.choices.items() if applies[k]}
+        label = ",".join(f"{k}={v}" for k, v in choices.items())
+        if label not in out:
+            options = {ok: ov for k, v in choices.items() for ok, ov in _expand(k, v).items()}
+            out[label] = Cell(label=label, choices=choices, options=options)
+    return list(out.values()), dropped
+
+
 def merge_options(base: list[str], cell: Cell) -> list[str]:
     """``--backend-opt`` strings of a cell: the user's, then the cell's (the cell wins on a key).
 

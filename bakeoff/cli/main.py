@@ -83,13 +83,21 @@ def cmd_qualify(args) -> int:
     for n in names:
         backends.validate(n)
     per = split_backend_opts(args.backend_opt, names)
-    from bakeoff.analysis.matrix import baseline_cell, baselines_first, merge_options, parse_matrix
+    from bakeoff.analysis.matrix import baselines_first, cells_for, merge_options, parse_matrix
 
     cells = baselines_first(parse_matrix(args.matrix))  # a quantized-KV cell is judged against its auto cell
     if args.repeats < 1:
         raise UserError(f"--repeats must be at least 1, got {args.repeats}")
+    by_backend, left_out = {}, {}  # each backend varies the axes it has an option for
     for n in names:
-        for cell in cells:
+        fields = backends.resolve(n).Options.model_fields
+        by_backend[n], left_out[n] = cells_for(cells, fields.__contains__)
+    for axis in cells[0].choices:
+        if all(axis in left_out[n] for n in names):
+            raise UserError(f"--matrix {axis} is an option of none of {', '.join(names)}; "
+                            "check its spelling (a preset: speculative, prefix_cache) or drop the axis")
+    for n in names:
+        for cell in by_backend[n]:
             parse_options(n, backends.resolve(n).Options, parse_kv(merge_options(per[n], cell)))
     parse_options("transformers", backends.resolve("transformers").Options, parse_kv(args.reference_opt))
     from evaluations.session import PROFILES
@@ -126,9 +134,12 @@ def cmd_qualify(args) -> int:
     cell_runs: dict[tuple[str, str], Path] = {}  # (backend, cell label) -> its run, for --baseline-run
     print(f"qualifying {', '.join(names)} on {args.model} ({args.profile} profile)", flush=True)
     with Progress(choose_mode(args.quiet)) as progress:
-        for n, cell in [(n, cell) for n in names for cell in cells]:  # each matrix cell is its own run
+        for n in names:
+            if left_out[n]:
+                print(f"{n}: --matrix {', '.join(left_out[n])} not varied (no such option of {n})", flush=True)
+        for n, cell in [(n, cell) for n in names for cell in by_backend[n]]:  # each matrix cell is its own run
             t_run, before = time.monotonic(), len(runs)
-            _one_run(args, n, cell, cells, per, artifacts, progress, runs, cell_runs, missing)
+            _one_run(args, n, cell, by_backend[n], per, artifacts, progress, runs, cell_runs, missing)
             clock.add_run(n + (f" [{cell.label}]" if cell.label else ""), time.monotonic() - t_run,
                           runs[-1] if len(runs) > before else None)
     if not runs:

@@ -24,10 +24,11 @@ from typing import IO
 STYLE = {"pass": "green", "fail": "bold red", "error": "bold red", "skip": "yellow", "info": "cyan"}
 
 
-def choose_mode(quiet: bool, stream: IO = sys.stdout) -> str:
+def choose_mode(quiet: bool, stream: IO | None = None) -> str:
+    """``quiet``, ``live`` (a terminal) or ``plain``; ``stream`` defaults to the current ``sys.stdout``."""
     if quiet:
         return "quiet"
-    return "live" if stream.isatty() else "plain"
+    return "live" if (stream or sys.stdout).isatty() else "plain"
 
 
 def read_checks(run_file: str) -> tuple[Path | None, list[dict]]:
