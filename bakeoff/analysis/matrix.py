@@ -30,7 +30,8 @@ from typing import Any
 
 from pydantic import Field
 
-from bakeoff.analysis.kv_layout import KV_DTYPE_BYTES, RATIO_TOLERANCE, judge_ratio, kv_layout, predicted_ratio
+from bakeoff.analysis.kv_layout import (INEFFECTIVE_BAND, KV_DTYPE_BYTES, RATIO_TOLERANCE, judge_ratio, kv_layout,
+                                       predicted_ratio)
 from bakeoff.api.errors import UserError
 from bakeoff.api.specs import Spec
 
@@ -197,7 +198,6 @@ def merge_options(base: list[str], cell: Cell) -> list[str]:
 
 # ---- KV cache dtype cells against their baseline ------------------------------------------
 # Bytes per KV element, which layers hold a KV cache and the tolerance: bakeoff/analysis/kv_layout.py.
-INEFFECTIVE_BAND = 0.01  # a KV ratio within 1% of 1.0: the dtype changed nothing
 
 
 def kv_dtype(options: dict[str, Any]) -> str:
@@ -298,7 +298,8 @@ def kv_capacity_ratio(options: dict[str, Any], info: dict[str, Any], run_id: str
     out["judged_on"] = "KV tokens per GiB" if gib and b_gib else "KV tokens"
     out["ratio"] = out.get("tokens_per_gib_ratio") or out["tokens_ratio"]
     quantized = mine_b is not None and base_b is not None and mine_b < base_b
-    out["judgement"] = judge_ratio(out["ratio"], out["predicted_ratio"], quantized)
+    out["judgement"] = judge_ratio(out["ratio"], out["predicted_ratio"], quantized,
+                                   hybrid=bool((out.get("kv_layout") or {}).get("hybrid")))
     out["ineffective"] = bool(quantized and abs(out["ratio"] - 1) < INEFFECTIVE_BAND) or out["judgement"] == "ineffective"
     mem = lambda t, g: f"{t:,} tokens" + (f" in {g} GiB" if g else "")  # noqa: E731
     pred = f"{out['predicted_ratio']}x" if out["predicted_ratio"] else "no prediction (unknown bytes per element)"
@@ -307,7 +308,10 @@ def kv_capacity_ratio(options: dict[str, Any], info: dict[str, Any], run_id: str
                    f"{out['tokens_ratio']:.2f}x); the dtype's bytes predict {pred}"
                    + {"ineffective": f" (below it by more than {RATIO_TOLERANCE:.0%}: the option did not give its bytes' worth)",
                       "above-prediction": f" (above it by more than {RATIO_TOLERANCE:.0%}: recorded, not failed)",
-                      "as-predicted": f" (within {RATIO_TOLERANCE:.0%})"}.get(out["judgement"], "")
+                      "as-predicted": f" (within {RATIO_TOLERANCE:.0%})",
+                      "below-prediction-hybrid": (" (below it: recorded, not failed; a hybrid's linear-attention state "
+                                                  "pages share the pool and its blocks round, so the bytes do not bound "
+                                                  "its ratio; no gain at all would fail)")}.get(out["judgement"], "")
                    + (f"; {out['kv_layout']['text']}" if out.get("kv_layout") else "")
                    + (f"; the runs also differ in {', '.join(out['differs_also_in'])}" if out.get("differs_also_in") else ""))
     return out
