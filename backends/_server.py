@@ -294,8 +294,8 @@ def shape_refusal(exc: EngineFailure, log: str) -> EngineFailure:
     found = kernel_refusal(log)
     if found is not None and exc.failure_class == "runtime-crash":
         exc.failure_class = found.failure_class
-        if found.line not in exc.message:
-            exc.message = f"{exc.message} | {found.line}"
+        if found.line not in exc.message:  # the kernel's words first: a verdict line is read from its start
+            exc.message = f"{found.line} | {exc.message}"
         exc.evidence["kernel_refusal.txt"] = f"{found.line}\nrecognised: {found.kind} -> {found.failure_class}"
     return exc
 

@@ -57,6 +57,7 @@ KERNEL_REFUSALS: list[re.Pattern[str]] = [
     # vllm/v1/worker/mamba_utils.py at the first request: that path has no CPU implementation.
     re.compile(r"TypeError: 'function' object is not subscriptable"),
 ]
+LOG_PREFIX = re.compile(r"^\(\w+ pid=\d+\) \w+ [\d-]+ [\d:]+ \[[^\]]+\] ")  # vLLM's "(Worker pid=1) ERROR 12-02 10:25:10 [x.py:1] "
 TRITON_LAUNCH = re.compile(r"(\w+)\[[\w, ]+\]\(\s*$")  # ``precopy_mamba_align_fused_kernel[grid](``
 
 # (failure class, kind, pattern), most specific first; the first kind found anywhere wins.
@@ -147,7 +148,7 @@ def kernel_refusal(log: str) -> StartFailure | None:
         if not launches:  # a TypeError of another kind: not this rule's to name
             return None
         return StartFailure("incompatible-features", "kernel-without-triton",
-                            _root_line(f"{root[-1]} at {launches[-1]}[grid](...): a Triton kernel launched on a host "
+                            _root_line(f"{LOG_PREFIX.sub('', root[-1])} at {launches[-1]}[grid](...): a Triton kernel launched on a host "
                                        "without Triton (vLLM's triton placeholder); this feature has no path here"))
     return StartFailure("incompatible-features", "kernel-refuses-shape", _root_line(root[-1]))
 
