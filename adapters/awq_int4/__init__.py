@@ -118,7 +118,8 @@ def is_quantized(model_path: str | Path) -> bool:
 
 def quantize_awq(model_path: str | Path, out_dir: str | Path, dataset: str | Path | None = None,
                  num_samples: int = 64, max_seq_length: int = 256, log: Callable[[str], None] = print,
-                 timeout_s: float = 4 * 3600, mtp_as_released: bool = False) -> QuantizeResult:
+                 timeout_s: float = 4 * 3600, mtp_as_released: bool = False,
+                 ignore: list[str] | None = None) -> QuantizeResult:
     """Quantize a checkpoint to W4A16 (AWQ, asymmetric, group 128) as compressed-tensors.
 
     Args:
@@ -132,6 +133,10 @@ def quantize_awq(model_path: str | Path, out_dir: str | Path, dataset: str | Pat
         timeout_s: deadline for the quantization script, seconds.
         mtp_as_released: with an MTP head in the source, remove the ignore pattern that names
             it (the released checkpoint's layout: BF16 head, no pattern).
+        ignore: modules left in their dtype (llm-compressor patterns, ``re:`` for a regex); default
+            ``["lm_head"]``. Released hybrid-MoE INT4 checkpoints also keep the tiny projections
+            (``re:.*mlp.shared_expert_gate$``, ``re:.*linear_attn.in_proj_[ab]$``), whose outputs
+            are too narrow for vLLM CPU's WNA16 kernel (multiples of 32).
 
     Returns:
         The result, also written to ``out_dir/bakeoff-quantization.json``.
@@ -164,6 +169,8 @@ def quantize_awq(model_path: str | Path, out_dir: str | Path, dataset: str | Pat
            "--max-seq-length", str(max_seq_length), "--result-json", str(result_tmp)]
     if dataset is not None:
         cmd += ["--dataset", str(Path(dataset).resolve())]
+    for pattern in ignore or ["lm_head"]:
+        cmd += ["--ignore", pattern]
     log(f"quantizing {src.name} to W4A16 (AWQ) with llm-compressor; log: {log_path}")
     t0 = time.monotonic()
     with open(log_path, "w") as fh:

@@ -110,7 +110,9 @@ def apply_cpu_workaround() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = calibration_parser(__doc__.splitlines()[0]).parse_args(argv)
+    ap = calibration_parser(__doc__.splitlines()[0])
+    ap.add_argument("--ignore", action="append", default=[], help="a module pattern left unquantized (repeatable)")
+    args = ap.parse_args(argv)
 
     t0 = time.monotonic()
     import compressed_tensors
@@ -131,8 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     ds = Dataset.from_dict({"text": texts}).map(
         lambda ex: tokenizer(ex["text"], truncation=True, max_length=args.max_seq_length, add_special_tokens=False),
         remove_columns=["text"])
+    ignore = args.ignore or ["lm_head"]
     recipe = [AWQModifier(duo_scaling=True),
-              QuantizationModifier(scheme=SCHEME, targets=["Linear"], ignore=["lm_head"])]
+              QuantizationModifier(scheme=SCHEME, targets=["Linear"], ignore=ignore)]
     t_cal = time.monotonic()
     oneshot(model=model, tokenizer=tokenizer, dataset=ds, recipe=recipe, max_seq_length=args.max_seq_length,
             num_calibration_samples=len(texts))
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "method": "awq", "scheme": SCHEME, "tool": "llmcompressor",
         "recipe": [{"AWQModifier": {"duo_scaling": True, "mappings": "default for the architecture"}},
-                   {"QuantizationModifier": {"scheme": SCHEME, "targets": ["Linear"], "ignore": ["lm_head"]}}],
+                   {"QuantizationModifier": {"scheme": SCHEME, "targets": ["Linear"], "ignore": ignore}}],
         "calibration": {"source": source, "num_samples": len(texts), "max_seq_length": args.max_seq_length,
                         "tokens": int(sum(len(x) for x in ds["input_ids"]))},
         "duration_s": round(time.monotonic() - t0, 2), "oneshot_s": round(oneshot_s, 2),
