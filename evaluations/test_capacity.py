@@ -2,8 +2,10 @@
 
 - ``capacity.kv_cache``: KV cache capacity in tokens and the engine's stated maximum
   concurrency at ``max_model_len`` (vLLM's startup line ``<pool> KV cache size: N tokens,
-  Maximum concurrency for L tokens per request: Xx``, read into ``BackendInfo``). Skipped,
-  with the reason, when the engine states neither. Every run states its KV ratio: a run with
+  Maximum concurrency for L tokens per request: Xx``, read into ``BackendInfo``). An engine that
+  states only the KV memory (OpenVINO GenAI) gets that memory and the tokens it should hold
+  at the element type it reports, as ``info`` (a computation, not a statement). Skipped, with
+  the reason, when the engine states none of these. Every run states its KV ratio: a run with
   ``kv_cache_dtype`` auto/unset is the baseline (1.0); a quantized dtype is compared with the
   baseline run passed as ``--baseline-run DIR`` (``bakeoff qualify --matrix
   kv_cache_dtype=auto,fp8`` runs the auto cell first and passes it): KV tokens per GiB of KV
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from bakeoff.analysis.kv_layout import kv_layout
 from bakeoff.analysis.matrix import kv_capacity_ratio, load_baseline
 from bakeoff.analysis.preflight import read_config
 from evaluations.measuring import serves_one_at_a_time
@@ -38,6 +41,10 @@ def test_kv_cache(run, engine, pytestconfig, settings):
     with run.check("capacity.kv_cache", "ineffective-option") as c:
         info = engine.info
         c.evidence("backend_info.json", info.model_dump() if info else {})
+        if info is not None and info.kv_cache_tokens is None and info.max_concurrency is None \
+                and info.kv_cache_memory_gib:
+            _memory_only(c, info, settings)
+            return
         if info is None or (info.kv_cache_tokens is None and info.max_concurrency is None):
             why = ("serves one request at a time and keeps no shared KV pool"
                    if serves_one_at_a_time(engine) else "the engine did not state its KV cache size at start")
@@ -71,6 +78,39 @@ def test_kv_cache(run, engine, pytestconfig, settings):
                      + (f"; {layout['text']}" if layout and ratio.get("role") != "compared" else ""))
         if ratio["ineffective"]:
             c.fail(f"kv_cache_dtype {ratio['kv_cache_dtype']} is ineffective: {ratio['text']}")
+
+
+# OpenVINO element types (``KV_CACHE_PRECISION``) in bytes; u8/i8 carry per-token scales and
+# zero points besides, left out as vLLM's fp8 block scales are (kv_layout.KV_DTYPE_BYTES)
+OV_ELEMENT_BYTES = {"u8": 1, "i8": 1, "f16": 2, "bf16": 2, "f32": 4, "u4": 0.5, "i4": 0.5}
+
+
+def _memory_only(c, info, settings) -> None:
+    """An engine that states its KV cache in bytes only (OpenVINO GenAI's ``SchedulerConfig.cache_size``).
+
+    The stated memory is recorded as the capacity; the tokens it holds are derived from the
+    checkpoint's KV bytes per token at the element type the engine reports
+    (``notes.kv_cache_precision``), and the check ends ``info``: bakeoff read the bytes from the
+    engine, but the token count is a computation, not an engine statement, so it is not a pass."""
+    notes = info.notes or {}
+    precision = str(notes.get("kv_cache_precision") or "")
+    config = read_config(settings.model.path) if settings.model.local else {}
+    eb = OV_ELEMENT_BYTES.get(precision.lower())
+    layout = kv_layout(config, "auto") if config else None
+    if layout and eb and layout.get("kv_bytes_per_token") and layout.get("kv_element_bytes"):
+        per_token = layout["kv_bytes_per_token"] / layout["kv_element_bytes"] * eb
+        tokens = int(info.kv_cache_memory_gib * 2**30 / per_token)
+    else:
+        per_token = tokens = None
+    c.values.update({"kv_cache_memory_gib": info.kv_cache_memory_gib, "kv_cache_precision": precision or None,
+                     "kv_bytes_per_token": per_token, "derived_kv_cache_tokens": tokens,
+                     "kv_cache_tokens": None, "max_model_len": info.max_model_len,
+                     "source": "stated memory (bytes) / KV bytes per token of the checkpoint at the stated precision"})
+    if layout:
+        c.evidence("kv_layout.json", layout)
+    c.report_only(f"KV cache {info.kv_cache_memory_gib} GiB stated by {info.engine}, not in tokens"
+                  + (f"; about {tokens:,} tokens at {per_token:g} bytes per token ({precision}, scales left out)"
+                     if tokens else f"; tokens not derived (element type {precision or 'not stated'})"))
 
 
 @pytest.mark.check("capacity.warmup")

@@ -71,6 +71,10 @@ def test_rendered_script_pins_bakeoff_and_the_engine():
     (["export", "ort-genai", "--push-to", "me/x", "--bakeoff-spec", str(REPO)], "cannot reach"),
     (["export", "ort-genai"], "--push-to"),
     (["qualify", "--backends", "nope", "--dry-run"], "unknown backend"),
+    (["export", "optimum-onnx", "--weight-format", "int4", "--dry-run"], "not an option of the optimum-onnx export"),
+    (["export", "openvino", "--precision", "int4", "--dry-run"], "--precision: not an option of the openvino"),
+    (["export", "openvino", "--weight-format", "int3", "--dry-run"], "weight_format"),
+    (["export", "optimum-onnx", "--precision", "int4", "--dry-run"], "precision"),
     (["fetch"], "--from"),
 ])
 def test_bad_input_is_one_line(capsys, argv, words):
@@ -89,6 +93,23 @@ def test_dry_run_prints_script_and_request_without_the_token(capsys, tmp_path, t
     assert "# /// script" in out and '"flavor": "cpu-xl"' in out and '"HF_TOKEN": "***REDACTED***"' in out
     task = saved.read_text().split("TASK = ", 1)[1]
     assert "'moe_quant_type': 'int4'" in task and "'repo_id': 'me/exported'" in task
+
+
+@pytest.mark.parametrize("argv, want", [
+    (["openvino", "--weight-format", "int4", "--group-size", "64", "--ratio", "0.8", "--sym"],
+     {"weight_format": "int4", "group_size": 64, "ratio": 0.8, "sym": True}),
+    (["openvino"], {}),  # the adapter's defaults (fp16), nothing forced by the CLI
+    (["optimum-onnx", "--precision", "int8", "--opset", "17"], {"precision": "int8", "opset": 17}),
+    (["optimum-onnx"], {}),  # fp32, not the ort-genai default int4
+])
+def test_optimum_exports_take_their_own_options(capsys, tmp_path, argv, want):
+    saved = tmp_path / "job.py"
+    rc = main(["jobs", "export", *argv, "--model", "fixture:tiny-qwen3", "--push-to", "me/exported", "--dry-run",
+               "--save-script", str(saved)])
+    assert rc == 0, capsys.readouterr().err
+    task = saved.read_text().split("TASK = ", 1)[1]
+    assert f"'pipeline': '{argv[0]}'" in task
+    assert ("'options': " + repr(want)) in task, task[:600]
 
 
 def test_matrix_submission_sends_flavor_timeout_and_secret_names(capsys, tmp_path, token):
@@ -211,3 +232,15 @@ def test_uv_run_of_the_dry_run_script_exports_like_the_adapter(capsys, tmp_path,
     assert sorted(str(p.relative_to(pushed)) for p in pushed.rglob("*") if p.is_file()) == sorted(job["files"])
     assert "ort-genai: using this interpreter's packages" in log and not _no_token_in(tmp_path, token)
     print(f"uv run export of {model}: {time.monotonic() - t0:.0f} s, {len(job_files)} files")
+
+
+def test_openvino_job_on_a_cpu_flavor_takes_torchvision_from_torchs_cpu_index():
+    """The index's torchvision is a CUDA build that breaks transformers beside a CPU torch
+    (docs/field-notes.md); the adapter's environment uninstalls it, a job pins it to torch's index."""
+    task = JobTask(kind="export", tag="t", model="fixture:tiny-qwen3", push_to=PushTarget.parse("none"),
+                   export=ExportTask(pipeline="openvino", options={}))
+    cpu = render.render_script(task, None, render.torch_index_for("cpu-xl"))
+    assert '#     "torchvision",' in cpu
+    assert '# torch = { index = "pytorch-cpu" }' in cpu and '# torchvision = { index = "pytorch-cpu" }' in cpu
+    gpu = render.render_script(task, None, render.torch_index_for("l40sx1"))
+    assert "pytorch-cpu" not in gpu  # CUDA torch and torchvision, both from the default index

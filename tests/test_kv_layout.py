@@ -91,3 +91,39 @@ def test_stated_memory_predicts_tokens(cfg):
     lay = kv_layout(cfg)
     tokens_per_gib = 2**30 / lay["kv_bytes_per_token"]
     assert tokens_per_gib == pytest.approx(52_428.8 if cfg is HYBRID else 7_281.78, rel=1e-4)
+
+
+def test_memory_only_statement_is_info_with_tokens_at_the_stated_precision(tmp_path):
+    """OpenVINO GenAI states its KV cache in bytes: the check records the memory and the tokens it
+    holds at the plugin's element type, and ends ``info`` (a computation), never ``pass``."""
+    import json
+    from types import SimpleNamespace
+
+    from bakeoff.api.specs import BackendInfo
+    from bakeoff.api.verdict import Verdict
+    from bakeoff.host.artifacts import RunDir
+    from bakeoff.host.run import RunContext
+    from evaluations.test_capacity import _memory_only
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen3", "num_hidden_layers": 3, "hidden_size": 128,
+                                                  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+                                                  "torch_dtype": "bfloat16"}))
+    settings = SimpleNamespace(model=SimpleNamespace(path=str(ckpt), local=True))
+    results = {}
+    for precision in ("u8", "f16", "mystery"):
+        rd = RunDir.create(tmp_path / precision, "openvino", "m")
+        run = RunContext(rd, Verdict(run_id=rd.run_id, backend="openvino", model="m"))
+        info = BackendInfo(backend="openvino", engine="openvino-genai", kv_cache_memory_gib=1.0,
+                           notes={"kv_cache_precision": precision})
+        with run.check("capacity.kv_cache", "ineffective-option") as c:
+            _memory_only(c, info, settings)
+        results[precision] = run.get("capacity.kv_cache")
+    u8, f16, unknown = results["u8"], results["f16"], results["mystery"]
+    assert u8.status == f16.status == unknown.status == "info"
+    # 3 layers x K and V x 2 KV heads x 32 dims: 384 elements per token
+    assert u8.values["kv_bytes_per_token"] == 384 and f16.values["kv_bytes_per_token"] == 768
+    assert u8.values["derived_kv_cache_tokens"] == 2**30 // 384 == 2 * f16.values["derived_kv_cache_tokens"]
+    assert unknown.values["derived_kv_cache_tokens"] is None and "not derived" in unknown.summary
+    assert u8.values["kv_cache_tokens"] is None  # nothing claims the engine stated tokens

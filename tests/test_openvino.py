@@ -105,6 +105,7 @@ def test_backend_streams_concurrent_sessions_like_the_reference(tiny_qwen3, ov_b
     assert info.engine == "openvino-genai" and info.engine_version.startswith("2026.4.1")
     assert info.notes["batching"] == "continuous" and "int8" in info.notes["export_compression_report"]
     assert info.kv_cache_memory_gib == 1.0 and info.concurrent_requests == 8
+    assert info.notes["kv_cache_precision"] not in ("", "None")  # the plugin's KV element type, for capacity.kv_cache
     prompts = _prompts(tiny_qwen3)
     max_new = 8
 

@@ -28,6 +28,17 @@ import traceback
 from typing import Any
 
 
+def _kv_cache_precision(ov, device: str, props: dict[str, Any]) -> str | None:
+    """The element type the device plugin stores the KV cache in (``KV_CACHE_PRECISION``: the CPU
+    plugin's default is ``u8`` with per-token scales on x86), or None when the plugin does not say."""
+    if props.get("KV_CACHE_PRECISION"):
+        return str(props["KV_CACHE_PRECISION"])
+    try:
+        return str(ov.Core().get_property(device, "KV_CACHE_PRECISION"))
+    except Exception:  # noqa: BLE001 - a plugin without the property
+        return None
+
+
 class OpenVinoEngine:
     """The :class:`backends._hosting.worker_server.WorkerEngine` of this worker.
 
@@ -57,7 +68,8 @@ class OpenVinoEngine:
             sc.enable_prefix_caching = bool(options.get("enable_prefix_caching", True))
             self.pipe = og.ContinuousBatchingPipeline(model_dir, sc, device, props)
             self._info.update(scheduler=sc.to_string().strip(), kv_cache_gib=sc.cache_size,
-                              max_num_seqs=sc.max_num_seqs, prefix_caching=sc.enable_prefix_caching)
+                              max_num_seqs=sc.max_num_seqs, prefix_caching=sc.enable_prefix_caching,
+                              kv_cache_precision=_kv_cache_precision(ov, device, props))
             self.pending: collections.deque = collections.deque()
             self.active: dict[int, tuple] = {}
             self.wake = threading.Condition()

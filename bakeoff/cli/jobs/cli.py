@@ -54,9 +54,20 @@ def _first_error(exc: ValidationError) -> str:
     return f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}".removeprefix(": ").replace("Value error, ", "")
 
 
+# the flags of `jobs export` that are adapter Options fields (a flag's dest is the field's name)
+EXPORT_FLAGS = ("precision", "execution_provider", "block_size", "accuracy_level", "int4_algo", "moe_quant_type",
+                "qmoe_block_size", "extra_option", "num_samples", "max_seq_length", "opset", "weight_format",
+                "group_size", "ratio", "sym")
+
+
 def _export_task(args, tag: str, push: PushTarget) -> JobTask:
     """The export flags the pipeline's adapter takes (its ``Options`` fields), validated now."""
     cls = adapters.resolve(args.pipeline)
+    foreign = [k for k in EXPORT_FLAGS if getattr(args, k, None) not in (None, []) and k not in cls.Options.model_fields]
+    if foreign:
+        flags = ", ".join("--" + ("extra-option" if k == "extra_option" else k.replace("_", "-")) for k in foreign)
+        raise UserError(f"{flags}: not an option of the {args.pipeline} export; its options: "
+                        + ", ".join("--" + k.replace("_", "-") for k in cls.Options.model_fields))
     raw: dict[str, Any] = {k: getattr(args, k) for k in cls.Options.model_fields
                            if k != "extra_options" and getattr(args, k, None) is not None}
     if "extra_options" in cls.Options.model_fields:
@@ -256,16 +267,23 @@ def add_jobs_parser(sub) -> None:
     e.add_argument("pipeline", choices=adapters.names())
     _submission(e)
     e.add_argument("--flavor", default="cpu-xl")
-    e.add_argument("--precision", default="int4")
-    e.add_argument("--execution-provider", default="cpu")
+    # each flag is an adapter Options field of the same name; one the pipeline lacks is refused, and
+    # one left out takes that adapter's default (ort-genai int4, optimum-onnx fp32, openvino fp16)
+    e.add_argument("--precision", default=None, help="ort-genai: fp32|fp16|bf16|int8|int4; optimum-onnx: fp32|int8")
+    e.add_argument("--execution-provider", default=None)
     e.add_argument("--block-size", type=int, default=None)
     e.add_argument("--accuracy-level", type=int, default=None)
     e.add_argument("--int4-algo", default=None)
     e.add_argument("--moe-quant-type", default=None, help="QMoE expert precision (int4, int8, ...)")
     e.add_argument("--qmoe-block-size", type=int, default=None)
     e.add_argument("--extra-option", action="append", default=[], metavar="KEY=VALUE", help="builder --extra_options")
-    e.add_argument("--num-samples", type=int, default=64, help="awq-int4 calibration samples")
-    e.add_argument("--max-seq-length", type=int, default=256, help="awq-int4 calibration tokens per sample")
+    e.add_argument("--num-samples", type=int, default=None, help="awq-int4 calibration samples")
+    e.add_argument("--max-seq-length", type=int, default=None, help="awq-int4 calibration tokens per sample")
+    e.add_argument("--opset", type=int, default=None, help="optimum-onnx: ONNX opset")
+    e.add_argument("--weight-format", default=None, help="openvino: fp32|fp16|int8|int4 (NNCF compression)")
+    e.add_argument("--group-size", type=int, default=None, help="openvino: int4 group size (-1: per channel)")
+    e.add_argument("--ratio", type=float, default=None, help="openvino: share of layers in int4, the rest int8")
+    e.add_argument("--sym", action="store_true", default=None, help="openvino: symmetric int4/int8 compression")
     e.set_defaults(func=cmd_submit)
     q = js.add_parser("qualify", help="`bakeoff qualify` as one job per flavor")
     _submission(q)

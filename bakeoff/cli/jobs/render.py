@@ -30,7 +30,11 @@ def engine_requirements(task: JobTask) -> list[str]:
     if task.kind == "export" and task.export:
         import adapters
 
-        return [*adapters.resolve(task.export.pipeline).requirements(), "huggingface_hub"]
+        cls = adapters.resolve(task.export.pipeline)
+        # a package the adapter's environment removes after install (openvino: the index's CUDA
+        # torchvision beside a CPU torch) is named here so that it comes from torch's own index
+        fixed = [p for p in cls.env_spec().uninstall if p == "torchvision"]
+        return [*cls.requirements(), *fixed, "huggingface_hub"]
     return ["huggingface_hub"]
 
 
@@ -116,7 +120,8 @@ def render_script(task: JobTask, bakeoff_spec: str | None = None, torch_index: s
     meta.append("# ]")
     if torch_index == "pytorch-cpu" and any(d.startswith("torch") for d in deps):
         meta += ["# [[tool.uv.index]]", '# name = "pytorch-cpu"', f'# url = "{PYTORCH_CPU_INDEX}"', "# explicit = true"]
-        sources = {**sources, "torch": '{ index = "pytorch-cpu" }'}
+        sources = {**sources, **{d: '{ index = "pytorch-cpu" }' for d in ("torch", "torchvision")
+                                 if any(x == d or x.startswith(d + "=") for x in deps)}}
     if sources:
         meta.append("# [tool.uv.sources]")
         meta += [f"# {k} = {v}" for k, v in sources.items()]
