@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +31,23 @@ REPEAT_KEYS = ("output_tokens_per_s", "per_session_output_tokens_per_s", "ttft_p
 # GPU hosts: telemetry per point (bakeoff/host/telemetry.py) and the roofline (bakeoff/analysis/roofline.py).
 GPU_KEYS = ("gpu_power_mean_w", "gpu_sm_util_mean_pct", "gpu_energy_j", "joules_per_output_token",
             "bound_tokens_per_s", "pct_of_bound", "bound_kind")
+
+
+POINTS_LOG = "evidence/throughput.sweep/points.jsonl"  # read by bakeoff/cli/progress.py while the sweep runs
+
+
+def append_point(run_dir: Path, point: dict) -> None:
+    """One JSON line per completed sweep point in ``POINTS_LOG``, appended with one ``write`` (a
+    reader never sees half a line); the live view shows the latest. Not part of the check's JSON."""
+    row = {"sessions": point.get("sessions"), "output_tokens_per_s": point.get("output_tokens_per_s"),
+           "ttft_p50_ms": point.get("ttft_p50_ms"), "valid": point.get("valid", True), "errors": point.get("errors")}
+    path = run_dir / POINTS_LOG
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(row) + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def _gpu_point(sampler, t0_ns: int, t1_ns: int, tokens: int) -> dict:
@@ -87,6 +106,7 @@ def test_sweep(run, settings, engine, pytestconfig):
             point.update(_gpu_point(gpu_telemetry, t0, t1, point["output_tokens"]))
             windows.setdefault(point["sessions"], []).append((t0, t1, point["output_tokens"], point.get("gpu_energy_j")))
             points.append(point)
+            append_point(run.dir.path, point)
             recs_by_n.setdefault(point["sessions"], []).extend(recs)
             for r in recs:
                 if r.status == "error" and len(c.values.setdefault("first_errors", [])) < 3:
@@ -98,6 +118,7 @@ def test_sweep(run, settings, engine, pytestconfig):
                 run.dir.append_jsonl("requests.jsonl", [{**per_request(r), "output_text": r.output_text} for r in recs])
 
         counts = [n for n in cfg["sessions"] for _ in range(repeats)]  # each point R times, back to back
+        (run.dir.path / POINTS_LOG).unlink(missing_ok=True)  # a resumed run's sweep starts it again
         cal = run.get("loadgen.calibration")
         calibrated = cal.values.get("calibrated_concurrency") if cal is not None and cal.status == "pass" else None
         metrics_before = read_metrics(engine)

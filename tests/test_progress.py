@@ -53,9 +53,9 @@ def test_modes():
 def test_live_table_fills_in_as_checks_land(tmp_path, monkeypatch):
     seen: list[tuple[str, ...]] = []
 
-    def spy(rows, elapsed):
+    def spy(rows, elapsed, sweeps=None):
         seen.append(tuple(rows.get("transformers", {})))
-        return table(rows, elapsed)
+        return table(rows, elapsed, sweeps)
     monkeypatch.setattr(progress_mod, "table", spy)
     p, code, run_dir = _run(tmp_path, "live")
     assert code == 1 and run_dir == tmp_path / "run"

@@ -113,27 +113,19 @@ def cmd_qualify(args) -> int:
         ref = resolve(args.reference_model, build=False)
         args.reference_model = ref.path if ref.local and not args.reference_model.startswith("fixture:") else args.reference_model
     check_artifacts(Path(args.artifacts), report_name)
-    from bakeoff.cli.steps import EnvPrewarm, StepClock
+    from bakeoff.cli.steps import StepClock, prepare
 
-    clock = StepClock()  # engine environments are made while the fixture trains
-    prewarm = EnvPrewarm([spec for n in names for spec in backends.resolve(n).env_specs()],
-                         log=lambda s: print(s, flush=True))
-    t_fixture = time.monotonic()
-    model = resolve(args.model, log=lambda s: print(f"[fixture] {s}", flush=True))
-    clock.add("fixture", time.monotonic() - t_fixture, args.model)
-    if prewarm.specs:
-        waited = time.monotonic()
-        total = prewarm.wait()
-        clock.add("environments", time.monotonic() - waited,
-                  f"{total:.0f} s in all, beside the fixture: " + "; ".join(f"{k} {v}" for k, v in prewarm.results.items()))
-    if model.local and not args.model.startswith("fixture:"):
-        args.model = model.path  # absolute: the evaluation runs with the repository as its folder
-    artifacts = check_writable(Path(args.artifacts)).resolve()
-    runs: list[Path] = []
-    missing: list[tuple[str, str, str]] = []  # (label, "incomplete", why) of runs that were not written
-    cell_runs: dict[tuple[str, str], Path] = {}  # (backend, cell label) -> its run, for --baseline-run
-    print(f"qualifying {', '.join(names)} on {args.model} ({args.profile} profile)", flush=True)
+    clock = StepClock()  # engine environments are made while the fixture trains, on one live view
     with Progress(choose_mode(args.quiet)) as progress:
+        model = prepare(args.model, [spec for n in names for spec in backends.resolve(n).env_specs()],
+                        progress.phases, clock)
+        if model.local and not args.model.startswith("fixture:"):
+            args.model = model.path  # absolute: the evaluation runs with the repository as its folder
+        artifacts = check_writable(Path(args.artifacts)).resolve()
+        runs: list[Path] = []
+        missing: list[tuple[str, str, str]] = []  # (label, "incomplete", why) of runs that were not written
+        cell_runs: dict[tuple[str, str], Path] = {}  # (backend, cell label) -> its run, for --baseline-run
+        progress.say(f"qualifying {', '.join(names)} on {args.model} ({args.profile} profile)")
         for n in names:
             if left_out[n]:
                 print(f"{n}: --matrix {', '.join(left_out[n])} not varied (no such option of {n})", flush=True)

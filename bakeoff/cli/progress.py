@@ -1,15 +1,22 @@
-"""``bakeoff qualify``'s progress while each backend's evaluation runs (issue 21, item 1).
+"""``bakeoff qualify``'s progress: the phases before the checks, then each backend's evaluation
+(issue 21, item 1).
 
 Three modes, chosen once per command:
 
-- ``live`` (stdout is a terminal): a rich table of checks x backends that fills in as each
-  check lands in the run's ``verdict.json`` (rewritten after every check), with each backend's
-  elapsed time; pytest's own output goes to ``pytest.log`` in the run directory.
-- ``plain`` (stdout is not a terminal: CI logs): pytest's own output as before, plain text.
-- ``quiet`` (``--quiet``): neither; pytest's output goes to ``pytest.log``, and the verdict
+- ``live`` (stdout is a terminal): one rich ``Live`` display for the whole command: first the
+  engine environments and the fixture (``bakeoff/cli/phases.py``: step, elapsed, pip's last
+  line; steps, loss, ETA), then a table of checks x backends that fills in as each check lands
+  in the run's ``verdict.json`` (rewritten after every check), with each backend's elapsed time
+  and, while the sweep runs, its latest point; pytest's own output goes to ``pytest.log`` in the
+  run directory.
+- ``plain`` (stdout is not a terminal: CI logs): ``[envs]`` / ``[fixture]`` / ``[sweep]`` lines
+  (no escape codes, each item's progress at most once per ``interval_s``) and pytest's own
+  output as before.
+- ``quiet`` (``--quiet``): none of it; pytest's output goes to ``pytest.log``, and the verdict
   table at the end is all that is printed.
 
-The watcher reads only files the run writes anyway (``BAKEOFF_RUN_FILE``, ``verdict.json``).
+The watcher reads only files the run writes anyway (``BAKEOFF_RUN_FILE``, ``verdict.json``) and
+the sweep's ``evidence/throughput.sweep/points.jsonl`` (one line per completed point).
 """
 
 from __future__ import annotations
@@ -17,11 +24,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import IO
 
+from bakeoff.cli.phases import PhaseBoard, Throttle
+
 STYLE = {"pass": "green", "fail": "bold red", "error": "bold red", "skip": "yellow", "info": "cyan"}
+SWEEP_CHECK = "throughput.sweep"
+POINTS_LOG = "evidence/throughput.sweep/points.jsonl"  # evaluations/test_throughput.py append_point
 
 
 def choose_mode(quiet: bool, stream: IO | None = None) -> str:
@@ -46,10 +58,38 @@ def read_checks(run_file: str) -> tuple[Path | None, list[dict]]:
         return run_dir, []
 
 
-def table(rows: dict[str, dict], elapsed_s: dict[str, float]):
-    """A rich table: one row per check (in the order they landed), one column per backend."""
+def read_point(run_dir: Path | None) -> dict | None:
+    """The latest completed sweep point of a run (the last whole line of ``POINTS_LOG``)."""
+    if run_dir is None:
+        return None
+    try:
+        text = (run_dir / POINTS_LOG).read_text()
+    except OSError:
+        return None
+    for line in reversed(text.splitlines(keepends=True)):
+        if line.endswith("\n") and line.strip():
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
+
+
+def point_text(p: dict) -> str:
+    """``sweep 4 sessions: 1,490 tok/s, TTFT p50 35 ms``."""
+    n = p.get("sessions")
+    text = f"sweep {n} session{'' if n == 1 else 's'}: {p.get('output_tokens_per_s') or 0:,.0f} tok/s"
+    if p.get("ttft_p50_ms") is not None:
+        text += f", TTFT p50 {p['ttft_p50_ms']:,.0f} ms"
+    return text + (" (invalid)" if p.get("valid") is False else "") + (f", {p['errors']} errors" if p.get("errors") else "")
+
+
+def table(rows: dict[str, dict], elapsed_s: dict[str, float], sweeps: dict[str, dict] | None = None):
+    """A rich table: one row per check (in the order they landed), one column per backend; a
+    backend whose sweep is running shows its latest point in the sweep's row."""
     from rich.table import Table
 
+    sweeps = sweeps or {}
     t = Table(title="bakeoff qualify", title_justify="left")
     t.add_column("check")
     for label in rows:
@@ -57,12 +97,15 @@ def table(rows: dict[str, dict], elapsed_s: dict[str, float]):
     names: list[str] = []
     for checks in rows.values():
         names += [n for n in checks if n not in names]
+    if SWEEP_CHECK not in names and any(sweeps.get(label) for label in rows):
+        names.append(SWEEP_CHECK)
     for name in names:
         cells = []
-        for checks in rows.values():
+        for label, checks in rows.items():
             c = checks.get(name)
             if c is None:
-                cells.append("")
+                sweeping = name == SWEEP_CHECK and sweeps.get(label)
+                cells.append(f"[cyan]{point_text(sweeps[label])}[/]" if sweeping else "")
             else:
                 text = c["status"] + (f" ({c['failure_class']})" if c.get("failure_class") else "")
                 cells.append(f"[{STYLE.get(c['status'], '')}]{text}[/]" if STYLE.get(c["status"]) else text)
@@ -71,26 +114,47 @@ def table(rows: dict[str, dict], elapsed_s: dict[str, float]):
 
 
 class Progress:
-    """Runs each evaluation subprocess and shows its progress in the chosen mode."""
+    """One view for the whole command: the phases (``phases``, a :class:`PhaseBoard`), then each
+    evaluation subprocess, in the chosen mode."""
 
-    def __init__(self, mode: str, poll_s: float = 0.5):
+    def __init__(self, mode: str, poll_s: float = 0.5, interval_s: float = 10.0):
         self.mode = mode
         self.poll_s = poll_s
+        self.phases = PhaseBoard(mode, interval_s=interval_s)
         self.rows: dict[str, dict] = {}
         self.elapsed_s: dict[str, float] = {}
+        self.sweeps: dict[str, dict | None] = {}
+        self._throttle = Throttle(interval_s)
+        self._lock = threading.Lock()
         self._live = None
 
     def __enter__(self) -> "Progress":
         if self.mode == "live":
             from rich.live import Live
 
-            self._live = Live(table(self.rows, self.elapsed_s), refresh_per_second=4, transient=False)
+            self._live = Live(get_renderable=self._render, refresh_per_second=4, transient=False)
             self._live.__enter__()
+        self.phases.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        self.phases.close()
         if self._live is not None:
             self._live.__exit__(*exc)
+
+    def _render(self):
+        from rich.console import Group
+
+        parts = [self.phases.table()] if self.phases.items else []
+        with self._lock:
+            if self.rows:
+                parts.append(table(self.rows, self.elapsed_s, self.sweeps))
+        return Group(*parts)
+
+    def say(self, text: str) -> None:
+        """A line of the command's own (not in quiet mode)."""
+        if self.mode != "quiet":
+            print(text, flush=True)
 
     def announce(self, label: str, cmd: list[str]) -> None:
         if self.mode == "plain":
@@ -100,16 +164,18 @@ class Progress:
         """Run one evaluation; returns its exit code and run directory (None if it wrote none).
         Outside ``plain`` mode its output is kept in ``pytest.log`` of the run directory (or, when
         it wrote no run, its tail is printed to stderr)."""
-        self.rows[label] = {}
-        if self.mode == "plain":
-            return subprocess.run(cmd, env=env, cwd=cwd).returncode, read_checks(run_file)[0]
+        with self._lock:
+            self.rows[label] = {}
         t0 = time.monotonic()
+        if self.mode == "plain":
+            proc = subprocess.Popen(cmd, env=env, cwd=cwd)
+            self._watch(proc, lambda: self._sweep_line(label, run_file))
+            self._sweep_line(label, run_file, final=True)
+            return proc.returncode, read_checks(run_file)[0]
         log = Path(run_file).with_suffix(".log")
         with open(log, "wb") as out:
             proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
-            while proc.poll() is None:
-                self._update(label, run_file, time.monotonic() - t0)
-                time.sleep(self.poll_s)
+            self._watch(proc, lambda: self._update(label, run_file, time.monotonic() - t0))
         run_dir = self._update(label, run_file, time.monotonic() - t0)
         text = log.read_text(errors="replace")
         log.unlink(missing_ok=True)
@@ -121,12 +187,39 @@ class Progress:
             print("\n".join(text.splitlines()[-20:]), file=sys.stderr)
         return proc.returncode, run_dir
 
+    def _watch(self, proc: subprocess.Popen, tick) -> None:
+        """Call ``tick`` every ``poll_s`` until ``proc`` ends; on Ctrl-C give it (it had the
+        signal too) up to 30 s to write its verdict."""
+        try:
+            while proc.poll() is None:
+                tick()
+                time.sleep(self.poll_s)
+        except KeyboardInterrupt:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+
+    def _sweep_line(self, label: str, run_file: str, final: bool = False) -> None:
+        """Plain mode: ``[sweep] LABEL: sweep 4 sessions: ...`` when a new point completed, at
+        most once per interval (the last point always)."""
+        point = read_point(read_checks(run_file)[0])
+        if point is None or point == self.sweeps.get(label):
+            return
+        if final or self._throttle.due(label):
+            self.sweeps[label] = point
+            print(f"\n[sweep] {label}: {point_text(point)}", flush=True)
+
     def _update(self, label: str, run_file: str, elapsed_s: float) -> Path | None:
         run_dir, checks = read_checks(run_file)
-        self.rows[label] = {c["name"]: c for c in checks}
-        self.elapsed_s[label] = elapsed_s
+        point = read_point(run_dir)
+        with self._lock:
+            self.rows[label] = {c["name"]: c for c in checks}
+            self.elapsed_s[label] = elapsed_s
+            self.sweeps[label] = point
         if self._live is not None:
-            self._live.update(table(self.rows, self.elapsed_s))
+            self._live.refresh()
         return run_dir
 
 

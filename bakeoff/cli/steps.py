@@ -7,7 +7,9 @@ environments the chosen backends will need (``Backend.env_specs``) in background
 the fixture builds, so the two overlap; each backend's own ``start()`` then finds its
 environment ready, or waits on the same file lock (``bakeoff.host.envs.ensure``) if it is still
 being made. A failed install is not reported here: the run that needs the environment records
-it as its ``load`` check's ``unavailable``, with the pip log.
+it as its ``load`` check's ``unavailable``, with the pip log. Each environment's step and
+pip's last line, and the fixture's training, are shown on a ``bakeoff/cli/phases.py``
+:class:`PhaseBoard` (:func:`prepare`).
 
 :class:`StepClock` collects ``(step, seconds, note)`` rows (environments, fixture, each run with
 its export and engine start read from the run directory) and prints them as one table.
@@ -27,11 +29,12 @@ class EnvPrewarm:
 
     Args:
         specs: ``bakeoff.host.envs.EnvSpec`` objects; duplicates (by path) are made once.
-        log: progress printer (called from worker threads).
+        log: progress printer (called from worker threads) when there is no ``board``.
         parallel: how many installs run at once.
+        board: a :class:`bakeoff.cli.phases.PhaseBoard` told each step, line and result.
     """
 
-    def __init__(self, specs: list, log: Callable[[str], None] = print, parallel: int = 2):
+    def __init__(self, specs: list, log: Callable[[str], None] = print, parallel: int = 2, board=None):
         from bakeoff.host import envs
 
         self._envs = envs
@@ -41,6 +44,7 @@ class EnvPrewarm:
         self.specs = [s for s in seen.values() if not s.is_ready()]
         self.results: dict[str, str] = {}  # spec name -> "ready in N s" | "preinstalled" | "failed: ..."
         self._log = log
+        self._board = board
         self._t0 = time.monotonic()
         self._queue = list(self.specs)
         self._lock = threading.Lock()
@@ -55,19 +59,40 @@ class EnvPrewarm:
                 if not self._queue:
                     return
                 spec = self._queue.pop(0)
-            t0 = time.monotonic()
+            t0, board, ok = time.monotonic(), self._board, True
+            log = (lambda m, n=spec.name: board.env_log(n, m)) if board else (lambda m: self._log(f"[envs] {m}"))
+            step = (lambda s, path, n=spec.name: board.env_step(n, s, path)) if board else None
             try:
-                python = self._envs.ensure(spec, lambda m: self._log(f"[envs] {m}"))
+                python = self._envs.ensure(spec, log, progress=step)
                 how = "preinstalled" if str(python) != str(spec.python) else f"ready in {time.monotonic() - t0:.0f} s"
             except Exception as exc:  # noqa: BLE001 - the run that needs it records the failure
-                how = f"failed ({type(exc).__name__}); its run records why"
+                how, ok = f"failed ({type(exc).__name__}); its run records why", False
             self.results[spec.name] = how
+            if board:
+                board.env_done(spec.name, how, ok)
 
     def wait(self) -> float:
         """Block until every environment is made; returns seconds since the prewarm started."""
         for t in self._threads:
             t.join()
         return time.monotonic() - self._t0
+
+
+def prepare(model: str, specs: list, board, clock: "StepClock"):
+    """Make the environments of ``specs`` in the background while ``model`` resolves (a fixture
+    trains on first use), both shown on ``board``; returns the resolved model."""
+    from bakeoff.models.resolve import resolve
+
+    prewarm = EnvPrewarm(specs, board=board)
+    t_fixture = time.monotonic()
+    resolved = resolve(model, log=board.fixture_log)
+    clock.add("fixture", time.monotonic() - t_fixture, model)
+    if prewarm.specs:
+        waited = time.monotonic()
+        total = prewarm.wait()
+        clock.add("environments", time.monotonic() - waited,
+                  f"{total:.0f} s in all, beside the fixture: " + "; ".join(f"{k} {v}" for k, v in prewarm.results.items()))
+    return resolved
 
 
 class StepClock:

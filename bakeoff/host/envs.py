@@ -140,10 +140,13 @@ class EnvSpec:
 
 
 def _run(cmd: list[str], log_path: Path, timeout_s: float) -> None:
+    """Run ``cmd`` with its output appended to ``log_path`` line by line (unbuffered: a live view
+    reads the log's last line while it runs)."""
     with open(log_path, "ab") as log:
         log.write(("\n$ " + " ".join(cmd) + "\n").encode())
         log.flush()
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s,
+                              env=dict(os.environ, PYTHONUNBUFFERED="1"))
     if proc.returncode != 0:
         raise subprocess.CalledProcessError(proc.returncode, cmd)
 
@@ -185,11 +188,15 @@ def describe(python: Path | str) -> str:
     return f"preinstalled {python}" if Path(python) == Path(sys.executable) else f"venv {Path(python).parent.parent}"
 
 
-def ensure(spec: EnvSpec, log: Callable[[str], None] = lambda s: None, timeout_s: float = 1800) -> Path:
+def ensure(spec: EnvSpec, log: Callable[[str], None] = lambda s: None, timeout_s: float = 1800,
+           progress: Callable[[str, Path], None] | None = None) -> Path:
     """Return the engine's Python interpreter: a ready venv, this interpreter when the engine is
     preinstalled (``$BAKEOFF_ENVS``, module docstring), or a venv created now.
 
     Safe when several processes ask at once (an exclusive file lock around creation).
+    ``progress(step, install_log)`` is called as each step of a creation starts (``creating venv``,
+    ``pip install``, ``pip uninstall``, ``patching``); pip writes its normal output (no progress
+    bars) to that log, whose last line says what it is doing.
 
     Raises:
         EngineFailure: ``unavailable`` when the packages cannot be installed on this host,
@@ -221,12 +228,18 @@ def ensure(spec: EnvSpec, log: Callable[[str], None] = lambda s: None, timeout_s
         log_path.write_text("")
         t0 = time.monotonic()
         log(f"creating the {spec.name} environment at {spec.path} (first use; reused later)")
+        step = progress or (lambda name, path: None)
         try:
+            step("creating venv", log_path)
             _run([sys.executable, "-m", "venv", str(spec.path)], log_path, 300)
             pip = [str(spec.python), "-m", "pip", "--disable-pip-version-check", "--no-input"]
-            _run(pip + ["install", "-q", *spec.requirements], log_path, timeout_s)
+            step("pip install", log_path)
+            _run(pip + ["install", "--progress-bar", "off", *spec.requirements], log_path, timeout_s)
             if spec.uninstall:
+                step("pip uninstall", log_path)
                 _run(pip + ["uninstall", "-y", *spec.uninstall], log_path, 300)
+            if spec.patches:
+                step("patching", log_path)
             patched = env_patches.apply(spec.patches, env_patches.site_packages(spec.path))
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
             raise EngineFailure(
