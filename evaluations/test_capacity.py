@@ -17,7 +17,10 @@
   which layers hold a KV cache (a hybrid's full-attention layers only: 10 of 40 in a
   Qwen3.5-35B-A3B), bytes per token per layer kind, the tokens the stated KV memory should hold
   (``predicted_kv_tokens``), and the ratio the dtype should give; a measured ratio below that
-  prediction by more than 25% is ``ineffective-option`` too, one above it is recorded, not failed.
+  prediction by more than 25% is ``ineffective-option`` too, except on a hybrid model, where vLLM
+  sizes attention blocks to the linear-attention state page and the ratio moves in whole blocks:
+  there it is recorded (``below-prediction-hybrid``) and only no gain at all fails
+  (:func:`bakeoff.analysis.kv_layout.judge_ratio`); a ratio above the prediction is recorded, not failed.
 - ``capacity.warmup``: the first request after start against the steady state, from the
   ``throughput.sweep`` check's warm-up (its first request is the first of the sweep's
   shape; the sanity probes ran before it) and its single-session point. Report only (pass): a slow first

@@ -185,6 +185,32 @@ def test_patch_preflight_applies_the_suggestion(tmp_path, monkeypatch):
         patching.apply(ResolvedModel(label="org/m", path="org/m", local=False), "vllm", MTP, [FIX])
 
 
+def test_the_load_check_records_the_source_preflight_and_the_patch(tmp_path, monkeypatch):
+    """``--patch``: the run keeps both pre-flights' verdicts and the diff (evaluations/patching.py)."""
+    from bakeoff.api.verdict import Verdict
+    from bakeoff.host.artifacts import RunDir
+    from bakeoff.host.run import RunContext
+
+    monkeypatch.setenv("BAKEOFF_CACHE", str(tmp_path / "cache"))
+    d = ckpt(tmp_path, "defective", mtp_quantized=False)
+    model = ResolvedModel(label=str(d), path=str(d), local=True)
+    patched, pc = patching.apply(model, "vllm", MTP, [FIX])
+    rd = RunDir.create(tmp_path / "art", "vllm", str(d))
+    run = RunContext(rd, Verdict(run_id=rd.run_id, backend="vllm", model=str(d)))
+    with run.check("load", "load-failure") as scope:
+        patching.record(scope, model, pc, "vllm", MTP)
+    check = run.get("load")
+    assert check.status == "pass" and check.values["patches"] == [FIX]
+    assert check.values["preflight_source"]["accepted"] is False  # the source, as the user gave it
+    assert FIX in check.values["preflight_source"]["suggested_patches"]
+    assert check.values["patched_checkpoint"] == patched.path != str(d)
+    source = json.loads((rd.path / "evidence/load/preflight-source.json").read_text())
+    diff = json.loads((rd.path / "evidence/load/checkpoint-patches.json").read_text())
+    assert source["accepted"] is False and "mtp" in source["reason"].lower()
+    assert [c["patch"] for c in diff["diff"]] == [FIX] and diff["path"] == patched.path
+    assert diff["diff"][0]["after"][-1] == r"re:.*mtp\..*" and diff["diff"][0]["changed"] is True
+
+
 def test_qualify_refuses_a_malformed_patch_in_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "bakeoff.cli.main", "qualify", "--backends", "vllm",
                            "--model", str(tmp_path), "--patch", "ignore"], capture_output=True, text=True, timeout=60,
