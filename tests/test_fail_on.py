@@ -41,3 +41,42 @@ def test_exit_codes_are_the_readme_table():
     for code in (gating.EXIT_OK, gating.EXIT_FAILED_GATE, gating.EXIT_BAD_INPUT, gating.EXIT_NO_RUN, gating.EXIT_INTERRUPTED):
         assert f"| {code} |" in section
     assert "--fail-on disqualified" in section
+
+
+def test_sigterm_mid_run_exits_130_and_keeps_the_run(tmp_path):
+    """A CI job's timeout sends SIGTERM to bakeoff alone: it asks its pytest child to stop, keeps
+    what was measured (verdict ``incomplete``) and exits 130, the README's code for an interruption."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from bakeoff.models import fixtures
+
+    fixtures.build("tiny-qwen3-untrained", log=lambda s: None)
+    art = tmp_path / "art"
+    proc = subprocess.Popen([sys.executable, "-m", "bakeoff.cli.main", "qualify", "--backends", "transformers",
+                             "--model", "fixture:tiny-qwen3-untrained", "--artifacts", str(art), "--quiet"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    verdict = None
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = list((art / "runs").glob("*/verdict.json")) if (art / "runs").is_dir() else []
+        if found:
+            try:
+                v = json.loads(found[0].read_text())
+            except ValueError:  # caught mid-write: read again
+                v = {}
+            if any(c["name"] == "load" for c in v.get("checks", [])):
+                verdict = found[0]
+                break
+        time.sleep(0.5)
+    assert verdict is not None and proc.poll() is None, "the run never reached its load check"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 130, err
+    assert "interrupted; runs written so far are kept" in err
+    v = json.loads(verdict.read_text())
+    assert v["status"] == "incomplete" and v["checks"][0]["name"] in ("loadgen.calibration", "load")
+    assert any(c["name"] == "load" and c["status"] == "pass" for c in v["checks"])

@@ -22,6 +22,7 @@ the sweep's ``evidence/throughput.sweep/points.jsonl`` (one line per completed p
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -195,6 +196,8 @@ class Progress:
                 tick()
                 time.sleep(self.poll_s)
         except KeyboardInterrupt:
+            if proc.poll() is None:  # Ctrl-C reached it too; a SIGTERM sent to bakeoff alone did not
+                proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
