@@ -159,11 +159,28 @@ def _sigterm_as_interrupt() -> None:
     import signal
 
     def handler(signum, frame):
+        _ignore_sigterm()  # one interruption: a second SIGTERM must not cut the teardown it started
         raise KeyboardInterrupt(f"signal {signum}")
     try:
         signal.signal(signal.SIGTERM, handler)
     except ValueError:  # not the main thread (pytester in-process): leave it
         pass
+
+
+def _ignore_sigterm() -> None:
+    import signal
+
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        pass
+
+
+def pytest_keyboard_interrupt(excinfo) -> None:
+    """Ctrl-C is being handled (engines stopped, the verdict written): a SIGTERM that follows it
+    (``bakeoff qualify`` passes one on when the child has not stopped) is ignored, not raised
+    inside that teardown."""
+    _ignore_sigterm()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -29,6 +29,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -100,7 +101,9 @@ def _memory_only(c, info, settings) -> None:
     config = read_config(settings.model.path) if settings.model.local else {}
     eb = OV_ELEMENT_BYTES.get(precision.lower())
     layout = kv_layout(config, "auto") if config else None
-    if layout and eb and layout.get("kv_bytes_per_token") and layout.get("kv_element_bytes"):
+    gib = info.kv_cache_memory_gib
+    if layout and eb and layout.get("kv_bytes_per_token") and layout.get("kv_element_bytes") \
+            and math.isfinite(gib) and gib > 0:
         per_token = layout["kv_bytes_per_token"] / layout["kv_element_bytes"] * eb
         tokens = int(info.kv_cache_memory_gib * 2**30 / per_token)
     else:
@@ -113,7 +116,8 @@ def _memory_only(c, info, settings) -> None:
         c.evidence("kv_layout.json", layout)
     c.report_only(f"KV cache {info.kv_cache_memory_gib} GiB stated by {info.engine}, not in tokens"
                   + (f"; about {tokens:,} tokens at {per_token:g} bytes per token ({precision}, scales left out)"
-                     if tokens else f"; tokens not derived (element type {precision or 'not stated'})"))
+                     if tokens is not None else
+                     f"; tokens not derived (element type {precision or 'not stated'}, memory {gib} GiB)"))
 
 
 @pytest.mark.check("capacity.warmup")

@@ -80,3 +80,4 @@ def test_sigterm_mid_run_exits_130_and_keeps_the_run(tmp_path):
     v = json.loads(verdict.read_text())
     assert v["status"] == "incomplete" and v["checks"][0]["name"] in ("loadgen.calibration", "load")
     assert any(c["name"] == "load" and c["status"] == "pass" for c in v["checks"])
+    assert (verdict.parent / "pytest.log").is_file()  # --quiet's output is kept though the run was cut

@@ -73,7 +73,12 @@ def test_rendered_script_pins_bakeoff_and_the_engine():
     (["qualify", "--backends", "nope", "--dry-run"], "unknown backend"),
     (["export", "optimum-onnx", "--weight-format", "int4", "--dry-run"], "not an option of the optimum-onnx export"),
     (["export", "openvino", "--precision", "int4", "--dry-run"], "--precision: not an option of the openvino"),
+    (["export", "optimum-onnx", "--extra-option", "a=b", "--dry-run"], "--extra-option: not an option"),
     (["export", "openvino", "--weight-format", "int3", "--dry-run"], "weight_format"),
+    (["export", "openvino", "--ratio", "0.5", "--group-size", "64", "--dry-run"], "apply to weight_format int4 only"),
+    (["export", "openvino", "--weight-format", "int8", "--ratio", "0.5", "--dry-run"], "int4 only (got int8)"),
+    (["export", "openvino", "--sym", "--dry-run"], "sym applies to int4/int8"),
+    (["export", "openvino", "--weight-format", "int4", "--group-size", "0", "--dry-run"], "group_size 0"),
     (["export", "optimum-onnx", "--precision", "int4", "--dry-run"], "precision"),
     (["fetch"], "--from"),
 ])
@@ -101,6 +106,7 @@ def test_dry_run_prints_script_and_request_without_the_token(capsys, tmp_path, t
     (["openvino"], {}),  # the adapter's defaults (fp16), nothing forced by the CLI
     (["optimum-onnx", "--precision", "int8", "--opset", "17"], {"precision": "int8", "opset": 17}),
     (["optimum-onnx"], {}),  # fp32, not the ort-genai default int4
+    (["ort-genai", "--extra-option", "exclude_mtp=true"], {"extra_options": {"exclude_mtp": "true"}}),
 ])
 def test_optimum_exports_take_their_own_options(capsys, tmp_path, argv, want):
     saved = tmp_path / "job.py"

@@ -304,3 +304,24 @@ def test_live_view_on_a_terminal_shows_environment_rows_then_the_checks(cache, t
     assert "bakeoff qualify" in text and "sweep 4 sessions: 1,490 tok/s" in text  # the sweep's point, live
     last = text[text.rindex("environments and fixture"):]  # the final frame: both tables, the verdicts in
     assert "bakeoff qualify" in last and re.search(r"throughput\.sweep\s+│\s*pass", last), last
+
+
+@pytest.mark.parametrize("last_line, shown", [
+    (b'{"sessions": 4, "output_tokens_per_s": 1490.2, "ttft_p50_ms": 35}\n', "sweep 4 sessions: 1,490 tok/s, TTFT p50 35 ms"),
+    (b"5\n", None), (b"[1, 2]\n", None), (b'"x"\n', None), (b"NaN\n", None), (b"\xff\xfe garbage\n", None),
+    (b'{"sessions": 2, "output_tokens_per_s": "fast", "ttft_p50_ms": NaN}\n', "sweep 2 sessions: – tok/s"),
+    (b'{"sessions": 2, "output_tokens_per_s": 10}', None),  # cut mid-line: not a whole point yet
+])
+def test_a_damaged_points_file_never_breaks_the_view(tmp_path, last_line, shown):
+    """points.jsonl is read while it is written, and may be damaged: the view shows a whole point
+    or nothing, and never raises (it watches a child that must not be left running alone)."""
+    from bakeoff.cli.progress import point_text
+
+    f = tmp_path / POINTS_LOG
+    f.parent.mkdir(parents=True)
+    f.write_bytes(last_line)
+    point = read_point(tmp_path)
+    if shown is None:
+        assert point is None or point_text(point)  # a dict with odd fields still renders
+    else:
+        assert point is not None and point_text(point) == shown

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Spec(BaseModel):
@@ -31,6 +31,21 @@ class OpenVinoExportOptions(_Spec):
     ratio: float | None = Field(None, gt=0, le=1)
     sym: bool = False
     task: Literal["text-generation-with-past"] = "text-generation-with-past"
+
+    @model_validator(mode="after")
+    def _only_options_the_format_uses(self) -> "OpenVinoExportOptions":
+        """optimum-intel 2.2.0 ignores ``--group-size``/``--ratio`` unless int4 (int8 forces
+        ratio 1.0, group -1) and ``--sym`` for float formats: an option it would drop silently
+        is refused, so the options (and the export cache key) never claim a compression that
+        did not happen."""
+        if self.group_size == 0:
+            raise ValueError("group_size 0: pass a positive group, or -1 for per-channel")
+        unused = [n for n, v in (("group_size", self.group_size), ("ratio", self.ratio)) if v is not None]
+        if unused and self.weight_format != "int4":
+            raise ValueError(f"{', '.join(unused)} apply to weight_format int4 only (got {self.weight_format})")
+        if self.sym and self.weight_format not in ("int4", "int8"):
+            raise ValueError(f"sym applies to int4/int8 compression only (got {self.weight_format})")
+        return self
 
     def cli_args(self) -> list[str]:
         """The options as ``optimum-cli export openvino`` arguments."""

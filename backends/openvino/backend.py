@@ -109,7 +109,8 @@ class OpenVinoBackend(ChildServerBackend):
             notes["scheduler"] = " ".join(str(info.get("scheduler", "")).split())
             notes["kv_cache_tokens"] = ("not stated: openvino_genai states the KV cache in bytes "
                                         "(SchedulerConfig.cache_size), not in tokens")
-            notes["kv_cache_precision"] = str(info.get("kv_cache_precision"))
+            if info.get("kv_cache_precision"):
+                notes["kv_cache_precision"] = str(info["kv_cache_precision"])
         return BackendInfo(
             backend=self.name, engine="openvino-genai", engine_version=info.get("engine_version"),
             device=info.get("device", "cpu"), launch_command=self.launch_cmd, base_url=self.base_url,

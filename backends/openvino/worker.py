@@ -31,12 +31,13 @@ from typing import Any
 def _kv_cache_precision(ov, device: str, props: dict[str, Any]) -> str | None:
     """The element type the device plugin stores the KV cache in (``KV_CACHE_PRECISION``: the CPU
     plugin's default is ``u8`` with per-token scales on x86), or None when the plugin does not say."""
-    if props.get("KV_CACHE_PRECISION"):
-        return str(props["KV_CACHE_PRECISION"])
+    value = props.get("KV_CACHE_PRECISION")
     try:
-        return str(ov.Core().get_property(device, "KV_CACHE_PRECISION"))
+        value = value if value is not None else ov.Core().get_property(device, "KV_CACHE_PRECISION")
     except Exception:  # noqa: BLE001 - a plugin without the property
         return None
+    # an openvino.Type prints as "<Type: 'uint8_t'>"; its type name is the element type ("u8")
+    return str(value.get_type_name() if hasattr(value, "get_type_name") else value)
 
 
 class OpenVinoEngine:

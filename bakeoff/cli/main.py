@@ -379,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bakeoff: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print("bakeoff: interrupted; runs written so far are kept (their verdicts say incomplete)", file=sys.stderr)
+        print("bakeoff: interrupted; runs written so far are kept (`bakeoff qualify --resume RUN_DIR` finishes one)",
+              file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:  # huggingface_hub's, raised lazily by the jobs commands
         if type(exc).__name__ != "LocalTokenNotFoundError":

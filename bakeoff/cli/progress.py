@@ -35,6 +35,7 @@ from bakeoff.cli.phases import PhaseBoard, Throttle
 STYLE = {"pass": "green", "fail": "bold red", "error": "bold red", "skip": "yellow", "info": "cyan"}
 SWEEP_CHECK = "throughput.sweep"
 POINTS_LOG = "evidence/throughput.sweep/points.jsonl"  # evaluations/test_throughput.py append_point
+FORWARD_AFTER_S = 10.0  # on an interruption, how long the child may stop on its own before bakeoff passes SIGTERM on
 
 
 def choose_mode(quiet: bool, stream: IO | None = None) -> str:
@@ -64,24 +65,35 @@ def read_point(run_dir: Path | None) -> dict | None:
     if run_dir is None:
         return None
     try:
-        text = (run_dir / POINTS_LOG).read_text()
+        text = (run_dir / POINTS_LOG).read_text(errors="replace")
     except OSError:
         return None
     for line in reversed(text.splitlines(keepends=True)):
         if line.endswith("\n") and line.strip():
             try:
-                return json.loads(line)
+                point = json.loads(line)
             except ValueError:
                 return None
+            return point if isinstance(point, dict) else None
     return None
+
+
+def _number(value) -> float | None:
+    """A finite number from a point's field, else None (the display never trusts the file)."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if x == x and abs(x) != float("inf") else None
 
 
 def point_text(p: dict) -> str:
     """``sweep 4 sessions: 1,490 tok/s, TTFT p50 35 ms``."""
     n = p.get("sessions")
-    text = f"sweep {n} session{'' if n == 1 else 's'}: {p.get('output_tokens_per_s') or 0:,.0f} tok/s"
-    if p.get("ttft_p50_ms") is not None:
-        text += f", TTFT p50 {p['ttft_p50_ms']:,.0f} ms"
+    tps, ttft = _number(p.get("output_tokens_per_s")), _number(p.get("ttft_p50_ms"))
+    text = f"sweep {n} session{'' if n == 1 else 's'}: " + (f"{tps:,.0f} tok/s" if tps is not None else "– tok/s")
+    if ttft is not None:
+        text += f", TTFT p50 {ttft:,.0f} ms"
     return text + (" (invalid)" if p.get("valid") is False else "") + (f", {p['errors']} errors" if p.get("errors") else "")
 
 
@@ -174,11 +186,22 @@ class Progress:
             self._sweep_line(label, run_file, final=True)
             return proc.returncode, read_checks(run_file)[0]
         log = Path(run_file).with_suffix(".log")
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
-            self._watch(proc, lambda: self._update(label, run_file, time.monotonic() - t0))
-        run_dir = self._update(label, run_file, time.monotonic() - t0)
-        text = log.read_text(errors="replace")
+        try:
+            with open(log, "wb") as out:
+                proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+                self._watch(proc, lambda: self._update(label, run_file, time.monotonic() - t0))
+        finally:  # an interruption too: the run keeps its pytest.log and no temporary file is left
+            run_dir = self._keep_log(label, run_file, log, time.monotonic() - t0)
+        return proc.returncode, run_dir
+
+    def _keep_log(self, label: str, run_file: str, log: Path, elapsed_s: float) -> Path | None:
+        """Move the child's output into the run's ``pytest.log`` (or print its tail when it wrote
+        no run); returns the run directory."""
+        try:
+            run_dir = self._update(label, run_file, elapsed_s)
+        except Exception:  # noqa: BLE001 - a damaged run file must not lose the log
+            run_dir = None
+        text = log.read_text(errors="replace") if log.is_file() else ""
         log.unlink(missing_ok=True)
         if run_dir is not None and run_dir.is_dir():
             from bakeoff.host.artifacts import atomic_write_text
@@ -186,7 +209,7 @@ class Progress:
             atomic_write_text(run_dir / "pytest.log", text)
         elif text.strip():
             print("\n".join(text.splitlines()[-20:]), file=sys.stderr)
-        return proc.returncode, run_dir
+        return run_dir
 
     def _watch(self, proc: subprocess.Popen, tick) -> None:
         """Call ``tick`` every ``poll_s`` until ``proc`` ends; on Ctrl-C give it (it had the
@@ -196,7 +219,12 @@ class Progress:
                 tick()
                 time.sleep(self.poll_s)
         except KeyboardInterrupt:
-            if proc.poll() is None:  # Ctrl-C reached it too; a SIGTERM sent to bakeoff alone did not
+            # Ctrl-C, or a SIGTERM sent to the process group, reached the child too: give it
+            # FORWARD_AFTER_S to stop on its own before passing the signal on (a SIGTERM sent to
+            # bakeoff alone did not reach it); a second signal inside its teardown would cut it.
+            try:
+                proc.wait(timeout=FORWARD_AFTER_S)
+            except subprocess.TimeoutExpired:
                 proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=30)

@@ -58,16 +58,23 @@ def _first_error(exc: ValidationError) -> str:
 EXPORT_FLAGS = ("precision", "execution_provider", "block_size", "accuracy_level", "int4_algo", "moe_quant_type",
                 "qmoe_block_size", "extra_option", "num_samples", "max_seq_length", "opset", "weight_format",
                 "group_size", "ratio", "sym")
+FLAG_FIELD = {"extra_option": "extra_options"}  # a repeatable flag whose values make one Options field
+
+
+def _flag(dest: str) -> str:
+    """``--extra-option`` for ``extra_option``."""
+    return "--" + dest.replace("_", "-")
 
 
 def _export_task(args, tag: str, push: PushTarget) -> JobTask:
     """The export flags the pipeline's adapter takes (its ``Options`` fields), validated now."""
     cls = adapters.resolve(args.pipeline)
-    foreign = [k for k in EXPORT_FLAGS if getattr(args, k, None) not in (None, []) and k not in cls.Options.model_fields]
+    fields = cls.Options.model_fields
+    own = [k for k in EXPORT_FLAGS if FLAG_FIELD.get(k, k) in fields]
+    foreign = [k for k in EXPORT_FLAGS if getattr(args, k, None) not in (None, []) and k not in own]
     if foreign:
-        flags = ", ".join("--" + ("extra-option" if k == "extra_option" else k.replace("_", "-")) for k in foreign)
-        raise UserError(f"{flags}: not an option of the {args.pipeline} export; its options: "
-                        + ", ".join("--" + k.replace("_", "-") for k in cls.Options.model_fields))
+        raise UserError(f"{', '.join(_flag(k) for k in foreign)}: not an option of the {args.pipeline} export; "
+                        f"its options: {', '.join(_flag(k) for k in own) or 'none'}")
     raw: dict[str, Any] = {k: getattr(args, k) for k in cls.Options.model_fields
                            if k != "extra_options" and getattr(args, k, None) is not None}
     if "extra_options" in cls.Options.model_fields:
