@@ -6,8 +6,12 @@ name the model where it differs from the first column's."""
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 from pathlib import Path
+
+import pytest
 
 from bakeoff.reporting.compare import build, load_columns, write_compare
 from bakeoff.reporting.compare_tables import engine_words, md_escape
@@ -90,8 +94,118 @@ def test_run_whose_requests_all_failed_is_no_measurement(tmp_path):
     assert "-100.0%" not in md and "0.0 (" not in md
 
 
-def test_labels_name_the_model_where_it_differs_from_the_first_column():
+def test_labels_name_the_model_when_the_runs_have_several():
     cols = load_columns([run("2a11f7"), run("53af89"), run("8fc745"), run("df2a90"), run("fa9920"), run("a108f4")])
-    assert [c.label for c in cols] == [
-        "vllm kv_cache_dtype=auto", "vllm (tiny-qwen3.5-moe-w4a16)", "vllm speculative_config=mtp (tiny-qwen3.5-moe-w4a16)",
-        "vllm speculative_config=mtp (tiny-qwen3.5-moe-w4a16-patched)", "ort-genai", "ort-genai (tiny-qwen3.5-moe-cg)"]
+    assert [c.label for c in cols] == [  # the first (baseline) column too
+        "vllm kv_cache_dtype=auto (tiny-qwen3.5-moe)", "vllm (tiny-qwen3.5-moe-w4a16)", "vllm speculative_config=mtp (tiny-qwen3.5-moe-w4a16)",
+        "vllm speculative_config=mtp (tiny-qwen3.5-moe-w4a16-patched)", "ort-genai (tiny-qwen3.5-moe)",
+        "ort-genai (tiny-qwen3.5-moe-cg)"]
+    assert load_columns([run("2a11f7")])[0].label == "vllm kv_cache_dtype=auto"  # one model: labels stay short
+
+
+def damaged(tmp_path: Path, name: str, change) -> Path:
+    """A copy of the H200 n-gram run whose verdict.json ``change(verdict, checks by name)`` damages."""
+    dst = tmp_path / f"dir with spaces ü — {name}" / NGRAM_H200.name
+    shutil.copytree(NGRAM_H200, dst)
+    v = json.loads((dst / "verdict.json").read_text())
+    change(v, {c["name"]: c for c in v["checks"]})
+    (dst / "verdict.json").write_text(json.dumps(v))
+    return dst
+
+
+def per_position(value):
+    def change(v, ck):
+        ck["spec_decode.acceptance"]["values"]["per_position_acceptance"] = value
+    return change
+
+
+def declared_k(value):
+    def change(v, ck):
+        v["options"]["speculative_config"]["num_speculative_tokens"] = value
+    return change
+
+
+@pytest.mark.parametrize("change, positions, note", [
+    (per_position({"a": 0.5, "0": 0.4}), ["40.0%"], "malformed (1 entry ignored)"),
+    (per_position({"0.0": 0.5}), [], "malformed (1 entry ignored)"),
+    (per_position({"-1": 0.5, "1": 0.25}), ["–", "25.0%"], "malformed (1 entry ignored)"),
+    (per_position({"0": "45%", "1": None}), [], "malformed (1 entry ignored)"),
+    (per_position([0.5, 0.3]), [], "malformed (a list, not an object)"),
+    (per_position({"100000000": 0.5}), [], "positions past 15 not shown (1)"),
+    (per_position({str(i): 0.5 for i in range(40)}), ["50.0%"] * 16, "positions past 15 not shown (24)"),
+    (declared_k(10**8), ["45.1%", "27.5%", "21.6%"], None),  # a declared k makes no column
+    (declared_k("3"), ["45.1%", "27.5%", "21.6%"], None),
+])
+def test_odd_per_position_acceptance_is_named_not_fatal(tmp_path, change, positions, note):
+    bad = damaged(tmp_path, "odd positions", change)
+    spec = build(load_columns([bad]), 0)["spec"]
+    pos_cols = [h for h in spec["header"] if h.startswith("position ")]
+    assert pos_cols == [f"position {i}" for i in range(len(positions))]
+    row = texts(spec["rows"][0])
+    assert row[8:8 + len(positions)] == positions
+    assert (spec["header"][-1] == "per position" and row[-1] == note) if note else spec["header"][-1] != "per position"
+    md = write_compare([NGRAM_H200, bad], tmp_path / "r")["markdown"].read_text()
+    assert "## Speculative decoding acceptance" in md
+
+
+@pytest.mark.parametrize("summary, words", [
+    (["a", "b"], "\\['a', 'b'\\]"), (42, "42"), (None, "(no message recorded)"), ("  \n  \n", "(no message recorded)"),
+    ({"x": "y"}, "{'x': 'y'}")])
+def test_a_summary_of_any_type_is_shown_as_text(tmp_path, summary, words):
+    def change(v, ck):
+        ck["sanity.tokenizer"].update(status="fail", failure_class="runtime-crash", summary=summary)
+    bad = damaged(tmp_path, "summary", change)
+    assert engine_words(summary) == ("" if words.startswith("(no") else words.replace("\\", ""))
+    out = write_compare([NGRAM_H200, bad], tmp_path / "r")
+    md = out["markdown"].read_text()
+    assert f"· `sanity.tokenizer` · runtime-crash: {words}" in md
+    assert "runtime-crash" in out["html"].read_text()
+
+
+def all_points_failed(v, ck):
+    for p in ck["throughput.sweep"]["values"]["points"]:
+        p.update(errors=p["requests"], ok=0, output_tokens_per_s=0.0)
+
+
+def point_64_failed(v, ck):
+    points = ck["throughput.sweep"]["values"]["points"]
+    points.append({**points[-1], "sessions": 64, "errors": points[-1]["requests"], "ok": 0, "output_tokens_per_s": 0.0})
+
+
+@pytest.mark.parametrize("change, others, failed_rows", [
+    (all_points_failed, [], ["1", "2", "4", "8"]),  # no column succeeded anywhere: every row still there
+    (point_64_failed, [NGRAM_H200], ["64"]),  # 64 sessions: only the failed point has it
+])
+def test_sweep_rows_where_every_request_failed_are_shown(tmp_path, change, others, failed_rows):
+    bad = damaged(tmp_path, "failed points", change)
+    data = build(load_columns([*others, bad]), 0)
+    assert data["sweeps"]
+    for t in data["sweeps"]:
+        rows = {r[0]["text"]: texts(r)[-1] for r in t["rows"]}
+        assert set(failed_rows) <= set(rows), t["title"]
+        assert all(rows[n] == "– (all requests failed)" for n in failed_rows), t["title"]
+
+
+def test_labels_escaped_in_the_markdown_and_naming_every_model(tmp_path):
+    def other(v, ck):
+        v.update(backend="vllm | <b>x</b> *y*", model="/some/path/Other Model ü/")
+    bad = damaged(tmp_path, "label", other)
+    cols = load_columns([NGRAM_H200, bad])
+    assert [c.label for c in cols] == ["vllm speculative_config=ngram (tiny-qwen3)",
+                                       "vllm | <b>x</b> *y* speculative_config=ngram (Other Model ü)"]
+    out = write_compare([NGRAM_H200, bad], tmp_path / "r")
+    md = out["markdown"].read_text()
+    assert "<b>" not in md and "*y*" not in md and not re.search(r"[^\\]\| <b>", md)
+    esc = "vllm \\| \\<b\\>x\\</b\\> \\*y\\* speculative_config=ngram (Other Model ü)"
+    assert f"| check | vllm speculative_config=ngram (tiny-qwen3) | {esc} |" in md  # the verdicts' header
+    assert f"[{esc}](" in md  # the spec table's run cell
+    out2 = write_compare([bad, NGRAM_H200], tmp_path / "r2")
+    assert f"baseline: **{esc}**" in out2["markdown"].read_text()
+    html = out["html"].read_text()
+    assert "<b>x</b>" not in html and "&lt;b&gt;x&lt;/b&gt;" in html
+
+
+def test_a_label_with_dollars_is_no_mathtext_in_the_plots(tmp_path):
+    bad = damaged(tmp_path, "dollars", lambda v, ck: v.update(backend=r"vllm $\frac$"))
+    out = write_compare([bad], tmp_path / "r")
+    assert out["throughput"].is_file() and out["needles"].is_file()

@@ -7,8 +7,10 @@ where the runs were repeated (``--repeats``), whether the difference is real or 
 noise (bootstrap interval of the difference, :mod:`bakeoff.analysis.noise`). The verdict table links
 each check to its evidence file. A recommendation per objective names the run it comes
 from. Under the verdicts, each failed check's own words; speculative decoding acceptance per
-position (:mod:`bakeoff.reporting.compare_tables`). Runs of another model than the first column's
-name it in their label; a sweep point whose requests all failed is no measurement ("–").
+position (:mod:`bakeoff.reporting.compare_tables`). When the runs are of several
+models, every column's label names its model; a sweep point whose requests all failed is no
+measurement ("– (all requests failed)"), and its row is kept. Labels and cells are escaped in
+the Markdown (the HTML is autoescaped).
 Output: ``report.md``, ``index.html`` and the plots (:mod:`bakeoff.reporting.compare_html`).
 
 Everything is recomputed from the run directories (docs/design.md "Artifacts").
@@ -26,8 +28,9 @@ from bakeoff.host.artifacts import atomic_write_text, list_runs
 from bakeoff.api.errors import UserError
 from bakeoff.analysis.noise import bootstrap_mean
 from bakeoff.reporting.compare_findings import delta_text, findings, recommendations, short_value
-from bakeoff.reporting.compare_tables import all_failed, no_success, spec_decode_table, what_engines_said, words_markdown
-from bakeoff.reporting.report import fmt, load_run
+from bakeoff.reporting.compare_tables import (all_failed, md_escape, no_success, spec_decode_table, what_engines_said,
+                                               words_markdown)
+from bakeoff.reporting.report import fmt, load_run, summary_text
 
 SWEEP_METRICS = [  # (title, point key, higher is better, digits)
     ("Aggregate output tok/s", "output_tokens_per_s", True, 1),
@@ -137,8 +140,8 @@ def load_columns(paths: list[Path]) -> list[Column]:
         except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a verdict.json of the wrong shape inside
             raise UserError(f"cannot read run directory {p}: its verdict.json is not bakeoff's ({type(exc).__name__}: "
                             f"{str(exc)[:120]}); remove it from the comparison") from None
-    for c in cols[1:]:  # runs of another model than the first column's say which
-        if c.model != cols[0].model:
+    if len({c.model for c in cols}) > 1:  # runs of several models: every column says which, the first too
+        for c in cols:
             c.label += f" ({short_model(c.model)})"
     seen: dict[str, int] = {}
     for c in cols:  # same label on two machines or two repeats of a config: tell them apart
@@ -209,14 +212,14 @@ def verdict_table(cols: list[Column]) -> dict[str, Any]:
             ev = (ch.get("evidence") or [None])[0]
             href = str(c.path / (ev or f"checks/{n}.json"))
             row.append(cell(text, href, ch["status"]))
-            row[-1]["title"] = (ch.get("summary") or "")[:300]
+            row[-1]["title"] = summary_text(ch)[:300]
         rows.append(row)
     return {"title": "Verdicts (each cell links to the check's evidence)", "header": ["check", *[c.label for c in cols]],
             "rows": rows}
 
 
 def sweep_tables(cols: list[Column], base: int) -> list[dict[str, Any]]:
-    sessions = sorted({n for c in cols for n in c.points})
+    sessions = sorted({n for c in cols for n in (*c.points, *c.failed_points)})  # a point that failed is a row too
     out = []
     for title, key, higher, digits in SWEEP_METRICS:
         if key in OPTIONAL_SWEEP_KEYS and not any(p.get(key) is not None for c in cols for p in c.points.values()):
@@ -308,7 +311,9 @@ def build(cols: list[Column], base: int) -> dict[str, Any]:
 
 
 def _md_cell(c: dict[str, Any], out_dir: Path) -> str:
-    text = str(c["text"]).replace("|", "\\|")
+    """A cell as Markdown: its text escaped (a label ``*x*`` or ``<b>x</b>``, a CPU name with a
+    newline, an engine's ``[grid](...)`` stay literal), bold where it fails, a link where it has one."""
+    text = md_escape(c["text"])
     if c.get("cls") in ("fail", "error", "disqualified", "worse"):
         text = f"**{text}**"
     if c.get("href"):
@@ -317,18 +322,18 @@ def _md_cell(c: dict[str, Any], out_dir: Path) -> str:
 
 
 def md_table(t: dict[str, Any], out_dir: Path) -> str:
-    lines = [f"### {t['title']}", "", "| " + " | ".join(h.replace("|", "\\|") for h in t["header"]) + " |",
+    lines = [f"### {md_escape(t['title'])}", "", "| " + " | ".join(md_escape(h) for h in t["header"]) + " |",
              "|" + "---|" * len(t["header"])]
     lines += ["| " + " | ".join(_md_cell(c, out_dir) for c in row) + " |" for row in t["rows"]]
     return "\n".join(lines) + "\n"
 
 
 def render_markdown(data: dict[str, Any], out_dir: Path, images: dict[str, str]) -> str:
-    parts = [f"# bakeoff compare\n\n{len(data['columns'])} runs; baseline: **{data['baseline']}**. A difference is "
+    parts = [f"# bakeoff compare\n\n{len(data['columns'])} runs; baseline: **{md_escape(data['baseline'])}**. A difference is "
              "called *real* only when the 95% bootstrap interval of the difference (over `--repeats`) excludes 0; "
              "otherwise *within noise*; with 1 repeat the noise is unknown.\n",
              "## Recommendation per objective\n\n| objective | run | why |\n|---|---|---|"]
-    parts += [f"| {r['objective']} | {_md_cell(cell(r['run'], r.get('href')), out_dir)} | {r['why']} |"
+    parts += [f"| {r['objective']} | {_md_cell(cell(r['run'], r.get('href')), out_dir)} | {md_escape(r['why'])} |"
               for r in data["recommendations"]]
     if data["findings"]:
         parts.append("\n## Option effects (runs one option apart)\n")

@@ -8,7 +8,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from bakeoff.analysis.noise import compare as noise_compare
-from bakeoff.reporting.report import fmt
+from bakeoff.reporting.report import fmt, summary_text
 
 if TYPE_CHECKING:
     from bakeoff.reporting.compare import Column
@@ -135,7 +135,7 @@ def findings(cols: list[Column]) -> list[str]:
                 if refused and on.options.get(key):
                     ld = on.checks["load"]
                     out.append(f"speculative decoding {short_value(on.options[key])}: refused at start "
-                               f"({ld.get('failure_class')}: {(ld.get('summary') or '')[:160]}) [{on.run_id}]")
+                               f"({ld.get('failure_class')}: {summary_text(ld)[:160]}) [{on.run_id}]")
                 elif on.options.get(key) and not off.options.get(key):
                     failed = [w for w, c in (("with it", on), ("without it", off)) if 1 in c.failed_points]
                     if failed:  # no successful request is no measurement: no percentage from it

@@ -83,6 +83,12 @@ def _series(col, key: str) -> tuple[list[int], list[float], list[float], list[fl
     return xs, ys, lo, hi
 
 
+def _plain(label: str) -> str:
+    """A column label as matplotlib text: its ``$`` escaped (a ``$\\frac$`` in a label is no mathtext
+    that stops the plot)."""
+    return label.replace("$", r"\$")
+
+
 def _session_ticks(ax, cols) -> None:
     """Session counts as plain tick labels on a log axis (no minor labels)."""
     from matplotlib.ticker import NullFormatter
@@ -110,7 +116,7 @@ def write_plots(cols, out_dir: Path) -> dict[str, str]:
         for c in cols:
             xs, ys, lo, hi = _series(c, "output_tokens_per_s")
             if xs:
-                ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=c.label)
+                ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=_plain(c.label))
         ax.set(xscale="log", xlabel="concurrent sessions", ylabel="aggregate output tok/s",
                title="Aggregate output throughput vs sessions")
         _session_ticks(ax, cols)
@@ -125,7 +131,7 @@ def write_plots(cols, out_dir: Path) -> dict[str, str]:
             for c in cols:
                 xs, ys, lo, hi = _series(c, key)
                 if xs:
-                    ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=c.label)
+                    ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=_plain(c.label))
             ax.set(xscale="log", xlabel="concurrent sessions", ylabel="ms", title=f"{title} vs sessions")
             _session_ticks(ax, cols)
             ax.grid(alpha=.3)
@@ -146,7 +152,7 @@ def write_plots(cols, out_dir: Path) -> dict[str, str]:
             ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
             ax.set_xticks(range(len(dp)), labels=[f"{d:g}" for d in dp])
             ax.set_yticks(range(len(fr)), labels=[f"{float(f):.0%}" for f in fr])
-            ax.set(xlabel="needle depth", ylabel="context used", title=c.label[:40])
+            ax.set(xlabel="needle depth", ylabel="context used", title=_plain(c.label[:40]))
             ax.title.set_fontsize(8)
         fig.suptitle("Needle retrieval (green = found)", fontsize=10)
         fig.tight_layout()

@@ -15,18 +15,21 @@ Works on :class:`bakeoff.reporting.compare.Column` objects; cells are the dicts 
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING, Any
 
 from bakeoff.analysis.failures import LOG_PREFIX
-from bakeoff.reporting.report import clip, fmt
+from bakeoff.reporting.report import clip, fmt, summary_text
 
 if TYPE_CHECKING:
     from bakeoff.reporting.compare import Column
 
 SPEC = "spec_decode.acceptance"
+MAX_POSITIONS = 16  # position columns at most (vLLM drafts a handful of tokens; a key of 10^8 is damage)
 WORDS_CHARS = 160  # the words of one failed check, at most
 _LOG_PREFIX_ANYWHERE = re.compile(LOG_PREFIX.pattern.lstrip("^"))
+_POSITION = re.compile(r"[0-9]+")  # a draft position: a non-negative integer, ASCII digits
 _MD_SPECIAL = re.compile(r"([\\`*\[\]<>|])|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
 
 
@@ -44,7 +47,7 @@ def all_failed(check: dict[str, Any] | None) -> bool:
     requests failed``)."""
     check = check or {}
     return check.get("status") in ("fail", "error") and (
-        no_success(check.get("values") or {}) or bool(_ALL_FAILED.match(check.get("summary") or "")))
+        no_success(check.get("values") or {}) or bool(_ALL_FAILED.match(summary_text(check))))
 
 
 def _cell(text: str, href: str | None = None, cls: str = "") -> dict[str, Any]:
@@ -59,11 +62,13 @@ def md_escape(text: str) -> str:
     return _MD_SPECIAL.sub(lambda m: "\\" + m.group(0), text)
 
 
-def engine_words(summary: str | None) -> str:
+def engine_words(summary: Any) -> str:
     """A failed check's words as shown: the summary's first line, vLLM's ``(Worker pid=1) ERROR
     12-02 10:45:11 [x.py:953] `` prefixes taken out (they push the engine's sentence past the
-    cut), trimmed to :data:`WORDS_CHARS` at a word boundary."""
-    first = (summary or "").strip().splitlines()[0] if (summary or "").strip() else ""
+    cut), trimmed to :data:`WORDS_CHARS` at a word boundary. A summary that is not a string (a
+    damaged verdict.json: a list, a number) is shown through ``str()``; None says nothing."""
+    text = summary_text({"summary": summary}).strip()
+    first = text.splitlines()[0] if text else ""
     return clip(_LOG_PREFIX_ANYWHERE.sub("", first).strip(), WORDS_CHARS)
 
 
@@ -103,32 +108,59 @@ def _status_text(c: Column, ch: dict[str, Any]) -> str:
     return f"{status}: {reason}" if reason else status
 
 
+def _positions(vals: dict[str, Any]) -> tuple[dict[int, float | None], str]:
+    """``per_position_acceptance`` as ``{position: fraction or None}`` (None: no drafts to divide
+    by) for the keys that are non-negative integers (``"0"``, ``"1"``, ...) with a number or null,
+    and a note on what was left out: ``malformed (...)`` for anything else (a list, a key ``"a"``
+    or ``"0.0"``, a value ``"45%"``), ``positions past N not shown`` beyond :data:`MAX_POSITIONS`."""
+    raw = vals.get("per_position_acceptance")
+    if raw is None:
+        return {}, ""
+    if not isinstance(raw, dict):
+        return {}, f"malformed (a {type(raw).__name__}, not an object)"
+    out: dict[int, float | None] = {}
+    bad = beyond = 0
+    for key, x in raw.items():
+        number = x is None or (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x))
+        if not (isinstance(key, str) and _POSITION.fullmatch(key) and number):
+            bad += 1
+        elif len(key) > 4 or int(key) >= MAX_POSITIONS:
+            beyond += 1
+        else:
+            out[int(key)] = x
+    notes = ([f"malformed ({bad} {'entry' if bad == 1 else 'entries'} ignored)"] if bad else []) + \
+        ([f"positions past {MAX_POSITIONS - 1} not shown ({beyond})"] if beyond else [])
+    return out, "; ".join(notes)
+
+
 def spec_decode_table(cols: list[Column]) -> dict[str, Any] | None:
-    """The acceptance table, or None when no run configured or measured speculative decoding."""
+    """The acceptance table, or None when no run configured or measured speculative decoding.
+
+    Position columns run up to the highest position any run measured (a number), at most
+    :data:`MAX_POSITIONS`; a declared ``num_speculative_tokens`` makes no column (it may say
+    anything). A run's positions that are malformed or past the cap are named in a last column."""
     runs = [c for c in cols if _spec_config(c) or ((c.checks.get(SPEC) or {}).get("values") or {}).get("drafts") is not None]
     if not runs:
         return None
-
-    def k_of(c: Column) -> int:
-        vals = (c.checks.get(SPEC) or {}).get("values") or {}
-        k = _spec_config(c).get("num_speculative_tokens")
-        positions = [int(i) for i in (vals.get("per_position_acceptance") or {})]
-        return max([k if isinstance(k, int) else 0, *(i + 1 for i in positions)])
-
-    k_max = max(k_of(c) for c in runs)
+    parsed = {id(c): _positions((c.checks.get(SPEC) or {}).get("values") or {}) for c in runs}
+    n_pos = max((max((i for i, x in pos.items() if x is not None), default=-1) + 1 for pos, _ in parsed.values()),
+                default=0)
+    noted = any(note for _, note in parsed.values())
     header = ["run", "method", "speculative tokens", "check", "drafts", "drafted tokens", "accepted",
-              "mean acceptance length", *[f"position {i}" for i in range(k_max)]]
+              "mean acceptance length", *[f"position {i}" for i in range(n_pos)], *(["per position"] if noted else [])]
     rows = []
     for c in runs:
         spec, ch = _spec_config(c), c.checks.get(SPEC) or {}
-        vals, k = ch.get("values") or {}, k_of(c)
+        vals, (pos, note) = ch.get("values") or {}, parsed[id(c)]
+        k = spec.get("num_speculative_tokens")
+        k = max(k if isinstance(k, int) and not isinstance(k, bool) else 0, max(pos, default=-1) + 1)
         href = str(c.path / f"checks/{SPEC}.json") if ch else None
         status = ch.get("status") or "not run"
         row = [_cell(c.label, str(c.path / "verdict.json")), _cell(str(spec.get("method") or "?")),
                _cell(str(spec.get("num_speculative_tokens", "?")))]
         if vals.get("drafts") is None:  # failed, skipped or not run: its status and class, no figures
             row.append(_cell(_status_text(c, ch), href, status))
-            row += [_cell("–") for _ in range(4 + k_max)]
+            row += [_cell("–") for _ in range(4 + n_pos + noted)]
             rows.append(row)
             continue
         drafted, accepted = vals.get("draft_tokens"), vals.get("accepted_tokens")
@@ -137,8 +169,8 @@ def spec_decode_table(cols: list[Column]) -> dict[str, Any] | None:
         row += [_cell(fmt(vals.get("drafts"), 0)), _cell(fmt(drafted, 0)),
                 _cell(fmt(accepted, 0) + (f" ({_pct(rate)})" if rate is not None else "")),
                 _cell(fmt(vals.get("mean_acceptance_length"), 2))]
-        per_pos = vals.get("per_position_acceptance") or {}
-        row += [_cell(_pct(per_pos.get(str(i))) if i < k else "") for i in range(k_max)]
+        row += [_cell(_pct(pos.get(i)) if i < k else "") for i in range(n_pos)]
+        row += [_cell(note, href, "error" if note.startswith("malformed") else "")] if noted else []
         rows.append(row)
     return {"title": "Speculative decoding acceptance (per position: accepted at that position / drafts, "
                      "vLLM's counters over the check's workload)", "header": header, "rows": rows}

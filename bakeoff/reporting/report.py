@@ -68,6 +68,13 @@ def clip(text: str, n: int) -> str:
     return (cut.rsplit(" ", 1)[0] if " " in cut else cut).rstrip(" ,;:") + "…"
 
 
+def summary_text(check: dict[str, Any] | None, default: str = "") -> str:
+    """A check's ``summary`` as text: a string as it is, anything else (a list, a number) through
+    ``str()``, none (absent or null) as ``default``. A damaged verdict.json never breaks a report."""
+    s = (check or {}).get("summary")
+    return default if s is None else s if isinstance(s, str) else str(s)
+
+
 def fmt(value: Any, digits: int = 1) -> str:
     if value is None:
         return "–"
@@ -128,7 +135,7 @@ def load_run(path: Path) -> dict[str, Any]:
     _require_verdict_shape(v, path)
     checks = {c["name"]: c for c in v.get("checks", [])}
     v["status"], v["reasons"] = _recomputed(v)
-    fails = [f"{c['name']}: {c.get('failure_class') or 'error'}: {clip(c.get('summary', ''), 160)}"
+    fails = [f"{c['name']}: {c.get('failure_class') or 'error'}: {clip(summary_text(c), 160)}"
              for c in v.get("checks", []) if c["status"] in ("fail", "error")]
     sweep = checks.get("throughput.sweep", {}).get("values", {})
     ka = checks.get("sanity.known_answers", {})
@@ -146,12 +153,12 @@ def load_run(path: Path) -> dict[str, Any]:
         "info": v.get("backend_info") or {}, "points": sweep.get("points") or [], "warmup": sweep.get("warmup"),
         "sanity": {"accuracy": pct(ka.get("values", {}).get("accuracy")) if ka else "–",
                    "flagged": (f"{dg['values'].get('flagged')}/{dg['values'].get('outputs')}" if dg.get("values") else "–"),
-                   "exact": pct(ra.get("values", {}).get("exact_match_rate")) if ra.get("status") != "skip" else clip(ra.get("summary", "–"), 60) if ra else "–",
+                   "exact": pct(ra.get("values", {}).get("exact_match_rate")) if ra.get("status") != "skip" else clip(summary_text(ra, "–"), 60) if ra else "–",
                    "ref": (f"{pct(ra['values'].get('accuracy'))} vs {pct(ra['values'].get('reference_accuracy'))}"
                            if ra.get("values", {}).get("reference_accuracy") is not None else "–")},
         "verdict": v,
-        "distorted": clip(tr.get("summary") or "distorted", 300).replace("|", "\\|") if tr.get("status") == "fail" else None,
-        "disputed": clip(acc.get("summary") or "disputed", 300).replace("|", "\\|") if acc.get("status") == "fail" else None,
+        "distorted": clip(summary_text(tr) or "distorted", 300).replace("|", "\\|") if tr.get("status") == "fail" else None,
+        "disputed": clip(summary_text(acc) or "disputed", 300).replace("|", "\\|") if acc.get("status") == "fail" else None,
     }
 
 
