@@ -94,18 +94,20 @@ def test_qualify_runs_a_backend_once_when_the_matrix_is_not_its_own(tmp_path, mo
 
     import bakeoff.cli.main as cli
 
-    real_run, calls = subprocess.run, []
+    import sys
 
-    def fake_pytest(cmd, env=None, cwd=None, **kw):
+    real_popen, calls = subprocess.Popen, []
+
+    def fake_pytest(cmd, env=None, cwd=None, **kw):  # qualify's child (bakeoff/cli/progress.py), stood in for
         if "pytest" not in cmd:
-            return real_run(cmd, env=env, cwd=cwd, **kw)
+            return real_popen(cmd, env=env, cwd=cwd, **kw)
         calls.append(cmd)
         run = tmp_path / "art" / "runs" / f"run{len(calls)}"
         run.mkdir(parents=True)
         Path(env["BAKEOFF_RUN_FILE"]).write_text(str(run))
-        return subprocess.CompletedProcess(cmd, 0)
+        return real_popen([sys.executable, "-c", "raise SystemExit(0)"], env=env, cwd=cwd, **kw)
 
-    monkeypatch.setattr(cli.subprocess, "run", fake_pytest)
+    monkeypatch.setattr(subprocess, "Popen", fake_pytest)
     monkeypatch.setattr("bakeoff.reporting.report.write_report", lambda runs, dest: dest)
     monkeypatch.setattr(cli, "_print_summary", lambda runs: [])
     assert cli.main(["qualify", "--backends", "vllm,ort-genai", "--matrix", "kv_cache_dtype=auto,fp8",

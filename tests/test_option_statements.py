@@ -206,18 +206,20 @@ def test_qualify_matrix_runs_the_auto_cell_first_and_passes_it_on(tmp_path, monk
 
     import bakeoff.cli.main as cli
 
-    real_run, calls = subprocess.run, []
+    import sys
 
-    def fake_pytest(cmd, env=None, cwd=None, **kw):
+    real_popen, calls = subprocess.Popen, []
+
+    def fake_pytest(cmd, env=None, cwd=None, **kw):  # qualify's child (bakeoff/cli/progress.py), stood in for
         if "pytest" not in cmd:
-            return real_run(cmd, env=env, cwd=cwd, **kw)
+            return real_popen(cmd, env=env, cwd=cwd, **kw)
         calls.append(cmd)
         run = tmp_path / "art" / "runs" / f"run{len(calls)}"
         run.mkdir(parents=True)
         Path(env["BAKEOFF_RUN_FILE"]).write_text(str(run))
-        return subprocess.CompletedProcess(cmd, 1)
+        return real_popen([sys.executable, "-c", "raise SystemExit(1)"], env=env, cwd=cwd, **kw)
 
-    monkeypatch.setattr(cli.subprocess, "run", fake_pytest)
+    monkeypatch.setattr(subprocess, "Popen", fake_pytest)
     monkeypatch.setattr("bakeoff.reporting.report.write_report", lambda runs, dest: dest)
     monkeypatch.setattr(cli, "_print_summary", lambda runs: [])
     assert cli.main(["qualify", "--backends", "vllm", "--matrix", "kv_cache_dtype=fp8,auto",
@@ -273,3 +275,21 @@ def test_generic_cuda_device_is_named_by_nvml():
     assert device_name("cuda", nvml) == "NVIDIA H200" == device_name("cuda:0", nvml)
     assert device_name("cuda:3", nvml) == "cuda:3" and device_name("NVIDIA A40", nvml) == "NVIDIA A40"
     assert device_name("cpu", nvml) == "cpu" and device_name(None, nvml) is None
+
+
+def test_cpu_default_memory_share_follows_what_is_available(monkeypatch):
+    """vLLM CPU refuses to start when its share of the node exceeds the memory available at start
+    (seen with another engine still running): bakeoff's default is half the node, or 80% of what
+    is available when that is less, and it says which in the run's notes."""
+    from backends.vllm import backend as vb
+
+    gib = 2**30
+    monkeypatch.setattr(vb, "node_memory", lambda node=0: (24 * gib, 20 * gib))
+    share, note = vb.cpu_memory_utilization()
+    assert share == 0.5 and "half the node" in note
+    monkeypatch.setattr(vb, "node_memory", lambda node=0: (24 * gib, 10 * gib))
+    share, note = vb.cpu_memory_utilization()
+    assert share == 0.33 and "10.0 GiB available" in note and share * 24 < 10  # under what vLLM will find
+    monkeypatch.setattr(vb, "node_memory", lambda node=0: None)
+    assert vb.cpu_memory_utilization()[0] == 0.5
+    assert vb.node_memory() is None or vb.node_memory()[0] > 0  # this host's own node, read for real

@@ -97,6 +97,41 @@ def env_spec(cuda: bool | None = None) -> envs.EnvSpec:
         modules=("vllm",), patches=(TORCHVISION_GUARD,))
 
 
+CPU_MEMORY_SHARE = 0.5  # vLLM CPU's default 0.92 of the node fails on small hosts (docs/field-notes.md)
+CPU_AVAILABLE_SHARE = 0.8  # of the memory available at start, when less than half the node is
+
+
+def node_memory(node: int = 0) -> tuple[int, int] | None:
+    """(total, available) bytes of a NUMA node as vLLM CPU counts them (``MemFree`` plus file
+    pages and reclaimable slabs, ``vllm/utils/cpu_resource_utils.py`` 0.32.0), else None."""
+    try:
+        info = {}
+        for line in Path(f"/sys/devices/system/node/node{node}/meminfo").read_text().splitlines():
+            parts = line.split()
+            info[parts[2].rstrip(":")] = int(parts[3]) * 1024
+        free = info["MemFree"] + info["Active(file)"] + info["Inactive(file)"] + info.get("SReclaimable", 0)
+        return info["MemTotal"], free
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
+def cpu_memory_utilization() -> tuple[float, str]:
+    """bakeoff's ``gpu_memory_utilization`` on vLLM CPU when the user sets none: half the NUMA
+    node, or 80% of what is available at start when that is less (vLLM CPU refuses to start
+    when the share it is given exceeds the node's available memory: "Available memory on node 0
+    (10.07/23.54 GiB) on kv cache allocation is less than requested memory for kv", seen when
+    another engine was still running). Returns the value and a note for the run's evidence."""
+    mem = node_memory()
+    if mem is None:
+        return CPU_MEMORY_SHARE, f"{CPU_MEMORY_SHARE} (bakeoff's CPU default; node memory not readable)"
+    total, available = mem
+    share = min(CPU_MEMORY_SHARE, round(CPU_AVAILABLE_SHARE * available / total, 2))
+    share = max(share, 0.05)
+    why = ("half the node" if share == CPU_MEMORY_SHARE else
+           f"{CPU_AVAILABLE_SHARE:.0%} of the {available / 2**30:.1f} GiB available at start, less than half the node")
+    return share, f"{share} of node 0's {total / 2**30:.1f} GiB (bakeoff's CPU default: {why})"
+
+
 class VllmOptions(Spec):
     """``--backend-opt`` keys of the vLLM backend (each maps to the engine argument of that name).
 
@@ -104,7 +139,8 @@ class VllmOptions(Spec):
         max_model_len: context length in tokens (default: min(model max, 2048)).
         gpu_memory_utilization: fraction of memory for weights + KV cache. On CPU, vLLM sizes
             its KV cache from this times the NUMA node's memory; the default 0.92 fails on
-            small nodes, so bakeoff uses 0.5 on CPU (docs/field-notes.md).
+            small nodes, so bakeoff uses half the node on CPU, or 80% of the memory available at
+            start when that is less (:func:`cpu_memory_utilization`; the run's notes say which).
         kv_cache_dtype: ``auto``, ``fp8``, ``fp8_e4m3``, ``fp8_e5m2``...
         dtype: model dtype (``auto``, ``bfloat16``, ``float16``, ``float32``).
         enforce_eager: skip torch.compile and CUDA graph capture. Default: on for CPU (compiling
@@ -189,7 +225,9 @@ class VllmBackend(ChildServerBackend):
     def engine_args(self) -> list[str]:
         o = self.options
         args = ["--max-model-len", str(self.max_model_len())]
-        gmu = o.gpu_memory_utilization if o.gpu_memory_utilization is not None else (None if self.cuda else 0.5)
+        gmu = o.gpu_memory_utilization
+        if gmu is None and not self.cuda and o.kv_cache_space_gib is None:
+            gmu, self.cpu_memory_note = cpu_memory_utilization()
         if gmu is not None:
             args += ["--gpu-memory-utilization", str(gmu)]
         for key in ("kv_cache_dtype", "dtype", "max_num_seqs", "max_num_batched_tokens", "quantization",
@@ -290,6 +328,8 @@ class VllmBackend(ChildServerBackend):
         blocks = HYBRID_BLOCK_LINE.findall(log)
         if blocks:  # whole blocks are what the prefix cache can hit and what a request takes
             notes["kv_block_size_tokens"] = blocks[-1]
+        if getattr(self, "cpu_memory_note", None):
+            notes["gpu_memory_utilization"] = self.cpu_memory_note
         patched = env_patches.summary(self.environment_record())
         if patched:
             notes["env_patches"] = patched
