@@ -346,8 +346,14 @@ def test_disk_full_ends_with_clear_error_and_intact_files(tiny_disk):
 def test_sigterm_then_qualify_resume(tmp_path):
     fast = "test_load or test_capacity or test_spec_decode"
     suite = Suite(tmp_path / "art", "transformers", UNTRAINED, "-k", fast + " or test_agents")
-    assert suite.wait_for("checks/spec_decode.acceptance.json", 240), suite.output[-3000:]
-    time.sleep(1.0)  # agents.multiturn is running
+    assert suite.wait_for("checks/load.json", 240), suite.output[-3000:]
+    # Only agents.multiturn sends requests after load: with the engine stopped it cannot finish
+    # before the SIGTERM (on an idle host it once finished within the second this test used to wait).
+    engine = [p for p in psutil.Process(suite.proc.pid).children(recursive=True)]
+    for p in engine:
+        p.suspend()
+    assert suite.wait_for("checks/spec_decode.acceptance.json", 120), suite.output[-3000:]
+    time.sleep(1.0)  # agents.multiturn is running, waiting on the stopped engine
     suite.proc.send_signal(signal.SIGTERM)
     assert suite.finish(120) != 0
     cut = suite.verdict()
