@@ -204,3 +204,14 @@ def test_capabilities_are_typed_fields_not_prose():
     assert serves_one_at_a_time(Engine(BackendInfo(backend="t", engine="e", concurrent_requests=1)))
     prose = BackendInfo(backend="t", engine="e", notes={"scheduling": "one request at a time"})
     assert not serves_one_at_a_time(Engine(prose)) and prose.fallbacks == {}
+
+
+def test_written_files_take_the_umask_not_mkstemps_0600(tmp_path):
+    """Reports and verdicts are shared (CI artifacts, a web folder): written through a temp file
+    and a rename, they must get the usual mode (0644 under umask 022), not mkstemp's 0600."""
+    import stat
+
+    from bakeoff.host import artifacts
+
+    f = artifacts.atomic_write_text(tmp_path / "report.md", "# hi\n")
+    assert stat.S_IMODE(f.stat().st_mode) == 0o666 & ~artifacts._UMASK

@@ -22,6 +22,10 @@ from bakeoff.api.errors import UserError
 from bakeoff.host.redact import redact
 
 
+_UMASK = os.umask(0o022)  # read once, at import (os.umask can only be read by setting it)
+os.umask(_UMASK)
+
+
 def atomic_write_text(path: Path, text: str) -> Path:
     """Write ``text`` (redacted) to ``path`` through a temp file and a rename.
 
@@ -34,6 +38,7 @@ def atomic_write_text(path: Path, text: str) -> Path:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(redact(text))
             fh.flush()
+            os.fchmod(fh.fileno(), 0o666 & ~_UMASK)  # mkstemp's 0600 would keep a shared report from readers
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
