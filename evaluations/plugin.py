@@ -22,6 +22,7 @@ from backends import preflight
 from evaluations import patching
 from bakeoff.analysis.cuda_errors import classify
 from bakeoff.api.verdict import Check
+from bakeoff.host import procs
 from bakeoff.host.envs import freeze
 from bakeoff.host.envs import mode as envs_mode
 from bakeoff.host.telemetry import GpuSampler, load_nvml
@@ -94,7 +95,7 @@ def pytest_configure(config: pytest.Config) -> None:
             verdict = None
     except UserError as exc:
         raise pytest.UsageError(str(exc)) from None
-    _sigterm_as_interrupt()
+    procs.sigterm_as_interrupt()  # SIGTERM ends the session like Ctrl-C: engines stopped, verdict incomplete
     config.stash[KEY_TELEMETRY] = _start_telemetry(rundir)
     if verdict is not None:
         config.stash[KEY_SETTINGS] = s
@@ -153,34 +154,11 @@ def _record_telemetry(config: pytest.Config, run: RunContext) -> None:
                                 if win.get("joules_per_output_token") else "")))
 
 
-def _sigterm_as_interrupt() -> None:
-    """SIGTERM (CI timeout, machine shutdown) ends the session like Ctrl-C: engines are
-    stopped and the verdict says ``incomplete`` with everything measured so far."""
-    import signal
-
-    def handler(signum, frame):
-        _ignore_sigterm()  # one interruption: a second SIGTERM must not cut the teardown it started
-        raise KeyboardInterrupt(f"signal {signum}")
-    try:
-        signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread (pytester in-process): leave it
-        pass
-
-
-def _ignore_sigterm() -> None:
-    import signal
-
-    try:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    except ValueError:  # not the main thread
-        pass
-
-
 def pytest_keyboard_interrupt(excinfo) -> None:
     """Ctrl-C is being handled (engines stopped, the verdict written): a SIGTERM that follows it
     (``bakeoff qualify`` passes one on when the child has not stopped) is ignored, not raised
     inside that teardown."""
-    _ignore_sigterm()
+    procs.ignore_sigterm()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

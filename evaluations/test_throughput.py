@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from evaluations.probing import throughput_prompt
 from bakeoff.analysis.roofline import load_shape, sweep_roofline
 from bakeoff.host.telemetry import device_name
 from bakeoff.host.telemetry import joules_per_token
+from bakeoff.host.artifacts import SWEEP_POINTS_LOG, RunDir
 
 TOKEN_COUNTS = "token_counts.json"
 TRANSPORT = "transport.json"
@@ -33,21 +33,11 @@ GPU_KEYS = ("gpu_power_mean_w", "gpu_sm_util_mean_pct", "gpu_energy_j", "joules_
             "bound_tokens_per_s", "pct_of_bound", "bound_kind")
 
 
-POINTS_LOG = "evidence/throughput.sweep/points.jsonl"  # read by bakeoff/cli/progress.py while the sweep runs
-
-
-def append_point(run_dir: Path, point: dict) -> None:
-    """One JSON line per completed sweep point in ``POINTS_LOG``, appended with one ``write`` (a
-    reader never sees half a line); the live view shows the latest. Not part of the check's JSON."""
-    row = {"sessions": point.get("sessions"), "output_tokens_per_s": point.get("output_tokens_per_s"),
-           "ttft_p50_ms": point.get("ttft_p50_ms"), "valid": point.get("valid", True), "errors": point.get("errors")}
-    path = run_dir / POINTS_LOG
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps(row) + "\n").encode())
-    finally:
-        os.close(fd)
+def append_point(run_path: Path, point: dict) -> None:
+    """The point's headline figures as one line of ``SWEEP_POINTS_LOG``, for the live view."""
+    RunDir(run_path).append_jsonl(SWEEP_POINTS_LOG, [{
+        "sessions": point.get("sessions"), "output_tokens_per_s": point.get("output_tokens_per_s"),
+        "ttft_p50_ms": point.get("ttft_p50_ms"), "valid": point.get("valid", True), "errors": point.get("errors")}])
 
 
 def _gpu_point(sampler, t0_ns: int, t1_ns: int, tokens: int) -> dict:
@@ -118,7 +108,7 @@ def test_sweep(run, settings, engine, pytestconfig):
                 run.dir.append_jsonl("requests.jsonl", [{**per_request(r), "output_text": r.output_text} for r in recs])
 
         counts = [n for n in cfg["sessions"] for _ in range(repeats)]  # each point R times, back to back
-        (run.dir.path / POINTS_LOG).unlink(missing_ok=True)  # a resumed run's sweep starts it again
+        (run.dir.path / SWEEP_POINTS_LOG).unlink(missing_ok=True)  # a resumed run's sweep starts it again
         cal = run.get("loadgen.calibration")
         calibrated = cal.values.get("calibrated_concurrency") if cal is not None and cal.status == "pass" else None
         metrics_before = read_metrics(engine)

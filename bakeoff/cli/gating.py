@@ -49,15 +49,3 @@ def gate(outcomes: list[tuple[str, str, str]], fail_on: frozenset[str]) -> tuple
     """
     failing = [f"{label}: {status} ({where})" for label, status, where in outcomes if status in fail_on]
     return (EXIT_FAILED_GATE if failing else EXIT_OK), failing
-
-
-def sigterm_as_interrupt() -> None:
-    """SIGTERM (a CI job's timeout) ends bakeoff like Ctrl-C: the running suite is asked to stop,
-    the runs written so far are kept, and the exit code is 130 (the README's table)."""
-    import signal
-    import threading
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, handler)

@@ -14,7 +14,8 @@ from pathlib import Path
 from bakeoff.api.errors import UserError
 from bakeoff.cli.progress import print_verdicts as _print_summary
 from bakeoff.cli.progress import Progress, choose_mode
-from bakeoff.cli.gating import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NO_RUN, GATE_STATUSES, gate, parse_fail_on, sigterm_as_interrupt
+from bakeoff.cli.gating import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NO_RUN, GATE_STATUSES, gate, parse_fail_on
+from bakeoff.host.procs import sigterm_as_interrupt
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKOUT = (REPO / "pyproject.toml").is_file()  # else an installed wheel: REPO is site-packages

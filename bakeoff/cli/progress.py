@@ -31,10 +31,11 @@ from pathlib import Path
 from typing import IO
 
 from bakeoff.cli.phases import PhaseBoard, Throttle
+from bakeoff.host.artifacts import SWEEP_POINTS_LOG
 
 STYLE = {"pass": "green", "fail": "bold red", "error": "bold red", "skip": "yellow", "info": "cyan"}
 SWEEP_CHECK = "throughput.sweep"
-POINTS_LOG = "evidence/throughput.sweep/points.jsonl"  # evaluations/test_throughput.py append_point
+POINTS_LOG = SWEEP_POINTS_LOG  # the run layout's (bakeoff/host/artifacts.py)
 FORWARD_AFTER_S = 10.0  # on an interruption, how long the child may stop on its own before bakeoff passes SIGTERM on
 
 
@@ -45,15 +46,20 @@ def choose_mode(quiet: bool, stream: IO | None = None) -> str:
     return "live" if (stream or sys.stdout).isatty() else "plain"
 
 
-def read_checks(run_file: str) -> tuple[Path | None, list[dict]]:
-    """The run directory named in ``run_file`` (once the plugin wrote it) and its checks so far."""
+def run_dir_of(run_file: str) -> Path | None:
+    """The run directory named in ``run_file``, once the plugin wrote it."""
     try:
         text = Path(run_file).read_text().strip()
     except OSError:
+        return None
+    return Path(text) if text else None
+
+
+def read_checks(run_file: str) -> tuple[Path | None, list[dict]]:
+    """The run directory named in ``run_file`` (once the plugin wrote it) and its checks so far."""
+    run_dir = run_dir_of(run_file)
+    if run_dir is None:
         return None, []
-    if not text:
-        return None, []
-    run_dir = Path(text)
     try:
         return run_dir, json.loads((run_dir / "verdict.json").read_text()).get("checks", [])
     except (OSError, ValueError):  # not written yet
@@ -235,7 +241,7 @@ class Progress:
     def _sweep_line(self, label: str, run_file: str, final: bool = False) -> None:
         """Plain mode: ``[sweep] LABEL: sweep 4 sessions: ...`` when a new point completed, at
         most once per interval (the last point always)."""
-        point = read_point(read_checks(run_file)[0])
+        point = read_point(run_dir_of(run_file))
         if point is None or point == self.sweeps.get(label):
             return
         if final or self._throttle.due(label):

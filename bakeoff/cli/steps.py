@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from bakeoff.cli.phases import fmt_s
+
 
 class EnvPrewarm:
     """Create engine environments in the background.
@@ -116,8 +118,8 @@ class StepClock:
         out("\ntime per step:")
         width = max(len(name) for name, _, _ in self.rows)
         for name, s, note in self.rows:
-            out(f"  {name:<{width}}  {_fmt(s):>8}  {note}".rstrip())
-        out(f"  {'total':<{width}}  {_fmt(total):>8}")
+            out(f"  {name:<{width}}  {fmt_s(s):>8}  {note}".rstrip())
+        out(f"  {'total':<{width}}  {fmt_s(total):>8}")
 
 
 def run_note(run_dir: Path) -> str:
@@ -140,6 +142,3 @@ def run_note(run_dir: Path) -> str:
     return ", ".join(parts)
 
 
-def _fmt(seconds: float) -> str:
-    m, s = divmod(int(round(seconds)), 60)
-    return f"{m} min {s:02d} s" if m else f"{s} s"

@@ -26,6 +26,24 @@ SIGNAL_MEANING = {
 OOM_MARKERS = ("Killed", "out of memory", "Out of memory", "MemoryError", "std::bad_alloc", "Cannot allocate memory")
 
 
+def sigterm_as_interrupt() -> None:
+    """SIGTERM (a CI job's timeout, a machine shutdown) ends this process like Ctrl-C: a
+    ``KeyboardInterrupt`` raised where it runs, so its ``finally`` blocks stop engines and keep what
+    was written. One interruption only: a second SIGTERM is ignored, not raised inside the teardown
+    the first one started. A no-op off the main thread (Python sets handlers there only)."""
+    def handler(signum, frame):
+        ignore_sigterm()
+        raise KeyboardInterrupt(f"signal {signum}")
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
+def ignore_sigterm() -> None:
+    """Ignore SIGTERM from now on (an interruption is already being handled)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: get SIGTERM when the parent dies (Linux PR_SET_PDEATHSIG), so
     an engine does not outlive a bakeoff that was SIGKILLed."""
