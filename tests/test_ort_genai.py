@@ -269,7 +269,10 @@ def test_worker_cancels_a_dropped_stream_counts_the_prompt_and_reports_a_killed_
     from backends import resolve
     from bakeoff.api.specs import BackendConfig
 
-    model = _with_context(tiny_qwen3, tmp_path / "long-context", 2048)
+    # A dropped request must end long before its generation would: 16,000 tokens take ~8 s
+    # here (attention grows with the context), 1,900 took 0.16 s, a window that a loaded CI
+    # host's scheduling missed (both dropped requests ran to their end).
+    model = _with_context(tiny_qwen3, tmp_path / "long-context", 16384)
     b = resolve("ort-genai")(BackendConfig(backend="ort-genai", model=str(model), workdir=str(tmp_path),
                                            options={"precision": "fp32", "batching": batching}))
     try:
@@ -295,18 +298,19 @@ def test_worker_cancels_a_dropped_stream_counts_the_prompt_and_reports_a_killed_
         want = len(Tokenizer.from_file(str(tiny_qwen3 / "tokenizer.json")).encode(prompt).ids)
         assert out["usage"]["prompt_tokens"] == want and out["usage"]["completion_tokens"] >= 1
 
-        # a stream of 1900 tokens, dropped after its first event
+        LONG = 16000
+        # a stream of LONG tokens, dropped after its first event
         conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
-        conn.request("POST", "/v1/completions", json.dumps({"model": b.config.model, "prompt": prompt, "max_tokens": 1900,
+        conn.request("POST", "/v1/completions", json.dumps({"model": b.config.model, "prompt": prompt, "max_tokens": LONG,
                                                             "ignore_eos": True, "stream": True}),
                      {"Content-Type": "application/json"})
         resp = conn.getresponse()
         assert resp.readline().startswith(b"data: ")
         conn.close()
         time.sleep(0.5)
-        # and a non-streamed request of 1900 tokens whose client leaves after 0.1 s
+        # and a non-streamed request of LONG tokens whose client leaves after 0.1 s
         conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
-        conn.request("POST", "/v1/completions", json.dumps({"model": b.config.model, "prompt": prompt, "max_tokens": 1900,
+        conn.request("POST", "/v1/completions", json.dumps({"model": b.config.model, "prompt": prompt, "max_tokens": LONG,
                                                             "ignore_eos": True}), {"Content-Type": "application/json"})
         time.sleep(0.1)
         conn.close()
@@ -314,7 +318,7 @@ def test_worker_cancels_a_dropped_stream_counts_the_prompt_and_reports_a_killed_
         post({"model": b.config.model, "prompt": prompt, "max_tokens": 8, "ignore_eos": True})
         # engine counters (they come with each request's end): 4 + the two dropped requests' + 8
         steps = b.metrics()["bakeoff_worker:decode_steps_total"]
-        assert 4 + 2 + 8 <= steps < 1900, f"a dropped request was not cancelled: {steps} decode steps"
+        assert 4 + 2 + 8 <= steps < LONG, f"a dropped request was not cancelled: {steps} decode steps"
 
         os.kill(b.ready_payload["info"]["engine_process"], signal.SIGKILL)
         time.sleep(0.5)
