@@ -84,22 +84,22 @@ def test_kv_cache(run, engine, pytestconfig, settings):
             c.fail(f"kv_cache_dtype {ratio['kv_cache_dtype']} is ineffective: {ratio['text']}")
 
 
-# OpenVINO element types (``KV_CACHE_PRECISION``) in bytes; u8/i8 carry per-token scales and
-# zero points besides, left out as vLLM's fp8 block scales are (kv_layout.KV_DTYPE_BYTES)
-OV_ELEMENT_BYTES = {"u8": 1, "i8": 1, "f16": 2, "bf16": 2, "f32": 4, "u4": 0.5, "i4": 0.5}
-
-
 def _memory_only(c, info, settings) -> None:
     """An engine that states its KV cache in bytes only (OpenVINO GenAI's ``SchedulerConfig.cache_size``).
 
     The stated memory is recorded as the capacity; the tokens it holds are derived from the
     checkpoint's KV bytes per token at the element type the engine reports
-    (``notes.kv_cache_precision``), and the check ends ``info``: bakeoff read the bytes from the
+    (``notes.kv_cache_precision``, its size in ``notes.kv_cache_element_bytes``, which the
+    engine's backend folder fills in: backends/openvino), and the check ends ``info``: bakeoff read the bytes from the
     engine, but the token count is a computation, not an engine statement, so it is not a pass."""
     notes = info.notes or {}
     precision = str(notes.get("kv_cache_precision") or "")
     config = read_config(settings.model.path) if settings.model.local else {}
-    eb = OV_ELEMENT_BYTES.get(precision.lower())
+    try:
+        eb = float(notes.get("kv_cache_element_bytes") or "nan")
+    except ValueError:
+        eb = math.nan
+    eb = eb if math.isfinite(eb) and eb > 0 else None
     layout = kv_layout(config, "auto") if config else None
     gib = info.kv_cache_memory_gib
     if layout and eb and layout.get("kv_bytes_per_token") and layout.get("kv_element_bytes") \

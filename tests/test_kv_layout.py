@@ -103,6 +103,7 @@ def test_memory_only_statement_is_info_with_tokens_at_the_stated_precision(tmp_p
     from bakeoff.api.verdict import Verdict
     from bakeoff.host.artifacts import RunDir
     from bakeoff.host.run import RunContext
+    from backends.openvino.backend import KV_ELEMENT_BYTES
     from evaluations.test_capacity import _memory_only
 
     ckpt = tmp_path / "ckpt"
@@ -116,7 +117,9 @@ def test_memory_only_statement_is_info_with_tokens_at_the_stated_precision(tmp_p
         rd = RunDir.create(tmp_path / precision, "openvino", "m")
         run = RunContext(rd, Verdict(run_id=rd.run_id, backend="openvino", model="m"))
         info = BackendInfo(backend="openvino", engine="openvino-genai", kv_cache_memory_gib=1.0,
-                           notes={"kv_cache_precision": precision})
+                           notes={"kv_cache_precision": precision,
+                                  **({"kv_cache_element_bytes": str(KV_ELEMENT_BYTES[precision])}
+                                     if precision in KV_ELEMENT_BYTES else {})})
         with run.check("capacity.kv_cache", "ineffective-option") as c:
             _memory_only(c, info, settings)
         results[precision] = run.get("capacity.kv_cache")

@@ -107,6 +107,7 @@ def test_backend_streams_concurrent_sessions_like_the_reference(tiny_qwen3, ov_b
     assert info.kv_cache_memory_gib == 1.0 and info.concurrent_requests == 8
     # the plugin's KV element type by name (u8 on this CPU's plugin), which capacity.kv_cache converts to bytes
     assert info.notes["kv_cache_precision"] in ("u8", "i8", "f16", "bf16", "f32", "u4", "i4"), info.notes
+    assert float(info.notes["kv_cache_element_bytes"]) in (0.5, 1, 2, 4), info.notes
     prompts = _prompts(tiny_qwen3)
     max_new = 8
 

@@ -23,6 +23,12 @@ from bakeoff.api.specs import BackendInfo
 from bakeoff.host import envs
 
 
+
+# OpenVINO element types (the CPU plugin's ``KV_CACHE_PRECISION``) in bytes per element; u8/i8
+# carry per-token scales and zero points besides, left out as vLLM's fp8 block scales are
+# (bakeoff.analysis.kv_layout.KV_DTYPE_BYTES). capacity.kv_cache reads the figure from the notes.
+KV_ELEMENT_BYTES = {"u8": 1, "i8": 1, "f16": 2, "bf16": 2, "f32": 4, "u4": 0.5, "i4": 0.5}
+
 class OpenVinoOptions(OpenVinoExportOptions):
     """``--backend-opt`` keys of the openvino backend: the export's (``weight_format``,
     ``group_size``, ``ratio``, ``sym``) and these.
@@ -109,8 +115,11 @@ class OpenVinoBackend(ChildServerBackend):
             notes["scheduler"] = " ".join(str(info.get("scheduler", "")).split())
             notes["kv_cache_tokens"] = ("not stated: openvino_genai states the KV cache in bytes "
                                         "(SchedulerConfig.cache_size), not in tokens")
-            if info.get("kv_cache_precision"):
-                notes["kv_cache_precision"] = str(info["kv_cache_precision"])
+            precision = str(info.get("kv_cache_precision") or "")
+            if precision:
+                notes["kv_cache_precision"] = precision
+            if precision.lower() in KV_ELEMENT_BYTES:
+                notes["kv_cache_element_bytes"] = str(KV_ELEMENT_BYTES[precision.lower()])
         return BackendInfo(
             backend=self.name, engine="openvino-genai", engine_version=info.get("engine_version"),
             device=info.get("device", "cpu"), launch_command=self.launch_cmd, base_url=self.base_url,
