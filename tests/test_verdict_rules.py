@@ -10,7 +10,7 @@ import pytest
 from bakeoff.analysis.generic_probes import FAMILIES, chat_template_of, generic_probes, render_chat
 from bakeoff.analysis.judge import NLL_GAP_NATS, divergence, kl_topk, nll_verdict, pooled_nll
 from bakeoff.analysis.paired import (binomial_below, decide, mcnemar_exact_p, min_detectable_drop, paired_interval)
-from bakeoff.analysis.sanity import agreement, compare_tie_aware, jsonable_logprobs, probe_correct
+from bakeoff.analysis.sanity import agreement, agreement_unjudgeable, compare_tie_aware, jsonable_logprobs, probe_correct
 
 
 # ---- McNemar's exact test -------------------------------------------------------------------
@@ -141,6 +141,22 @@ def test_tie_rule_survives_json_storage():
     assert compare_tie_aware(a2, b2)["outcome"] == "tie"
     agr = agreement([a2, a2], [b2, a2])
     assert (agr["exact"], agr["tie"], agr["real"]) == (1, 1, 0) and agr["logprobs"]
+
+
+def test_agreement_on_a_model_the_reference_cannot_answer():
+    """A random-weight model: both sides answer 0% of the probes, so McNemar's 'within noise' is
+    two zeros. Undetermined divergences (the H200's 1.7B run: 285 of 300 without logprobs) leave
+    agreement unverified; all exact-or-tie verifies it; a reference that answers judges as before."""
+    same = {"id": "p", "text": " 7", "token_ids": [9]}
+    other = {"id": "p", "text": " 8", "token_ids": [4]}
+    unverified = agreement([same, other], [same, same])
+    assert (unverified["exact"], unverified["undetermined"]) == (1, 1)
+    reason = agreement_unjudgeable(unverified, 0.0, 0.5)
+    assert reason and "0%" in reason and "1 undetermined" in reason
+    assert agreement_unjudgeable(unverified, 0.9, 0.5) is None  # the paired test can judge
+    a = _out([5, 7], [{5: -0.1}, {7: -0.69, 8: -0.70}])
+    b = _out([5, 8], [{5: -0.1}, {8: -0.69, 7: -0.70}])
+    assert agreement_unjudgeable(agreement([a, same], [b, same]), 0.0, 0.5) is None  # a tie and an exact: verified
 
 
 # ---- the NLL judge and KL --------------------------------------------------------------------

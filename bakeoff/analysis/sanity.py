@@ -212,3 +212,29 @@ def agreement(outputs: list[dict[str, Any]], reference: list[dict[str, Any]], to
     return {"prompts": len(rows), **counts, "tie_top_k": top_k, "logprobs": both,
             "exact_match_rate": counts["exact"] / len(rows) if rows else None,
             "mean_first_divergence": sum(divs) / len(divs) if divs else None, "rows": rows}
+
+
+def agreement_unjudgeable(agr: dict[str, Any], reference_accuracy: float, min_accuracy: float) -> str | None:
+    """Why greedy agreement cannot be judged on this model, or None when it can.
+
+    The decision of ``sanity.reference_agreement`` is the paired McNemar test on known answers
+    (:mod:`bakeoff.analysis.paired`): it says nothing when the reference itself answers fewer than
+    ``min_accuracy`` of the probes (a random-weight model answers none, so both sides score 0%).
+    Then only the token-level comparison can verify agreement: every output exact or a tie
+    (vLLM's ``check_logprobs_close`` rule) verifies it; any real or undetermined divergence
+    leaves it unverified, and the check must skip rather than pass on two zeros.
+
+    Args:
+        agr: :func:`agreement`'s result.
+        reference_accuracy: the reference's known-answer accuracy on the same probes (0-1).
+        min_accuracy: the accuracy below which known answers cannot judge (the known-answers rule's).
+    """
+    if reference_accuracy >= min_accuracy:
+        return None
+    unverified = agr["real"] + agr["undetermined"]
+    if not unverified:
+        return None
+    return (f"the reference answers only {reference_accuracy:.0%} of the {agr['prompts']} probes "
+            f"(< {min_accuracy:.0%}): the paired accuracy test cannot judge agreement, and {unverified} outputs "
+            f"diverge without a proven tie ({agr['real']} real, {agr['undetermined']} undetermined: a tie needs "
+            f"both sides' logprobs)")
