@@ -206,6 +206,29 @@ def test_a_stream_that_arrives_in_one_burst_is_bursty():
     assert any("one burst" in r for r in out["reasons"]) and any("held back" in r for r in out["reasons"])
 
 
+def test_whole_stream_bursts_decide_though_a_few_streams_were_paced():
+    """The sweep a new user's loaded host gave vLLM CPU: the 1-session streams paced (2.3 ms
+    apart), the 4- and 8-session ones each arrived whole (32 events at once, TTFT 131-199 ms
+    against the engine's own 4.8). The median period used to be taken over the paced streams
+    only (2.3 ms < 20 ms) and the check passed "no buffering hop"; streams that arrived whole
+    count as unbounded periods, so the sweep is bursty."""
+    t0 = 1_000_000_000
+    recs = []
+    for i in range(10):  # paced: one event every 2.3 ms, the first alone
+        r = RequestRecord(request_id=f"p{i}", sent_ns=t0, first_token_ns=t0 + 6_000_000)
+        r.event_times_ns = [t0 + 6_000_000 + k * 2_300_000 for k in range(32)]
+        recs.append(r)
+    for i in range(20):  # whole: 32 events inside 0.3 ms
+        r = RequestRecord(request_id=f"w{i}", sent_ns=t0, first_token_ns=t0 + 150_000_000)
+        r.event_times_ns = [t0 + 150_000_000 + k * 10_000 for k in range(32)]
+        recs.append(r)
+    out = judge(recs, {"engine_ttft_mean_ms": 4.8, "engine_itl_mean_ms": 2.3})
+    assert out["distorted"] is True and out["cluster_period_p50_ms"] is None, out
+    assert any("one burst" in r for r in out["reasons"])
+    paced_only = judge(recs[:10], {"engine_ttft_mean_ms": 4.8, "engine_itl_mean_ms": 2.3})
+    assert paced_only["distorted"] is False and paced_only["cluster_period_p50_ms"] == 2.3
+
+
 def test_usage_event_is_not_a_content_event():
     rec = RequestRecord(request_id="r")
     account(rec, [TokenEvent(5, "a"), TokenEvent(6, "b")], 3, 2, None)

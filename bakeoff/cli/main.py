@@ -312,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--model", default=None, help=f"checkpoint folder, hub id, or fixture:NAME (default: {DEFAULT_MODEL})")
     q.add_argument("--backend-opt", action="append", default=[], metavar="[BACKEND:]KEY=VALUE",
                    help="an engine option (repeatable); BACKEND: limits it to one backend, e.g. "
-                        "vllm:kv_cache_dtype=fp8 (README 'Use' lists each backend's keys)")
+                        "vllm:kv_cache_dtype=fp8 (an unknown key is refused with the backend's valid keys)")
     q.add_argument("--profile", default="quick", help="quick (1-8 sessions, default) | full (1-32 sessions)")
     q.add_argument("--artifacts", default=DEFAULT_ARTIFACTS, help="folder for runs/ and reports/ "
                    "(default: the checkout's artifacts/; installed: ./artifacts)")

@@ -16,8 +16,8 @@ On the wire that is:
 
 Rule (:func:`judge`): over the requests with at least :data:`MIN_EVENTS` content events, the
 stream is distorted when events arrive in bursts (the median cluster holds at least
-:data:`HELD_FIRST_EVENTS` events and the median cluster period is at least
-:data:`BURST_PERIOD_MS`) **and** TTFT was inflated in transit: the median first cluster holds
+:data:`HELD_FIRST_EVENTS` events and the median cluster period, a stream that arrived whole
+counting as unbounded, is at least :data:`BURST_PERIOD_MS`) **and** TTFT was inflated in transit: the median first cluster holds
 at least :data:`HELD_FIRST_EVENTS` events, or, where the engine reports its own per-request
 timing (vLLM's ``/metrics`` histograms ``vllm:time_to_first_token_seconds`` and
 ``vllm:inter_token_latency_seconds``), the client's mean TTFT exceeds the engine's by more than
@@ -28,6 +28,7 @@ headers that name a hop (``Via``, ``X-Accel-Buffering``, ``Content-Encoding``, a
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -114,8 +115,11 @@ def judge(records: list[RequestRecord], engine: dict[str, float] | None = None) 
         return out
     first = statistics.median(s["first_cluster_events"] for s in shapes)
     per = statistics.median(s["events_per_cluster"] for s in shapes)
-    periods = [s["cluster_period_ms"] for s in shapes if s["cluster_period_ms"] is not None]
-    period = statistics.median(periods) if periods else None
+    # a stream that arrived as one cluster has no period: it counts as an unbounded one, so the
+    # median is over every stream (taken over multi-cluster streams only, a few bursty ones decided
+    # for a sweep whose other streams each arrived whole)
+    period = statistics.median(math.inf if s["cluster_period_ms"] is None else s["cluster_period_ms"] for s in shapes)
+    period = None if math.isinf(period) else period
     ttfts = [(r.first_token_ns - r.sent_ns) / 1e6 for r in records if r.status == "ok" and r.first_token_ns]
     gaps = [s["event_gap_p50_ms"] for s in shapes if s["event_gap_p50_ms"] is not None]
     out.update(first_cluster_events_p50=first, events_per_cluster_p50=round(per, 2),
@@ -123,7 +127,7 @@ def judge(records: list[RequestRecord], engine: dict[str, float] | None = None) 
                client_ttft_mean_ms=round(statistics.fmean(ttfts), 3) if ttfts else None,
                client_event_gap_p50_ms=round(statistics.median(gaps), 3) if gaps else None)
     held = first >= HELD_FIRST_EVENTS
-    # a stream that arrives as one cluster has no period: the whole stream is one burst
+    # period None: most streams arrived as one cluster each, the whole stream one burst
     bursts = per >= HELD_FIRST_EVENTS and (period is None or period >= BURST_PERIOD_MS)
     reasons = []
     if held:
