@@ -17,9 +17,9 @@ On the wire that is:
 Rule (:func:`judge`): over the requests with at least :data:`MIN_EVENTS` content events, the
 stream is distorted when events arrive in bursts (the median cluster holds at least
 :data:`HELD_FIRST_EVENTS` events and the median cluster period, a stream that arrived whole
-counting as unbounded, is at least :data:`BURST_PERIOD_MS`) **and** TTFT was inflated in transit: the median first cluster holds
-at least :data:`HELD_FIRST_EVENTS` events, or, where the engine reports its own per-request
-timing (vLLM's ``/metrics`` histograms ``vllm:time_to_first_token_seconds`` and
+counting as unbounded, is at least :data:`BURST_PERIOD_MS`) **and** TTFT was inflated in
+transit: the median first cluster holds at least :data:`HELD_FIRST_EVENTS` events, or, where
+the engine reports its own per-request timing (vLLM's ``/metrics`` histograms ``vllm:time_to_first_token_seconds`` and
 ``vllm:inter_token_latency_seconds``), the client's mean TTFT exceeds the engine's by more than
 max(20 ms, the engine's own). Medians over requests, so one late read cannot flip it. Response
 headers that name a hop (``Via``, ``X-Accel-Buffering``, ``Content-Encoding``, a
@@ -115,9 +115,8 @@ def judge(records: list[RequestRecord], engine: dict[str, float] | None = None) 
         return out
     first = statistics.median(s["first_cluster_events"] for s in shapes)
     per = statistics.median(s["events_per_cluster"] for s in shapes)
-    # a stream that arrived as one cluster has no period: it counts as an unbounded one, so the
-    # median is over every stream (taken over multi-cluster streams only, a few bursty ones decided
-    # for a sweep whose other streams each arrived whole)
+    # a stream that arrived whole has no period: it counts as unbounded, so every stream has a say
+    # (over multi-cluster streams only, a few paced ones outvoted a sweep of whole-stream bursts)
     period = statistics.median(math.inf if s["cluster_period_ms"] is None else s["cluster_period_ms"] for s in shapes)
     period = None if math.isinf(period) else period
     ttfts = [(r.first_token_ns - r.sent_ns) / 1e6 for r in records if r.status == "ok" and r.first_token_ns]
