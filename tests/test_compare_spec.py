@@ -209,3 +209,30 @@ def test_a_label_with_dollars_is_no_mathtext_in_the_plots(tmp_path):
     bad = damaged(tmp_path, "dollars", lambda v, ck: v.update(backend=r"vllm $\frac$"))
     out = write_compare([bad], tmp_path / "r")
     assert out["throughput"].is_file() and out["needles"].is_file()
+
+
+def _points(change):
+    def damage(v, ck):
+        change(ck["throughput.sweep"]["values"]["points"], v)
+    return damage
+
+
+@pytest.mark.parametrize("change, words", [
+    (_points(lambda pts, v: v.update(run_id=None)), "run_id is None"),
+    (_points(lambda pts, v: pts[0].update(sessions=None)), "no integer sessions"),
+    (_points(lambda pts, v: pts[0].update(sessions="one")), "no integer sessions"),
+    (_points(lambda pts, v: pts.__setitem__(0, 5)), "no integer sessions"),
+    (_points(lambda pts, v: pts[0].update(output_tokens_per_s="fast")), "output_tokens_per_s is 'fast'"),
+    (_points(lambda pts, v: pts[1].update(ttft_p50_ms="x")), "ttft_p50_ms is 'x'"),
+    (_points(lambda pts, v: pts[0].update(repeats="abc")), "repeats are not a list"),
+    (_points(lambda pts, v: pts[0].update(repeats=[{"output_tokens_per_s": "z"}])), "output_tokens_per_s is 'z'"),
+])
+def test_a_sweep_figure_of_the_wrong_type_is_one_line(tmp_path, change, words):
+    """A break-it review's damages that escaped as tracebacks from the tables, noise and plots."""
+    from bakeoff.api.errors import UserError
+    from bakeoff.reporting.compare import write_compare
+
+    bad = damaged(tmp_path, "types", change)
+    with pytest.raises(UserError, match="not bakeoff's") as err:
+        write_compare([NGRAM_H200, bad], tmp_path / "out")
+    assert words in str(err.value) and "\n" not in str(err.value)

@@ -157,6 +157,9 @@ def test_agreement_on_a_model_the_reference_cannot_answer():
     a = _out([5, 7], [{5: -0.1}, {7: -0.69, 8: -0.70}])
     b = _out([5, 8], [{5: -0.1}, {8: -0.69, 7: -0.70}])
     assert agreement_unjudgeable(agreement([a, same], [b, same]), 0.0, 0.5) is None  # a tie and an exact: verified
+    blank = agreement([{"id": "p", "text": "", "token_ids": None}], [{"id": "p", "text": "", "token_ids": [0, 7]}])
+    assert blank["exact"] == 1 and "1 blank texts" in agreement_unjudgeable(blank, 0.0, 0.5)  # '' == '' proves nothing
+    assert agreement_unjudgeable(agreement([], []), 0.0, 0.5)  # no probe compared: nothing verified
 
 
 # ---- the NLL judge and KL --------------------------------------------------------------------

@@ -221,8 +221,9 @@ def agreement_unjudgeable(agr: dict[str, Any], reference_accuracy: float, min_ac
     (:mod:`bakeoff.analysis.paired`): it says nothing when the reference itself answers fewer than
     ``min_accuracy`` of the probes (a random-weight model answers none, so both sides score 0%).
     Then only the token-level comparison can verify agreement: every output exact or a tie
-    (vLLM's ``check_logprobs_close`` rule) verifies it; any real or undetermined divergence
-    leaves it unverified, and the check must skip rather than pass on two zeros.
+    (vLLM's ``check_logprobs_close`` rule) verifies it; any real or undetermined divergence, a
+    blank text matched as text without token ids, or no probe at all leaves it unverified, and
+    the check must skip rather than pass on two zeros.
 
     Args:
         agr: :func:`agreement`'s result.
@@ -231,10 +232,12 @@ def agreement_unjudgeable(agr: dict[str, Any], reference_accuracy: float, min_ac
     """
     if reference_accuracy >= min_accuracy:
         return None
-    unverified = agr["real"] + agr["undetermined"]
-    if not unverified:
+    # blank texts compared as text (ids missing on a side) prove nothing: special tokens decode to ''
+    blank = sum(r["outcome"] == "exact" and r["unit"] == "char" and not (r["output"] or "").strip() for r in agr["rows"])
+    unverified = agr["real"] + agr["undetermined"] + blank
+    if agr["prompts"] and not unverified:
         return None
     return (f"the reference answers only {reference_accuracy:.0%} of the {agr['prompts']} probes "
             f"(< {min_accuracy:.0%}): the paired accuracy test cannot judge agreement, and {unverified} outputs "
-            f"diverge without a proven tie ({agr['real']} real, {agr['undetermined']} undetermined: a tie needs "
-            f"both sides' logprobs)")
+            f"are not proven equal or tied ({agr['real']} real, {agr['undetermined']} undetermined divergences: a tie "
+            f"needs both sides' logprobs; {blank} blank texts compared without token ids)")

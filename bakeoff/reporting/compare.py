@@ -86,6 +86,7 @@ class Column:
         self.status = r["status"]
         self.checks = {c["name"]: c for c in self.v.get("checks", [])}
         self.info = r["info"]
+        _check_shape(r)
         # a point whose requests all failed is no measurement (its 0 tok/s is not a speed): kept apart
         self.failed_points = {p["sessions"]: p for p in r["points"] if no_success(p)}
         self.points = {p["sessions"]: p for p in r["points"] if not no_success(p)}
@@ -116,6 +117,22 @@ class Column:
         reps = [r.get(key) for r in (p.get("repeats") or [])]
         reps = [x for x in reps if x is not None]
         return reps or ([p[key]] if p.get(key) is not None else [])
+
+
+def _check_shape(r: dict[str, Any]) -> None:
+    """TypeError (one line in :func:`load_columns`) unless the fields compare computes with have their
+    types: a string run id, integer sessions, numbers or null for the sweep figures and their repeats."""
+    if not isinstance(r["run_id"], str):
+        raise TypeError(f"run_id is {r['run_id']!r}, not a string")
+    for p in r["points"]:
+        if not isinstance(p, dict) or type(p.get("sessions")) is not int:
+            raise TypeError(f"a sweep point {p!r:.60} has no integer sessions")
+        reps = p.get("repeats") or []
+        if not isinstance(reps, list) or not all(isinstance(x, dict) for x in reps):
+            raise TypeError(f"the {p['sessions']}-session point's repeats are not a list of objects")
+        for where, (_t, k, _h, _d) in ((w, m) for w in (p, *reps) for m in SWEEP_METRICS):
+            if where.get(k) is not None and type(where[k]) not in (int, float):
+                raise TypeError(f"the {p['sessions']}-session point's {k} is {where[k]!r:.40}, not a number")
 
 
 def load_columns(paths: list[Path]) -> list[Column]:
