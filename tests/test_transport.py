@@ -186,7 +186,8 @@ def test_buffering_proxy_is_flagged_and_the_direct_server_is_not(paced, tmp_path
         buffered.close()
         relay.close()
     assert through["distorted"] is True, json.dumps(through)
-    assert any("held back" in r for r in through["reasons"]) and any("bursts" in r for r in through["reasons"])
+    # "bursts of N every T ms", or "one burst" when most streams came whole (the proxy's flush vs the host's pace)
+    assert any("held back" in r for r in through["reasons"]) and any("burst" in r for r in through["reasons"])
     for ctl in (control, direct):
         assert ctl["distorted"] is False, json.dumps(ctl)
         assert ctl["first_cluster_events_p50"] == 1
@@ -262,7 +263,7 @@ def test_suite_names_the_hop_and_passes_the_direct_server(paced, tmp_path):
     direct = _suite(tmp_path / "direct", paced.url, tok)
     t = through["throughput.transport"]
     assert t["status"] == "fail" and t["failure_class"] == "transport-distortion", t
-    assert "held back" in t["summary"] and "bursts" in t["summary"]
+    assert "held back" in t["summary"] and "burst" in t["summary"]
     assert "DISTORTED" in through["throughput.sweep"]["summary"]
     from bakeoff.reporting.report import write_report
 
