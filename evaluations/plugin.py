@@ -103,7 +103,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[KEY_ENGINE] = {}
         return
     verdict = Verdict(run_id=rundir.run_id, backend=s.backend, model=s.model.label, model_path=s.model.path,
-                      options=s.options, profile=s.profile, fingerprint=fingerprint(argv=sys.argv))
+                      options=s.options, profile=s.profile, fingerprint=fingerprint(argv=sys.argv, fixture=_fixture_facts(s.model)))
     rundir.write_json("run.json", {"run_id": rundir.run_id, "backend": s.backend, "model": s.model.label,
                                    "model_path": s.model.path, "options": s.options, "profile": s.profile,
                                    "profile_settings": s.profile_cfg, "reference_model": s.reference_model.label,
@@ -115,6 +115,15 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("BAKEOFF_RUN_FILE"):  # tells `bakeoff qualify` where this run is
         Path(os.environ["BAKEOFF_RUN_FILE"]).write_text(str(rundir.path.resolve()))
     config.stash[KEY_ENGINE] = {}
+
+
+def _fixture_facts(model) -> dict | None:
+    """A fixture's provenance for the fingerprint (shipped or trained here, its fixture hash)."""
+    if not model.fixture:
+        return None
+    from bakeoff.models.fixtures import provenance
+
+    return provenance(model.path)
 
 
 def _start_telemetry(rundir: RunDir):

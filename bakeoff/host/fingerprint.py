@@ -61,16 +61,21 @@ def git_sha(repo: Path) -> str:
     return _cmd(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"]) or "unknown"
 
 
-def fingerprint(engine_versions: dict[str, str] | None = None, argv: list[str] | None = None) -> dict[str, Any]:
+def fingerprint(engine_versions: dict[str, str] | None = None, argv: list[str] | None = None,
+                fixture: dict[str, Any] | None = None) -> dict[str, Any]:
     """Collect the fingerprint of this host and process.
 
     Args:
         engine_versions: package versions of the engine's environment.
         argv: the command line of this run.
+        fixture: the model's provenance when it is a bakeoff fixture
+            (:func:`bakeoff.models.fixtures.provenance`: origin, fixture hash, recipe hash, where
+            it was trained); shipped weights state the same fixture hash on every host.
 
     Returns:
         A JSON-able dict: host, CPU, memory, GPUs, Python, bakeoff git sha, engine package
-        versions, relevant environment variables (secret-named ones masked), command.
+        versions, relevant environment variables (secret-named ones masked), command, and the
+        fixture's provenance when given.
     """
     try:
         mem_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
@@ -94,4 +99,5 @@ def fingerprint(engine_versions: dict[str, str] | None = None, argv: list[str] |
         "engine_versions": dict(sorted((engine_versions or {}).items())),
         "env": redact_env(env),
         "command": argv if argv is not None else sys.argv,
+        **({"fixture": fixture} if fixture else {}),
     }
