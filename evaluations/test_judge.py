@@ -72,6 +72,18 @@ def _judge(scorer, opened: list[dict], probe_outs: list[dict]) -> tuple[list, li
     return table, backend_lps, reference_lps, kl_rows
 
 
+def _divergence_line(div: dict) -> str:
+    """The summary's words for :func:`bakeoff.analysis.judge.divergence`: KL as a number only
+    where it was measured, "not measurable" (with the reason) otherwise."""
+    if not div["positions"]:
+        return "; no logprobs for top-1 agreement or KL"
+    line = f"; top-1 agreement {div['top1_agreement']:.1%} over {div['positions']} probe positions"
+    if div["mean_kl_nats"] is None:
+        return line + f"; KL not measurable: {div['kl_not_measurable']}"
+    short = f" ({div['kl_short_positions']} without top-{PROBE_LOGPROBS} left out)" if div["kl_short_positions"] else ""
+    return line + f", mean KL {div['mean_kl_nats']} nats over {div['kl_positions']}{short}"
+
+
 @pytest.mark.check("sanity.nll_judge")
 def test_nll_judge(run, settings, pytestconfig):
     with run.check("sanity.nll_judge", "garbage-output") as c:
@@ -111,17 +123,17 @@ def test_nll_judge(run, settings, pytestconfig):
         b_nll, b_n = pooled_nll(backend_lps)
         r_nll, r_n = pooled_nll(reference_lps)
         pairs = [(t, e) for tops, lps in kl_rows for t, e in zip(tops, lps)]  # aligned within each output
-        div = divergence([t for t, _ in pairs], [e for _, e in pairs])
+        div = divergence([t for t, _ in pairs], [e for _, e in pairs], PROBE_LOGPROBS)
         fin = lambda x: None if x is None or not math.isfinite(x) else round(x, 4)  # noqa: E731
         c.values.update({"backend_nll_per_token": fin(b_nll), "backend_tokens": b_n,
                          "reference_nll_per_token": fin(r_nll), "reference_tokens": r_n,
                          "nll_gap_nats": None if b_nll is None or r_nll is None else fin(b_nll - r_nll),
                          "threshold_nats": NLL_GAP_NATS, "outputs": len(opened),
-                         "kl_positions": div["positions"], "top1_agreement": div["top1_agreement"],
-                         "mean_kl_nats": div["mean_kl_nats"]})
+                         "top1_positions": div["positions"], "top1_agreement": div["top1_agreement"],
+                         "kl_positions": div["kl_positions"], "kl_short_positions": div["kl_short_positions"],
+                         "mean_kl_nats": div["mean_kl_nats"], "kl_not_measurable": div["kl_not_measurable"]})
         status, line = nll_verdict(b_nll, b_n, r_nll, r_n)
-        kl = (f"; top-1 agreement {div['top1_agreement']:.1%}, mean KL {div['mean_kl_nats']} nats over "
-              f"{div['positions']} probe positions" if div["positions"] else "; no logprobs for KL")
+        kl = _divergence_line(div)
         if status == "skip":
             c.skip(line)
         worst = max(table, key=lambda t: t["backend_nll_per_token"] or 0.0)

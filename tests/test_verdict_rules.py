@@ -180,8 +180,31 @@ def test_kl_topk_and_top1_agreement():
     # full support on both sides: the exact KL, 0.7 ln(0.7/0.2) + 0.2 ln(0.2/0.7) = 0.5 ln 3.5
     assert kl_topk(same, other) == pytest.approx(0.5 * math.log(3.5), rel=1e-9)
     div = divergence([[(1, math.log(0.7)), (2, math.log(0.2))], [(2, -0.1)]],
-                     [(1, math.log(0.7), same), (2, -0.5, other)])
+                     [(1, math.log(0.7), same), (2, -0.5, other)], top_k=1)
     assert div["positions"] == 2 and div["top1_agreement"] == 1.0 and div["mean_kl_nats"] is not None
+
+
+def test_kl_is_not_measurable_from_the_chosen_token_alone():
+    """OpenVINO reports only the chosen token's logprob: a 1-entry "top" map. Identical greedy
+    outputs (the reference's top token is the backend's at every position) must not read as
+    a KL of ln(k)-ish nats; KL is "not measurable" and top-1 agreement still counts."""
+    k = 20
+    ref = [[(t, math.log(0.9))] + [(100 + j, math.log(0.1 / (k - 1))) for j in range(k - 1)] for t in range(30)]
+    chosen_only = [(t, math.log(0.9), {t: math.log(0.9)}) for t in range(30)]
+    div = divergence(ref, chosen_only, top_k=k)
+    assert div["mean_kl_nats"] is None and div["kl_positions"] == 0 and div["kl_short_positions"] == 30
+    assert "at most 1 per position" in div["kl_not_measurable"]
+    assert div["positions"] == 30 and div["top1_agreement"] == 1.0
+    full = [(t, math.log(0.9), dict(r)) for t, r in zip(range(30), ref)]
+    both = divergence(ref, full, top_k=k)
+    assert both["mean_kl_nats"] == pytest.approx(0.0, abs=1e-9) and both["kl_positions"] == 30
+    assert both["kl_not_measurable"] is None
+    from evaluations.test_judge import _divergence_line
+
+    line = _divergence_line(div)  # the check's summary: words, never a number
+    assert "KL not measurable" in line and "mean KL" not in line and "top-1 agreement 100.0%" in line
+    mixed = divergence(ref, full[:10] + chosen_only[10:], top_k=k)  # short positions never enter the mean
+    assert mixed["kl_positions"] == 10 and mixed["kl_short_positions"] == 20 and mixed["mean_kl_nats"] == pytest.approx(0.0, abs=1e-9)
 
 
 # ---- known answers: the match rule and generic probes ----------------------------------------

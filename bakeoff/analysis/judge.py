@@ -20,6 +20,13 @@ position (same context on both sides, teacher-forced on the backend's tokens):
   then both renormalised on the union). With k = 20 this is close to the full-vocabulary KL
   when the top tokens hold most of the mass; the figures llama.cpp's
   ``perplexity --kl-divergence`` reports for a quantized model. Report only.
+
+KL needs the top-k on both sides: a position where either side gave fewer than the ``top_k``
+asked for (OpenVINO GenAI reports only the chosen token's logprob: a 1-entry map, whose floor
+is that token's own logprob, made every other token as likely as the chosen one and printed
+"mean KL 2.98695 nats" beside 240/240 exact matches) is not measurable: it counts in
+``kl_short_positions``, never in the mean. With no measurable position the mean is None and
+``kl_not_measurable`` says why. Top-1 agreement needs only the backend's chosen token.
 """
 
 from __future__ import annotations
@@ -64,33 +71,49 @@ def kl_topk(ref_top: dict[Any, float], cand_top: dict[Any, float]) -> float | No
     return max(0.0, kl)
 
 
-def divergence(ref_tops: list[list[tuple[int, float]]], cand_logprobs: list) -> dict[str, Any]:
-    """Top-1 agreement and mean KL over positions where both sides have top-k logprobs.
+def divergence(ref_tops: list[list[tuple[int, float]]], cand_logprobs: list, top_k: int) -> dict[str, Any]:
+    """Top-1 agreement and mean KL over positions where both sides have logprobs.
 
     Args:
         ref_tops: the reference's ``[(id, logprob), ...]`` per position (teacher-forced on the
             candidate's tokens).
         cand_logprobs: the candidate's ``(token, logprob, {token: logprob})`` per position.
+        top_k: the top-k both sides were asked for; KL is measured only where each side gave
+            at least that many (module docstring).
 
     Returns:
-        ``{"positions", "top1_agreement", "mean_kl_nats"}`` (None where no position counted).
+        ``positions`` and ``top1_agreement`` (positions with the reference's top and the
+        candidate's chosen token), ``kl_positions`` and ``mean_kl_nats`` (positions with both
+        top-k maps full), ``kl_short_positions`` (where a side gave fewer than ``top_k``) and
+        ``kl_not_measurable`` (the reason, when no position was measurable); None where none counted.
     """
     from bakeoff.analysis.sanity import top_map
 
-    agree = n = 0
+    agree = n = short = 0
+    cand_sizes: list[int] = []
     kls: list[float] = []
     for rt, ce in zip(ref_tops, cand_logprobs):
         cand_top = top_map(ce)
-        if not rt or not cand_top or not all(isinstance(t, int) for t in cand_top):
+        chosen = ce[0] if ce is not None and len(ce) >= 2 else None
+        if not rt or not isinstance(chosen, int) or not all(isinstance(t, int) for t in cand_top):
             continue
         ref_top = {int(t): float(v) for t, v in rt}
         n += 1
-        agree += max(ref_top, key=ref_top.get) == max(cand_top, key=cand_top.get)
+        agree += max(ref_top, key=ref_top.get) == chosen
+        if len(ref_top) < top_k or len(cand_top) < top_k:
+            short += 1
+            cand_sizes.append(len(cand_top))
+            continue
         kl = kl_topk(ref_top, cand_top)
         if kl is not None:
             kls.append(kl)
+    why = None
+    if not kls:
+        why = (f"no probe position had top-{top_k} logprobs on both sides (the backend gave at most "
+               f"{max(cand_sizes)} per position)" if cand_sizes else "no probe position had logprobs on both sides")
     return {"positions": n, "top1_agreement": round(agree / n, 4) if n else None,
-            "mean_kl_nats": round(sum(kls) / len(kls), 5) if kls else None}
+            "kl_positions": len(kls), "kl_short_positions": short,
+            "mean_kl_nats": round(sum(kls) / len(kls), 5) if kls else None, "kl_not_measurable": why}
 
 
 def nll_verdict(backend_nll: float | None, backend_tokens: int, reference_nll: float | None,
