@@ -2,8 +2,8 @@
 
 The builder (``onnxruntime_genai.models.builder``, 0.18.0) runs in its own environment
 (:mod:`adapters.ort_genai_export.env`). Each export is inspected (op counts, requested
-precision visible, ONNX checker and strict shape inference, one ORT forward step, ``og.Model``
-load) and every problem becomes an :class:`bakeoff.api.errors.EngineFailure` with a failure class
+precision visible, a paged graph consistent with its ``genai_config.json``, ONNX checker and
+strict shape inference, one ORT forward step, ``og.Model`` load) and every problem becomes an :class:`bakeoff.api.errors.EngineFailure` with a failure class
 (``unsupported-architecture``, ``export-defect``, ``load-failure``, ...) and evidence.
 Exports are cached under ``bakeoff.host.envs.cache_root()/exports/``.
 

@@ -9,9 +9,17 @@ writes a :class:`GraphReport`-shaped JSON to FILE. Stages (each recorded, none r
 4. precision: ``MatMulNBits`` for int4/int8 linears, ``QMoE`` and no float ``MoE`` for a
    quantized MoE;
 5. one forward step with ``onnxruntime.InferenceSession`` on a 4-token prompt, empty past;
-6. ``onnxruntime_genai.Model`` load and one generated token (skipped when ``expect`` says
-   ``"og_load": false``; ``expect["onnx_file"]`` names the model file of exports without a
-   ``genai_config.json``, e.g. optimum's).
+6. ``onnxruntime_genai.Model`` load and one generated token, through ``og.Generator``, or
+   through ``og.Engine`` for a paged export (``genai_config.json`` ``engine.dynamic_batching``;
+   ``og.Generator`` cannot feed its 1-D ids) (skipped when ``expect`` says ``"og_load": false``;
+   ``expect["onnx_file"]`` names the model file of exports without a ``genai_config.json``,
+   e.g. optimum's).
+
+Before the checker, the decoder's declared inputs are read (``input_shapes``) and a paged
+graph is checked against ``genai_config.json`` (:func:`_graph_io.rank_problems`, stage
+``paged``); the forward step feeds what the graph declares (:func:`_graph_io.step_feeds`).
+A graph built for CUDA is not run where onnxruntime / onnxruntime-genai have no CUDA (a
+warning says so): ``PagedAttention`` has a CUDA kernel only.
 
 Only the standard library at import time: this module also runs under bakeoff's own Python
 for its parsing helpers.
@@ -28,6 +36,11 @@ import time
 import traceback
 from collections import Counter
 from typing import Any
+
+try:  # as a module of the package (bakeoff, tests)
+    from adapters.ort_genai_export import _graph_io
+except ImportError:  # run as a file (other exporters' environments lack the package's pydantic)
+    import _graph_io  # type: ignore[no-redef]
 
 # onnx: "[ShapeInferenceError] (op_type:MatMul, node name: /model/x/MatMul): ..." and
 # "... node (/model/x/MatMul) ...", ORT: "running MatMul node. Name:'/model/x/MatMul' Status".
@@ -95,46 +108,48 @@ def _register_ort_onnx_domain_ops(onnx, model) -> list[str]:
     return sorted(attrs)
 
 
-def _dim(d: Any, seq: int, named: dict[str, int]) -> int:
-    if isinstance(d, int):
-        return d
-    name = str(d or "")
-    if name in named:
-        return named[name]
-    if "past" in name:
-        return 0
-    if "batch" in name:
-        return 1
-    return seq
-
-
 class _NoProvider(Exception):
     """The graph's execution provider is not in this onnxruntime build: nothing to judge."""
 
 
 def _feeds(sess, np, named: dict[str, int], seq: int = 4) -> dict:
-    """Inputs for one prefill step: ids 1..seq, mask of ones, positions 0..seq-1 (in the rank
-    the graph declares), empty past."""
-    types = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32,
-             "tensor(float16)": np.float16, "tensor(bfloat16)": np.float32}
-    feeds = {}
-    for inp in sess.get_inputs():
-        shape = [_dim(d, seq, named) for d in inp.shape]
-        dtype = types.get(inp.type, np.float32)
-        if inp.name == "input_ids":
-            feeds[inp.name] = (np.arange(1, seq + 1, dtype=dtype) % 8 + 1).reshape(1, seq)
-        elif inp.name == "attention_mask":
-            feeds[inp.name] = np.ones((1, seq), dtype=dtype)
-        elif inp.name == "position_ids" and len(inp.shape) == 3:
-            # MRoPE (Qwen2.5-VL / Qwen3.5 layouts): (sections, batch, seq); text positions are
-            # the same in every section
-            lead = inp.shape[0] if isinstance(inp.shape[0], int) else 3
-            feeds[inp.name] = np.ascontiguousarray(np.broadcast_to(np.arange(seq, dtype=dtype), (lead, 1, seq)))
-        elif inp.name == "position_ids":
-            feeds[inp.name] = np.arange(seq, dtype=dtype).reshape(1, seq)
-        else:
-            feeds[inp.name] = np.zeros(shape, dtype=dtype)
-    return feeds
+    """Inputs for one prefill step of ``seq`` tokens (ids 1..seq), empty past, shaped as the
+    graph declares them (:func:`_graph_io.step_feeds`: 1-D packed ids for a paged graph)."""
+    return _graph_io.step_feeds(sess.get_inputs(), np, [i % 8 + 1 for i in range(1, seq + 1)], 0, named)
+
+
+def _og_engine_token(og, og_model, max_runs: int = 1000) -> dict[str, int]:
+    """One token of a 3-token prompt through ``og.Engine``, the only og API that feeds a paged
+    graph (``og.Generator`` makes 2-D ids); returns the Engine's capabilities.
+
+    Raises:
+        RuntimeError: the request failed, or gave no token within ``max_runs`` Engine steps.
+    """
+    import numpy as np
+
+    engine = og.Engine(og_model)
+    caps = engine.get_capabilities()
+    buf = engine.create_event_buffer(16)
+    req = engine.create_request()
+    opts = og.TurnOptions(req)
+    opts.set_do_sample(False)
+    opts.set_max_generated_tokens(1)
+    req.begin_turn(np.asarray([1, 2, 3], dtype=np.int32), opts)
+    token, failed = int(og.EngineEventFlags.TOKEN.value), int(og.EngineEventFlags.FAILED.value)
+    got = None
+    for _ in range(max_runs):
+        for ev in engine.run(buf) or ():
+            if int(ev.flags.value) & failed:
+                raise RuntimeError(f"og.Engine request failed: error_code={ev.error_code}")
+            if int(ev.flags.value) & token:
+                got = int(ev.token)
+        if got is not None:
+            break
+    req.close()
+    if got is None:
+        raise RuntimeError(f"og.Engine gave no token in {max_runs} steps")
+    return {"configured_max_batch_size": int(caps.configured_max_batch_size),
+            "max_request_length": int(caps.max_request_length), "max_scheduled_tokens": int(caps.max_scheduled_tokens)}
 
 
 def inspect(export_dir: str, expect: dict[str, Any]) -> dict[str, Any]:
@@ -142,14 +157,18 @@ def inspect(export_dir: str, expect: dict[str, Any]) -> dict[str, Any]:
     import onnx
 
     cfg_path = os.path.join(export_dir, "genai_config.json")
-    filename, named = "model.onnx", {}
+    filename, named, genai_config = "model.onnx", {}, None
     try:
         with open(cfg_path) as fh:
-            decoder = json.load(fh)["model"]["decoder"]
+            genai_config = json.load(fh)
+        decoder = genai_config["model"]["decoder"]
         filename = decoder.get("filename", filename)
         named = {"kv_cache_dim": int(decoder["head_size"]), "head_size": int(decoder["head_size"])}
     except (OSError, KeyError, ValueError, TypeError):
         pass
+    lay = _graph_io.layout(genai_config)
+    if lay["paged"]:  # one sequence of the forward step's 4 tokens in whole blocks
+        named.update(_graph_io.paged_named(lay, 4))
     filename = expect.get("onnx_file") or filename  # exports without genai_config.json (optimum's) name theirs
     path = os.path.join(export_dir, filename)
     rep: dict[str, Any] = {"onnx_file": filename, "timings_s": {}, "problems": [], "warnings": [], "versions": {"onnx": onnx.__version__}}
@@ -174,6 +193,23 @@ def inspect(export_dir: str, expect: dict[str, Any]) -> dict[str, Any]:
     rep["has_moe"] = "MoE" in op_types
     rep["has_qmoe"] = "QMoE" in op_types
     rep["precision_observed"] = ("int4" if bits.get("4") else "int8" if bits.get("8") else "float")
+    # What the decoder takes, as declared: the forward step and og's stage feed that, and a
+    # paged graph (1-D packed ids, PagedAttention) must agree with genai_config.json.
+    rep["input_shapes"] = {i.name: [d.dim_value if d.HasField("dim_value") else d.dim_param
+                                    for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    paged_nodes = [n for n, o in ops_by_node.items() if o == "PagedAttention"]
+    rep["paged_attention"] = bool(paged_nodes) and lay["paged"]
+    rep["dynamic_batching"] = lay["dynamic_batching"]
+    declared = [type("Input", (), {"name": k, "shape": v}) for k, v in rep["input_shapes"].items()]
+    for msg in _graph_io.rank_problems(declared, lay, len(paged_nodes)):
+        rep["problems"].append({"failure_class": "export-defect", "stage": "paged",
+                                "node": paged_nodes[0] if paged_nodes else None,
+                                "op_type": "PagedAttention" if paged_nodes else None, "message": msg})
+    if expect.get("paged_attention") and not paged_nodes:
+        rep["problems"].append({"failure_class": "export-defect", "stage": "paged", "node": None, "op_type": None,
+                                "message": "requested paged_attention (builder use_paged_attention=true) but the graph "
+                                           f"has no PagedAttention node (attention ops: "
+                                           f"{sorted(o for o in op_types if 'Attention' in o) or 'none'})"})
     # Dead ends: a node none of whose outputs is used, e.g. a final norm bypassed because the
     # builder took an in-layer Linear with out_features == vocab_size for the LM head.
     for node in model.graph.node:
@@ -288,14 +324,24 @@ def inspect(export_dir: str, expect: dict[str, Any]) -> dict[str, Any]:
         import onnxruntime_genai as og
 
         rep["versions"]["onnxruntime-genai"] = og.__version__
+        ep = expect.get("execution_provider") or "cpu"
+        if ep == "cuda" and not og.is_cuda_available():
+            raise _NoProvider(f"graph built for {ep}; this onnxruntime-genai has no CUDA "
+                              "(og.is_cuda_available() is False): og stage not run")
         og_model = og.Model(export_dir)
-        params = og.GeneratorParams(og_model)
-        params.set_search_options(max_length=8, do_sample=False)
-        gen = og.Generator(og_model, params)
-        gen.append_tokens([1, 2, 3])
-        gen.generate_next_token()
+        if lay["paged"]:
+            rep["og_engine_capabilities"] = _og_engine_token(og, og_model)
+        else:
+            params = og.GeneratorParams(og_model)
+            params.set_search_options(max_length=8, do_sample=False)
+            gen = og.Generator(og_model, params)
+            gen.append_tokens([1, 2, 3])
+            gen.generate_next_token()
+            del gen
         rep["og_load_ok"] = True
-        del gen, og_model
+        del og_model
+    except _NoProvider as exc:
+        rep["warnings"].append(str(exc))
     except Exception as exc:  # noqa: BLE001
         rep["og_load_ok"] = False
         invalid = any(m in str(exc) for m in _GRAPH_INVALID)

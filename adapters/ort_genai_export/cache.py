@@ -70,9 +70,10 @@ def cache_key(source_hash: str, options: ExportOptions, builder_version: str) ->
 
 
 def export_dir(model_path: str | Path, options: ExportOptions, key: str) -> Path:
-    """``<cache>/exports/<checkpoint name>-<precision>-<ep>-<key12>``."""
+    """``<cache>/exports/<checkpoint name>-<precision>-<ep>[-paged]-<key12>``."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(model_path).resolve().name)[:48] or "model"
-    return envs.cache_root() / "exports" / f"{slug}-{options.precision}-{options.execution_provider}-{key[:12]}"
+    paged = "-paged" if options.paged_attention else ""
+    return envs.cache_root() / "exports" / f"{slug}-{options.precision}-{options.execution_provider}{paged}-{key[:12]}"
 
 
 def folder_size(folder: Path) -> tuple[int, dict[str, int]]:

@@ -25,8 +25,9 @@ from bakeoff.api.errors import EngineFailure
 from bakeoff.host.procs import tail
 
 UNSUPPORTED = re.compile(r"NotImplementedError: (The .* model is not currently supported\.?)")
+PAGED_REFUSED = re.compile(r"NotImplementedError: PagedAttention \(use_paged_attention=true\) requires")
 # Stage order used to pick the headline problem of a report.
-STAGE_ORDER = ("read", "builder", "graph", "precision", "checker", "shape-inference", "session", "forward", "og-load")
+STAGE_ORDER = ("read", "builder", "graph", "precision", "paged", "checker", "shape-inference", "session", "forward", "og-load")
 
 
 def _architecture(model_path: Path) -> str | None:
@@ -145,7 +146,10 @@ def _classify_builder_failure(rc: int, log_path: Path, cmd: list[str], timeout_s
         return EngineFailure("unsupported-architecture",
                              f"onnxruntime-genai {ORT_GENAI_VERSION} builder refuses {arch}: {m.group(1)}", ev)
     line = _last_error(text)
-    klass = "config-rejected" if line.startswith(("ValueError", "AssertionError")) else "export-defect"
+    # an option the builder refuses for this model / provider / precision, in its own words
+    # (0.18.0: "NotImplementedError: PagedAttention (use_paged_attention=true) requires CUDA ...")
+    klass = ("config-rejected" if line.startswith(("ValueError", "AssertionError")) or PAGED_REFUSED.search(line)
+             else "export-defect")
     return EngineFailure(klass, f"model builder failed (exit {rc}) on {arch}: {line}", ev)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,6 +32,13 @@ class ExportOptions(_Spec):
             mxfp4/nvfp4 are CUDA only).
         qmoe_block_size: block size of ``QMoE`` expert quantization (<= 0 = per channel;
             CPU supports 32/64/128).
+        paged_attention: build with ``PagedAttention`` (builder ``use_paged_attention=true``):
+            1-D packed ``input_ids``, paged KV blocks and ``genai_config.json``
+            ``engine.dynamic_batching``, which makes ``og.Engine`` batch continuously. The
+            0.18.0 builder builds it only for CUDA with fp16/bf16 activations or WebGPU with
+            fp16 ("PagedAttention (use_paged_attention=true) requires CUDA with FP16/BF16 or
+            WebGPU with FP16, not (cpu, FLOAT).", ``onnxruntime_genai/models/builders/base.py``
+            ``make_attention_init``); default false, as the builder's.
         extra_options: further builder ``--extra_options`` keys, passed verbatim.
     """
 
@@ -42,6 +50,7 @@ class ExportOptions(_Spec):
                        "k_quant_linear"] | None = None
     moe_quant_type: Literal["int2", "int4", "int8", "mxfp4", "nvfp4"] | None = None
     qmoe_block_size: int | None = None
+    paged_attention: bool = False
     extra_options: dict[str, str] = Field(default_factory=dict)
 
     def builder_extra_options(self) -> dict[str, str]:
@@ -57,6 +66,8 @@ class ExportOptions(_Spec):
             out["moe_quant_type"] = self.moe_quant_type
         if self.qmoe_block_size is not None:
             out["qmoe_block_size"] = str(self.qmoe_block_size)
+        if self.paged_attention:
+            out["use_paged_attention"] = "true"
         out.update(self.extra_options)
         return out
 
@@ -105,6 +116,14 @@ class GraphReport(_Spec):
             disagree with inferred shapes; ORT ignores them).
         checker_registered_ops: ORT ops in the ONNX domain that onnx does not know (e.g.
             ``SimplifiedLayerNormalization``), given permissive schemas for the checker.
+        input_shapes: the decoder graph's inputs as declared, ``{name: [int or dim name]}``.
+        paged_attention: the graph has ``PagedAttention`` nodes and ``genai_config.json`` an
+            ``engine.dynamic_batching`` section (og.Engine's continuous path).
+        dynamic_batching: that section as the builder wrote it (block_size, max_batch_size,
+            gpu_utilization_factor), None without one.
+        og_engine_capabilities: ``og.Engine.get_capabilities()`` where the og stage ran through
+            the Engine (paged exports): configured_max_batch_size, max_request_length,
+            max_scheduled_tokens.
     """
 
     onnx_file: str
@@ -124,6 +143,10 @@ class GraphReport(_Spec):
     problems: list[GraphProblem] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
     checker_registered_ops: list[str] = Field(default_factory=list)
+    input_shapes: dict[str, list[int | str]] = Field(default_factory=dict)
+    paged_attention: bool = False
+    dynamic_batching: dict[str, float | int | bool] | None = None
+    og_engine_capabilities: dict[str, int] = Field(default_factory=dict)
 
     def summary(self, top: int = 8) -> str:
         """One line: nodes and the most frequent ops, e.g. ``212 nodes: MatMulNBits=14, ...``."""
@@ -171,6 +194,9 @@ class ExportResult(_Spec):
         return {
             "export_command": " ".join(self.command),
             "export_precision": f"{self.options.precision} (observed: {self.graph.precision_observed})",
+            "export_paged_attention": (f"true: PagedAttention graph, genai_config.json engine.dynamic_batching "
+                                       f"{json.dumps(self.graph.dynamic_batching, sort_keys=True)}"
+                                       if self.graph.paged_attention else "false"),
             "export_ops": self.graph.summary(),
             "export_size_bytes": str(self.output_bytes),
             "export_duration_s": str(self.duration_s),

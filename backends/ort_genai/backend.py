@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from adapters.ort_genai_export import ExportOptions, ExportResult, env_spec, export
 from backends.ort_genai.preflight import rule as preflight_rule
@@ -56,6 +56,45 @@ BAKEOFF_KEYS = {"reuse_export", "export_timeout_s", "stream_interval_ms"}  # bak
 INT4_DEFAULT_ALGO = "rtn_last"
 
 
+# The 0.18.0 builder's refusal on CPU (onnxruntime_genai/models/builders/base.py make_attention_init;
+# tests/test_ort_genai.py runs it): bakeoff's CPU default does not ask for PagedAttention.
+PAGED_REFUSAL_CPU = ("NotImplementedError: PagedAttention (use_paged_attention=true) requires CUDA with FP16/BF16 "
+                     "or WebGPU with FP16, not (cpu, FLOAT).")
+BASE_PY = "onnxruntime_genai/models/builders/base.py make_attention_init"
+
+
+def paged_default(opts: "OrtGenaiOptions") -> tuple[bool, str]:
+    """bakeoff's ``paged_attention`` when the user leaves it unset, and why, for the run's notes.
+
+    True on CUDA unless the activations are fp32 (the 0.18.0 builder builds ``PagedAttention``
+    for ``(cuda, FLOAT16)``, ``(cuda, BFLOAT16)`` and ``(webgpu, FLOAT16)`` only, :data:`BASE_PY`;
+    int4/int8 weights keep fp16 activations on CUDA, ``quantization/quant_config.py``
+    ``default_io_dtype``): ``genai_config.json`` then carries ``engine.dynamic_batching`` and
+    ``og.Engine`` batches continuously (``docs/paged_attention_engine.md`` "How the dynamic path
+    is selected", onnxruntime-genai). False on CPU, where the builder refuses it
+    (:data:`PAGED_REFUSAL_CPU`), with ``batching=generator`` (og.Generator cannot feed its 1-D
+    ids), and on other providers (WebGPU is built by the builder but was never run by bakeoff:
+    ``paged_attention=true`` asks for it).
+    """
+    ep, precision = opts.execution_provider, opts.precision
+    asked = opts.extra_options.get("use_paged_attention")
+    if asked is not None:
+        return str(asked).lower() in ("1", "true", "yes"), f"extra_options use_paged_attention={asked}"
+    if opts.batching == "generator":
+        return False, "batching=generator: og.Generator feeds 2-D input_ids, a PagedAttention decoder takes 1-D"
+    if ep == "cuda" and precision != "fp32":
+        return True, (f"bakeoff's CUDA default: the model builder's use_paged_attention=true ({BASE_PY}: CUDA with "
+                      "FP16/BF16 activations), so that og.Engine batches continuously (genai_config.json "
+                      "engine.dynamic_batching); paged_attention=false for the static GroupQueryAttention export")
+    if ep == "cuda":
+        return False, (f"fp32 on CUDA: the builder's PagedAttention needs FP16/BF16 activations ({BASE_PY}); "
+                       "og.Engine batches statically")
+    if ep == "cpu":
+        return False, (f"the model builder refuses PagedAttention on CPU: \"{PAGED_REFUSAL_CPU}\" ({BASE_PY}); "
+                       "og.Engine batches statically")
+    return False, f"bakeoff enables PagedAttention by default on CUDA only; paged_attention=true asks the builder for {ep}"
+
+
 class OrtGenaiOptions(ExportOptions):
     """``--backend-opt`` keys of the ort-genai backend: the export's (:class:`ExportOptions`:
     ``precision``, ``execution_provider``, ``block_size``, ``accuracy_level``, ``int4_algo``,
@@ -67,7 +106,10 @@ class OrtGenaiOptions(ExportOptions):
             ``generator`` (one ``og.Generator`` at a time); unset: ``engine``, falling back to
             ``generator`` when the Engine fails a 1-token warm-up (0.18.0's Engine fails on
             MRoPE exports such as Qwen3.5-MoE), the fallback and the Engine's error recorded in
-            the run's notes.
+            the run's notes. A paged export is served by ``og.Engine`` only.
+        paged_attention: export with ``PagedAttention`` (:class:`ExportOptions`), so that
+            ``og.Engine`` batches continuously; unset: :func:`paged_default` (true on CUDA
+            where the builder builds it, false on CPU, where it refuses).
         reuse_export: reuse a cached export of the same checkpoint and options.
         export_timeout_s: builder deadline in seconds.
         intra_op_num_threads: ONNX Runtime intra-op threads of the decoder session (genai_config
@@ -87,16 +129,26 @@ class OrtGenaiOptions(ExportOptions):
     """
 
     batching: Literal["engine", "generator"] | None = None
+    paged_attention: bool | None = None
     reuse_export: bool = True
     export_timeout_s: float = Field(3600.0, gt=0)
     intra_op_num_threads: int | None = Field(None, ge=1)
     stream_interval_ms: float = Field(2.0, ge=0, le=100)
 
+    @model_validator(mode="after")
+    def _generator_cannot_feed_a_paged_graph(self) -> "OrtGenaiOptions":
+        if self.paged_attention and self.batching == "generator":
+            raise ValueError("batching=generator cannot serve a paged_attention export (og.Generator feeds 2-D "
+                             "input_ids, a PagedAttention decoder takes 1-D packed ids): drop one of them")
+        return self
+
     def export_options(self) -> ExportOptions:
-        """The export's options; INT4 without ``int4_algo`` gets :data:`INT4_DEFAULT_ALGO`."""
+        """The export's options: INT4 without ``int4_algo`` gets :data:`INT4_DEFAULT_ALGO`, an
+        unset ``paged_attention`` gets :func:`paged_default`."""
         opts = self.model_dump(include=set(ExportOptions.model_fields))
         if opts["precision"] == "int4" and opts["int4_algo"] is None:
             opts["int4_algo"] = INT4_DEFAULT_ALGO
+        opts["paged_attention"] = paged_default(self)[0] if self.paged_attention is None else self.paged_attention
         return ExportOptions(**opts)
 
 
@@ -156,6 +208,9 @@ class OrtGenaiBackend(ChildServerBackend):
         exported = self.options.export_options()
         if exported.int4_algo and self.options.int4_algo is None:  # bakeoff's default, stated where options are read
             notes["int4_algo"] = f"{exported.int4_algo} (bakeoff's INT4 default: lm_head out of INT4)"
+        if self.options.paged_attention is None:
+            value, why = paged_default(self.options)
+            notes["paged_attention"] = f"{str(value).lower()} ({why})"
         notes.update({k: str(v) for k, v in (info.get("notes") or {}).items()})
         if info.get("engine_max_batch_size") is not None:
             notes["engine_max_batch_size"] = str(info["engine_max_batch_size"])
@@ -209,6 +264,9 @@ class OrtGenaiBackend(ChildServerBackend):
                                              "when it quantizes linears (int4/int8)", source=BUILDER_PY))
             elif opt == "batching" and self.info.notes.get("batching") == str(want):
                 rep.verified[opt] = f"the worker serves with {want}"
+            elif opt == "paged_attention" and graph.paged_attention == bool(want):
+                rep.verified[opt] = (f"export graph: {'PagedAttention nodes, genai_config.json engine.dynamic_batching' if want else 'no PagedAttention'}"
+                                     f"; {self.info.notes.get('og_engine', 'og.Generator')}")
             elif opt == "execution_provider" and want == "cpu":
                 rep.verified[opt] = "the worker clears the providers: ORT's CPU provider runs the graph"
             if opt not in rep.verified:

@@ -7,10 +7,14 @@ two talk in :mod:`backends._hosting.worker_pipe` frames, so the decode loop shar
 HTTP server. Two schedulers:
 
 - ``generator``: one ``og.Generator`` per request, one at a time, on the main thread.
-- ``engine``: ``og.Engine`` + ``og.Request`` (0.18.0: ``create_request``, ``begin_turn``
-  with ``og.TurnOptions``, ``run(event_buffer)`` returning ``EngineEvent``s), on the main
-  thread (0.18.0 raises "Engine operations must be called from the Engine owner thread"
-  elsewhere). It schedules several requests per step, also on CPU (checked on 0.18.0).
+- ``engine``: ``og.Engine`` + ``og.Request`` on the main thread
+  (:class:`backends.ort_genai.og_engine.EngineScheduler`): continuous batching for a
+  ``PagedAttention`` export (``genai_config.json`` ``engine.dynamic_batching``), static
+  batches of up to 4 otherwise (also on CPU).
+
+A request that asks for logprobs runs alone: og.Generator reading logits, or for a paged
+export, which og.Generator cannot feed, the export's graph in an ONNX Runtime session
+(:mod:`backends.ort_genai.paged_logits`).
 
 Frames of a dense stream are not sent one per token (see
 :class:`backends.ort_genai.frames.Out`); their text is None when the worker process
@@ -32,7 +36,8 @@ import time
 import traceback
 from typing import Any
 
-from backends.ort_genai.frames import TOKENIZE, Collect, Decoder, Out, answer_tokenize, finish_name
+from backends.ort_genai.frames import TOKENIZE, Decoder, Out, answer_tokenize
+from backends.ort_genai.og_engine import EngineScheduler
 from backends.ort_genai.tokenizing import tokenizer_disagreement, worker_detokenizer
 
 
@@ -54,6 +59,7 @@ class OrtGenaiEngine:
 
         self.og, self.np = og, np
         ep = options.get("execution_provider") or "cpu"
+        self.model_dir, self.ep, self.options = model_dir, ep, options
         config = og.Config(model_dir)
         config.clear_providers()
         if ep != "cpu":
@@ -79,7 +85,8 @@ class OrtGenaiEngine:
             self.tokenizer_source = f"tokenizers ({src}/tokenizer.json)"
             self.notes["tokenizer_fallback"] = reason
         with open(os.path.join(model_dir, "genai_config.json")) as fh:
-            gcfg = json.load(fh)["model"]
+            json_config = json.load(fh)
+        gcfg = json_config["model"]
         eos = gcfg.get("eos_token_id")
         self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self.tokenizer_json = worker_detokenizer(self, model_dir, src)
@@ -92,16 +99,30 @@ class OrtGenaiEngine:
         self.own_s = self.og_s = 0.0
         self.decode_steps = 0
         self._t_out: float | None = None
-        self.engine = None
+        self.sched: EngineScheduler | None = None
         self.engine_seeds = True
+        dynamic = (json_config.get("engine") or {}).get("dynamic_batching")
+        self.paged = isinstance(dynamic, dict)
+        self.paged_logits = None  # made at the first logprobs request of a paged export
+        if self.paged:
+            self.notes["logprobs_path"] = ("requests with logprobs run alone through the export's own graph in an "
+                                           "onnxruntime.InferenceSession (og.Engine gives no logits; og.Generator "
+                                           "cannot feed a PagedAttention decoder): backends/ort_genai/paged_logits.py")
+        if self.paged and self.batching == "generator":
+            raise RuntimeError("batching=generator cannot serve this export: it is a PagedAttention one "
+                               "(genai_config.json engine.dynamic_batching) whose decoder takes 1-D input_ids, "
+                               "og.Generator feeds 2-D; serve it with batching=engine or export paged_attention=false")
         if self.batching == "engine":
-            self.engine = og.Engine(self.model)
-            self._caps = self.engine.get_capabilities().configured_max_batch_size
-            self.buf = self.engine.create_event_buffer(256)
-            self._flags = (int(og.EngineEventFlags.TOKEN.value), int(og.EngineEventFlags.FAILED.value),
-                           og.FinishReason.NONE)
-            if not options.get("batching"):
-                self._warm_up_engine()
+            self.sched = EngineScheduler(self, self.paged, dynamic)
+            if not options.get("batching") and not self.paged:
+                failure = self.sched.warm_up()
+                if failure is not None:
+                    self.notes["batching_fallback"] = (
+                        f"og.Engine failed a 1-token warm-up ({failure}; the engine's own words are in the worker "
+                        "log); serving with og.Generator, one request at a time")
+                    self.notes.pop("og_engine", None)
+                    self.sched = None
+                    self.batching = "generator"
                 self.own_s = self.og_s = 0.0
                 self.decode_steps = 0
         self.info = {
@@ -114,8 +135,9 @@ class OrtGenaiEngine:
             "detokenizer": ("tokenizers.DecodeStream in the worker process" if self.tokenizer_json
                             else f"{self.tokenizer_source} in the engine process"),
         }
-        if self.engine is not None:
-            self.info["engine_max_batch_size"] = self._caps
+        if self.sched is not None:
+            self.info["engine_max_batch_size"] = self.sched.caps
+            self.info["continuous_batching"] = self.paged
 
     def encode(self, prompt: str) -> list[int]:
         if self.og_tokenizer:
@@ -143,8 +165,8 @@ class OrtGenaiEngine:
     # -- the main thread -----------------------------------------------------------------
     def serve(self, send) -> None:
         """Run requests from :attr:`inbox` forever (the process ends when the worker goes); ``send`` writes a frame."""
-        if self.engine is not None:
-            self._engine_loop(send)
+        if self.sched is not None:
+            self.sched.loop(send)
             return
         while True:
             rid, body = self.inbox.get()
@@ -154,7 +176,7 @@ class OrtGenaiEngine:
             out = Out(send, rid, self.stream_interval_s)
             try:
                 if body.get("logprobs"):
-                    self._run_with_logprobs(rid, body, out)
+                    self.run_with_logprobs(rid, body, out)
                 else:
                     self._run_generator(rid, body, out)
             except Exception as exc:
@@ -231,139 +253,18 @@ class OrtGenaiEngine:
             opts["min_length"] = n_prompt + max_new
         return opts
 
-    def _run_with_logprobs(self, rid: Any, body: dict[str, Any], out) -> None:
+    def run_with_logprobs(self, rid: Any, body: dict[str, Any], out) -> None:
+        """A request that asks for logprobs, alone: og.Generator reading ``get_logits()``, or for a
+        paged export (og.Generator cannot feed it) the export's own graph in an ONNX Runtime
+        session (:mod:`backends.ort_genai.paged_logits`)."""
+        if self.paged:
+            from backends.ort_genai.paged_logits import run_paged_with_logprobs
+
+            run_paged_with_logprobs(self, rid, body, out)
+            return
         from backends.ort_genai.logprobs import run_with_logprobs
 
         run_with_logprobs(self, rid, body, out)
-
-    # -- engine scheduler ----------------------------------------------------------------
-    def _begin(self, rid: Any, body: dict[str, Any], out, live: dict) -> None:
-        og = self.og
-        ids = self.encode(body.get("prompt", ""))
-        out.start(len(ids))
-        max_new = int(body.get("max_tokens") or 16)
-        req = self.engine.create_request()
-        to = og.TurnOptions(req)
-        temperature = float(body.get("temperature") or 0.0)
-        to.set_do_sample(temperature > 0)
-        if temperature > 0:
-            to.set_temperature(temperature)
-            to.set_top_p(float(body.get("top_p") or 1.0))
-            to.set_top_k(0)
-            if body.get("seed") is not None and self.engine_seeds:
-                to.set_seed(int(body["seed"]))
-        to.set_max_generated_tokens(max_new)
-        if body.get("ignore_eos"):
-            to.set_min_generated_tokens(max_new)
-        try:
-            turn = req.begin_turn(self.np.asarray(ids, dtype=self.np.int32), to)
-        except RuntimeError as exc:
-            if "seed" not in str(exc) or not self.engine_seeds:
-                raise
-            # 0.18.0: "A per-turn seed requires an Engine configured for dynamic batching"
-            # (paged attention, CUDA only): sample unseeded and say so.
-            self.engine_seeds = False
-            self.notes["engine_seed"] = f"per-request seeds ignored: {exc}"
-            to.clear_seed()
-            turn = req.begin_turn(self.np.asarray(ids, dtype=self.np.int32), to)
-        if isinstance(out, Out) and not self.tokenizer_json:
-            out.decoder = Decoder(self)
-        live[id(req)] = (req, out, rid, turn)
-
-    def _warm_up_engine(self, timeout_s: float = 300) -> None:
-        """One 1-token request through og.Engine; when it fails, serve with og.Generator.
-
-        og 0.18.0's Engine (static batching on CPU) feeds 2-D ``position_ids`` to graphs
-        that declare MRoPE's 3-D ones (Qwen3.5-MoE exports) and fails every request, while
-        og.Generator runs the same export. Only when the user left ``batching`` unset.
-        """
-        sink, live = Collect(), {}
-        try:
-            self._begin("warm-up", {"prompt": "hello", "max_tokens": 1}, sink, live)
-            deadline = time.monotonic() + timeout_s
-            while live and sink.result is None and time.monotonic() < deadline:
-                self._engine_step(live)
-        except Exception as exc:
-            sink.result = exc
-        if isinstance(sink.result, BaseException):
-            print(f"og.Engine warm-up failed: {sink.result!r}", file=sys.stderr, flush=True)
-            self.notes["batching_fallback"] = (
-                f"og.Engine failed a 1-token warm-up ({sink.result}; the engine's own words are in the worker "
-                "log); serving with og.Generator, one request at a time")
-            self.engine = None
-            self.batching = "generator"
-        elif sink.result is None:
-            self.notes["engine_warmup"] = f"og.Engine warm-up gave no answer in {timeout_s:.0f} s"
-
-    def _engine_loop(self, send) -> None:
-        live: dict[int, tuple] = {}
-        inbox, cancelled, step = self.inbox, self.cancelled, self._engine_step
-        while True:
-            if not live:  # idle: block (no GIL held) until a request comes
-                self._t_out = None
-                self._admit(inbox.get(), live, send)
-            while not inbox.empty():  # polled without raising queue.Empty every step
-                self._admit(inbox.get(), live, send)
-            self.max_running = max(self.max_running, len(live))
-            if cancelled:
-                for key, (req, out, rid, turn) in list(live.items()):
-                    if rid in cancelled:
-                        try:
-                            req.cancel_turn(turn)  # 0.18.0: takes the id begin_turn returned
-                        except Exception as exc:
-                            print(f"og.Request.cancel_turn failed: {exc!r}", file=sys.stderr, flush=True)
-                        req.close()
-                        del live[key]
-                        out.finish("abort", self.stats())
-                cancelled.clear()
-            if not live:
-                continue
-            try:
-                step(live)
-            except Exception as exc:
-                for _req, out, _rid, _turn in live.values():
-                    out.fail(RuntimeError(f"og.Engine.run failed: {exc}"))
-                live.clear()
-
-    def _admit(self, item: tuple, live: dict, send) -> None:
-        rid, body = item
-        if TOKENIZE in body:
-            answer_tokenize(self, send, rid, body[TOKENIZE])
-            return
-        out = Out(send, rid, self.stream_interval_s)
-        try:
-            if body.get("logprobs"):  # og.Engine gives no logits: this request runs alone on og.Generator
-                self._run_with_logprobs(rid, body, out)
-                return
-            self._begin(rid, body, out, live)
-        except Exception as exc:
-            out.fail(exc)
-
-    def _engine_step(self, live: dict) -> None:
-        token_flag, failed_flag, none = self._flags
-        t_in = time.perf_counter()
-        if self._t_out is not None:  # the loop's own work since the last Engine.run
-            self.own_s += t_in - self._t_out
-        events = self.engine.run(self.buf)
-        self._t_out = t_out = time.perf_counter()
-        self.og_s += t_out - t_in
-        self.decode_steps += 1
-        for ev in events or ():
-            entry = live.get(id(ev.request))
-            if entry is None:
-                continue
-            req, out = entry[0], entry[1]
-            flags = int(ev.flags.value)
-            if flags & token_flag:
-                out.pending.append(int(ev.token))
-                out.due(t_out)
-            if flags & failed_flag:
-                out.fail(RuntimeError(f"og.Engine request failed: error_code={ev.error_code}"))
-                live.pop(id(ev.request), None)
-            elif ev.finish_reason != none:
-                out.finish(finish_name(self.og, ev.finish_reason), self.stats())
-                live.pop(id(ev.request), None)
-                req.close()
 
 
 def main(argv: list[str] | None = None) -> None:

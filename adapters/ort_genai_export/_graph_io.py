@@ -1,0 +1,169 @@
+"""What an ONNX Runtime GenAI decoder graph declares, and the inputs of one step of it.
+
+Two layouts come out of the model builder (onnxruntime-genai 0.18.0,
+``onnxruntime_genai/models/builders/base.py`` ``make_inputs_init`` / ``make_outputs_init`` and
+the ``genai_config.json`` it writes):
+
+- standard (``GroupQueryAttention``): ``input_ids`` ``[batch_size, sequence_length]``,
+  ``attention_mask``, KV caches ``[batch_size, kv_heads, past_sequence_length, head_size]``;
+  ``og.Generator`` and the static path of ``og.Engine`` feed it.
+- paged (``--extra_options use_paged_attention=true``; ``PagedAttention``): every sequence of a
+  step packed on one token axis, so ``input_ids`` is 1-D ``[num_tokens]``; no ``attention_mask``;
+  KV caches ``[num_blocks, block_size, kv_heads, head_size]``; ``block_table``
+  ``[batch_size, max_num_blocks]``, ``cumulative_sequence_lengths`` ``[batch_size + 1]``,
+  ``past_sequence_lengths`` ``[batch_size]`` and ``attention_metadata`` ``[3]`` (all int32),
+  ``logits_indices`` ``[num_logits]`` with ``prune_lm_head``; ``genai_config.json`` gains
+  ``engine.dynamic_batching`` (block_size, max_batch_size, gpu_utilization_factor), the section
+  that makes ``og.Engine`` batch continuously. ``og.Generator`` cannot feed it (it always makes
+  ``[batch, sequence]`` ids: "Invalid rank for input: input_ids Got: 2 Expected: 1").
+  ``attention_metadata`` holds ``[max query length, max KV length, KV length lower bound]`` of
+  the step, as og's own ``VarlenDecoderIO`` fills it (``src/engine/decoders/varlen_decoder_io.cpp``
+  ``GetAttentionMetadataForPlan``, onnxruntime-genai main; the 0.18.0 C++ sources are not public
+  beside its wheel). The ``PagedAttention`` op schema in onnxruntime 1.32 says it "is designed to
+  work with the CUDA Execution Provider only": a paged graph runs nowhere else.
+
+Only the standard library at import time (numpy is passed in): the graph inspection runs this
+file beside it in other exporters' environments, and the ort-genai worker imports it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+PAGED_INPUTS = ("block_table", "cumulative_sequence_lengths", "past_sequence_lengths")
+NP_TYPES = {"tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(float)": "float32",
+            "tensor(float16)": "float16", "tensor(bfloat16)": "float32"}
+
+
+def layout(genai_config: dict[str, Any] | None) -> dict[str, Any]:
+    """The decoder layout ``genai_config.json`` declares.
+
+    Returns:
+        ``{"paged": bool, "dynamic_batching": dict | None, "block_size": int | None,
+        "head_size": int | None, "inputs": {nominal: graph name}}``; paged means the
+        ``engine.dynamic_batching`` section is there (og.Engine's continuous path).
+    """
+    cfg = genai_config or {}
+    decoder = (cfg.get("model") or {}).get("decoder") or {}
+    dyn = (cfg.get("engine") or {}).get("dynamic_batching")
+    block = dyn.get("block_size", 256) if isinstance(dyn, dict) else None
+    head = decoder.get("head_size")
+    return {"paged": isinstance(dyn, dict), "dynamic_batching": dyn if isinstance(dyn, dict) else None,
+            "block_size": int(block) if block else None, "head_size": int(head) if head else None,
+            "inputs": dict(decoder.get("inputs") or {})}
+
+
+def _dim(d: Any, n_new: int, past: int, named: dict[str, int]) -> int:
+    """A declared dimension's size for one sequence of ``n_new`` tokens after ``past`` cached ones."""
+    if isinstance(d, int) and d > 0:
+        return d
+    name = str(d or "")
+    if name in named:
+        return named[name]
+    if "past" in name:
+        return past
+    if "total" in name:
+        return past + n_new
+    if "batch" in name:
+        return 2 if "+ 1" in name or "+1" in name else 1
+    return n_new
+
+
+def step_feeds(inputs: list, np, tokens: list[int], past: int = 0, named: dict[str, int] | None = None,
+               caches: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Inputs of one step of one sequence, shaped as the graph declares them.
+
+    Args:
+        inputs: the graph's inputs (``name``, ``shape`` with ints or dim names, ``type`` such as
+            ``tensor(int64)``), e.g. ``InferenceSession.get_inputs()``.
+        np: numpy.
+        tokens: the step's new token ids.
+        past: tokens already in the KV cache (0: prefill).
+        named: sizes of named dimensions (``head_size``, ``num_blocks``, ``block_size``, ...).
+        caches: KV inputs to pass as they are (a paged decode step's caches); others get zeros.
+
+    Returns:
+        ``{input name: array}``: ids in the rank the graph declares (1-D packed for a paged
+        graph, ``[1, n]`` otherwise), positions ``past..past+n-1`` in their declared rank (MRoPE's
+        leading section axis repeated), a mask of ones over past and new tokens, and for a paged
+        graph one sequence in blocks ``0..max_num_blocks-1``.
+    """
+    named = dict(named or {})
+    n, total = len(tokens), past + len(tokens)
+    feeds: dict[str, Any] = {}
+    for inp in inputs:
+        shape, name = list(inp.shape or []), inp.name
+        dtype = np.dtype(NP_TYPES.get(inp.type, "float32"))
+        if caches and name in caches:
+            feeds[name] = caches[name]
+        elif name == "input_ids":
+            ids = np.asarray(tokens, dtype=dtype)
+            feeds[name] = ids if len(shape) == 1 else ids.reshape(1, n)
+        elif name == "attention_mask":
+            feeds[name] = np.ones((1, total), dtype=dtype)
+        elif name == "position_ids":
+            pos = np.arange(past, total, dtype=dtype)
+            if len(shape) == 1:
+                feeds[name] = pos
+            elif len(shape) == 3 or (len(shape) == 2 and isinstance(shape[0], int) and shape[0] > 1):
+                # MRoPE (Qwen2.5-VL / Qwen3.5): sections first, text positions equal in each
+                lead = shape[0] if isinstance(shape[0], int) and shape[0] > 0 else 3
+                full = (lead, 1, n) if len(shape) == 3 else (lead, n)
+                feeds[name] = np.ascontiguousarray(np.broadcast_to(pos.reshape((1,) * (len(full) - 1) + (n,)), full))
+            else:
+                feeds[name] = pos.reshape(1, n)
+        elif name in ("block_table", "block_table_windowed"):
+            feeds[name] = np.arange(named.get("max_num_blocks", 1), dtype=dtype).reshape(1, -1)
+        elif name == "cumulative_sequence_lengths":
+            feeds[name] = np.asarray([0, n], dtype=dtype)
+        elif name == "past_sequence_lengths":
+            feeds[name] = np.asarray([past], dtype=dtype)
+        elif name == "attention_metadata":
+            want = shape[0] if shape and isinstance(shape[0], int) else 3
+            feeds[name] = np.asarray([n, total, total][:want], dtype=dtype)
+        elif name == "logits_indices":
+            feeds[name] = np.asarray([n - 1], dtype=dtype)
+        else:
+            feeds[name] = np.zeros([_dim(d, n, past, named) for d in shape], dtype=dtype)
+    return feeds
+
+
+def paged_named(lay: dict[str, Any], total_tokens: int) -> dict[str, int]:
+    """Named dimension sizes of a paged graph for one sequence of ``total_tokens`` (prompt + new):
+    blocks of ``genai_config`` ``engine.dynamic_batching.block_size``, enough to hold it."""
+    block = lay.get("block_size") or 256
+    blocks = max(1, math.ceil(total_tokens / block))
+    named = {"num_blocks": blocks, "num_blocks_windowed": blocks, "max_num_blocks": blocks, "block_size": block}
+    if lay.get("head_size"):
+        named.update(head_size=lay["head_size"], kv_cache_dim=lay["head_size"])
+    return named
+
+
+def rank_problems(inputs: list, lay: dict[str, Any], paged_nodes: int) -> list[str]:
+    """Disagreements between the graph's inputs, its attention ops and ``genai_config.json``.
+
+    A paged export must hold ``PagedAttention`` nodes, declare 1-D ``input_ids`` and the
+    paged metadata inputs, and carry ``engine.dynamic_batching`` (else og.Engine feeds it as a
+    static batch); a graph with ``PagedAttention`` and no such section is as broken.
+
+    Returns:
+        One sentence per problem (empty: consistent).
+    """
+    by_name = {i.name: list(i.shape or []) for i in inputs}
+    out: list[str] = []
+    ids_rank = len(by_name["input_ids"]) if "input_ids" in by_name else None
+    if lay["paged"]:
+        if not paged_nodes:
+            out.append("genai_config.json has engine.dynamic_batching (og.Engine's paged, continuous path) but the "
+                       "graph has no PagedAttention node")
+        if ids_rank not in (None, 1):
+            out.append(f"genai_config.json has engine.dynamic_batching but the graph declares input_ids of rank "
+                       f"{ids_rank} {by_name['input_ids']}; og.Engine's paged path feeds packed 1-D ids")
+        missing = [n for n in PAGED_INPUTS if n not in by_name]
+        if missing:
+            out.append(f"paged export without the graph inputs {', '.join(missing)} that og.Engine's paged path feeds")
+    elif paged_nodes:
+        out.append(f"the graph has {paged_nodes} PagedAttention node(s) but genai_config.json has no "
+                   "engine.dynamic_batching section: og.Engine would feed it as a static batch")
+    return out
