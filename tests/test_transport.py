@@ -322,3 +322,51 @@ def test_real_vllm_over_the_openai_api_agrees_without_token_ids(tmp_path):
             # without blaming a hop, since bakeoff launched this server on 127.0.0.1
     finally:
         v.stop()
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_a_final_finish_only_event_is_not_a_token(api):
+    """The OpenAI form ends a stream with a chunk that carries only ``finish_reason`` (``text:
+    ""`` / ``delta: {}``), after the last token. The client yields it as a step; it used to count
+    one token more (32-token streams counted 33, and 32 ITLs), on the tokenizer and event paths."""
+    from bakeoff.loadgen.client import OpenAIClient
+
+    client = OpenAIClient("http://127.0.0.1:1", "m", api=api)
+    tok = TokenCounter(word_tokenizer(Path(__import__("tempfile").mkdtemp())))
+    chunks = [({"text": f" t{i}"} if api == "completions" else {"delta": {"content": f" t{i}"}}) for i in range(N)]
+    chunks.append({"text": "", "finish_reason": "length"} if api == "completions" else {"delta": {}, "finish_reason": "length"})
+    evs = [ev for i, ch in enumerate(chunks) for ev in client._parse({"choices": [{"index": 0, **ch}]}, None, i)]
+    assert len(evs) == N + 1 and evs[-1].finish_reason == "length"  # what the client yields today
+    for counter, source in ((tok, "client-tokenizer"), (None, "client-events")):
+        rec = RequestRecord(request_id="r")
+        account(rec, evs, None, None, counter)  # no usage: the figures are the client's own count
+        assert rec.output_tokens == N and rec.output_tokens_source == source and rec.content_events == N
+        assert len(per_request(rec)["itl_ms"]) == N - 1
+    rec = RequestRecord(request_id="r")
+    account(rec, evs, None, N, tok)
+    assert rec.accounting == "agree" and rec.text_output_tokens == N
+
+
+def test_a_tokenizer_that_counts_prompts_otherwise_makes_the_counts_disputed():
+    """The client's tokenizer is checked against the server's usage.prompt_tokens first: one that
+    counts a completions prompt otherwise is not the server's, so its output count neither wins
+    over usage (it used to: usage.prompt_tokens 7 vs the client's own 9) nor confirms it."""
+    from bakeoff.loadgen.stats import summarize
+
+    tok = TokenCounter(word_tokenizer(Path(__import__("tempfile").mkdtemp())))
+    prompt = "a b c d e f g h i"  # 9 words: the word tokenizer counts 9
+    evs = [TokenEvent(i, f" t{i} x") for i in range(N)]  # 2 words per event: 64 by the word tokenizer
+    foreign = RequestRecord(request_id="f")
+    account(foreign, evs, 7, N, tok, prompt=prompt)
+    assert foreign.accounting == "disputed" and not foreign.accounting_mismatch
+    assert foreign.output_tokens == N and foreign.output_tokens_source.startswith("server-usage (disputed:")
+    assert "9" in foreign.output_tokens_source and "7" in foreign.output_tokens_source
+    assert foreign.client_input_tokens == 9 and foreign.input_tokens == 7
+    own = RequestRecord(request_id="o")  # the same counts with the server's tokenizer: a real disagreement
+    account(own, evs, 9, N, tok, prompt=prompt)
+    assert own.accounting == "disagree" and own.accounting_mismatch and own.output_tokens == 2 * N
+    unchecked = RequestRecord(request_id="u")  # no prompt (chat): nothing to check the tokenizer on
+    account(unchecked, evs, 7, N, tok)
+    assert unchecked.accounting == "disagree"
+    point = summarize([foreign, own], 1.0, 2)
+    assert point["accounting_disputed"] == 1 and point["accounting_mismatches"] == 1

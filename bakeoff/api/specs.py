@@ -185,6 +185,7 @@ class RequestRecord:
     output_logprobs: list[TokenLogprob] | None = None
     reasoning_tokens: int = 0
     input_tokens: int | None = None
+    client_input_tokens: int | None = None  # the client's tokenizer on a completions prompt (accounting.py)
     output_tokens: int | None = None
     output_tokens_source: str | None = None
     client_output_tokens: int | None = None

@@ -24,6 +24,22 @@ tokens than were generated). A stream of one token per event is held to 2 tokens
 dropping every tenth event is caught. Token ids need no tolerance. An event count can only confirm usage or refute a
 usage below it: usage above it is ``unverified`` (events may carry several tokens).
 
+A final event carrying only a ``finish_reason`` (no text, no token ids, no logprobs) is not a
+generation step: the OpenAI form sends that chunk after the last token (``delta: {}`` in chat,
+``text: ""`` in completions), and counting it made 32-token streams 33 on the tokenizer and
+event paths. vLLM puts ``finish_reason`` on the last token's own chunk instead; when that
+token's text is empty (an EOS) it is left out too, one token within the tolerance below, and
+usage (agreeing) is what the figures use.
+
+The tokenizer is checked before its count is believed (completions prompts, where the client
+sends the very text the server tokenizes): it must count the prompt as the server's
+``usage.prompt_tokens`` does (with or without the special tokens its post-processor adds). A
+tokenizer that counts the prompt otherwise is not the server's: its output count cannot refute
+usage nor usage confirm it, so the request's accounting is ``disputed`` (figures use server
+usage, the source says ``disputed``, and the point counts ``accounting_disputed``), never a
+mismatch blamed on the server (usage.prompt_tokens 7 against the client's own 9 once made the
+client's count win).
+
 The request's figures use the count the check trusts: token ids when streamed, server usage
 when it agrees with the client's count, else the client's count (``output_tokens_source``
 says which, and why); ``token_times_ns`` come from the per-event counts, never from spreading
@@ -68,6 +84,11 @@ class TokenCounter:
     def __call__(self, text: str) -> int:
         return len(self._tok.encode(text, add_special_tokens=False).ids) if text else 0
 
+    def prompt_counts(self, text: str) -> set[int]:
+        """The counts a server with this tokenizer can report for a prompt: without and with the
+        special tokens the tokenizer's post-processor adds (a BOS, for models that have one)."""
+        return {len(self._tok.encode(text, add_special_tokens=flag).ids) for flag in (False, True)}
+
     def each(self, texts: list[str]) -> list[int]:
         """Counts of many texts in one call (the Rust side batches them)."""
         if not texts:
@@ -97,11 +118,37 @@ def _spread(n_tokens: int, n_events: int) -> list[int]:
     return [base + (1 if i < rest else 0) for i in range(n_events)]
 
 
+def finish_only(ev) -> bool:
+    """An event that ends a stream and carries nothing of a token (module docstring)."""
+    return bool(ev.finish_reason) and not ev.text and not ev.token_ids and not ev.logprobs
+
+
+def prompt_dispute(prompt: str | None, usage_p: int | None, count_tokens) -> tuple[int | None, str | None]:
+    """``(the client's prompt count, why the tokenizer is not the server's or None)``: the
+    tokenizer counted against the server's ``usage.prompt_tokens`` (module docstring)."""
+    if prompt is None or count_tokens is None:
+        return None, None
+    counts = count_tokens.prompt_counts(prompt) if hasattr(count_tokens, "prompt_counts") else {count_tokens(prompt)}
+    own = min(counts)
+    if usage_p is None or usage_p in counts:
+        return own, None
+    return own, (f"the client's tokenizer counts the prompt as {'/'.join(map(str, sorted(counts)))} tokens, "
+                 f"the server's usage.prompt_tokens {usage_p}: not the server's tokenizer")
+
+
 def account(rec: RequestRecord, evs: list, usage_p: int | None, usage_c: int | None,
-            count_tokens: Callable[[str], int] | None) -> None:
-    """Fill token counts, their agreement and per-token times of ``rec`` from its content events."""
+            count_tokens: Callable[[str], int] | None, prompt: str | None = None) -> None:
+    """Fill token counts, their agreement and per-token times of ``rec`` from its content events.
+
+    Args:
+        prompt: the completions prompt the server tokenized, to check the tokenizer against
+            ``usage_p`` (None: chat and messages, whose template the client cannot reproduce).
+    """
+    if evs and finish_only(evs[-1]):
+        evs = evs[:-1]
     rec.usage_output_tokens, rec.input_tokens, rec.content_events = usage_c, usage_p, len(evs)
     have_ids = bool(evs) and all(ev.token_ids is not None for ev in evs)
+    rec.client_input_tokens, disputed = prompt_dispute(prompt, usage_p, count_tokens) if not have_ids else (None, None)
     ks_text = None
     if count_tokens is not None and evs:
         each = getattr(count_tokens, "each", None)
@@ -121,7 +168,12 @@ def account(rec: RequestRecord, evs: list, usage_p: int | None, usage_c: int | N
         ks = ks_text or [1] * len(evs)
         rec.client_output_tokens = sum(ks)
         basis = "client-tokenizer" if ks_text else "client-events"
-        if usage_c is None:
+        if disputed is not None and basis == "client-tokenizer":
+            rec.accounting = "disputed"
+            rec.output_tokens, rec.output_tokens_source = ((usage_c, f"server-usage (disputed: {disputed})")
+                                                           if usage_c is not None else
+                                                           (rec.client_output_tokens, f"{basis} (disputed: {disputed})"))
+        elif usage_c is None:
             rec.accounting = "no-usage"
             rec.output_tokens, rec.output_tokens_source = rec.client_output_tokens, basis
         elif abs(usage_c - rec.client_output_tokens) <= tolerance(ks):
@@ -159,5 +211,6 @@ def accounting_row(rec: RequestRecord, sessions: int | None = None) -> dict:
             "usage_output_tokens": rec.usage_output_tokens,
             "streamed_token_ids": len(rec.output_token_ids) if rec.output_token_ids is not None else None,
             "client_tokenizer_tokens": rec.text_output_tokens, "content_events": rec.content_events,
+            "usage_prompt_tokens": rec.input_tokens, "client_prompt_tokens": rec.client_input_tokens,
             "output_tokens": rec.output_tokens, "output_tokens_source": rec.output_tokens_source,
             "accounting": rec.accounting}

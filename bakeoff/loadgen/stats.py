@@ -58,7 +58,8 @@ def summarize(records: list[RequestRecord], wall_s: float, sessions: int) -> dic
 
     Returns:
         Aggregate output tok/s, per-session tok/s, TTFT/TPOT/ITL/E2E percentiles (ms),
-        error count and rate, accounting mismatches.
+        error count and rate, accounting mismatches and disputed counts (the client's tokenizer
+        is not the server's: bakeoff/loadgen/accounting.py).
     """
     recs = [r for r in records if not r.warmup]
     rows = [per_request(r) for r in recs]
@@ -71,6 +72,7 @@ def summarize(records: list[RequestRecord], wall_s: float, sessions: int) -> dic
         "input_tokens": sum(x["input_tokens"] or 0 for x in ok),
         "output_tokens_per_s": out_tokens / wall_s if wall_s > 0 else None,
         "accounting_mismatches": sum(1 for x in ok if x["accounting_mismatch"]),
+        "accounting_disputed": sum(1 for x in ok if x["accounting"] == "disputed"),
     }
     if s["accounting_mismatches"]:
         s["accounting_failure_class"] = "client-accounting"

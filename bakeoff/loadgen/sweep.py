@@ -75,7 +75,8 @@ async def run_request(backend, req: GenerationRequest, session: int = 0, schedul
     if holder[0] is not None:  # the HTTP client reported when the request bytes were written
         rec.sent_ns = holder[0]
     rec.response_headers = holder[1]
-    account(rec, evs, usage_p, usage_c, count_tokens)
+    completions = req.prompt is not None and getattr(backend, "api", "completions") == "completions"
+    account(rec, evs, usage_p, usage_c, count_tokens, req.prompt if completions else None)
     return rec
 
 
