@@ -202,3 +202,60 @@ print(json.dumps(res))
         assert r["reasons"][0] == r["reasons"][1] and r["dlogp"] < 1e-4 and r["top_same"], r
     forced = json.loads(out.stdout.splitlines()[-1])[0]
     assert len(forced["graph"]) == 12 and 0 not in forced["graph"]
+
+
+needs_cuda = pytest.mark.skipif(not envs.has_cuda(), reason="PagedAttention runs on CUDA only (onnxruntime's op schema)")
+
+
+@needs_cuda
+def test_cuda_paged_export_runs_forward_and_og_engine(paged, tiny):
+    """On CUDA the inspection runs the paged graph: the forward step fed as it declares (1-D
+    ids, logits per packed token) and og's token through og.Engine (og.Generator cannot)."""
+    g = paged.graph
+    vocab = json.loads((tiny / "config.json").read_text())["vocab_size"]
+    assert g.forward_ok and g.og_load_ok and not g.problems, g.problems
+    assert g.logits_shape == [4, vocab]
+    assert g.og_engine_capabilities["configured_max_batch_size"] == g.dynamic_batching["max_batch_size"]
+
+
+@needs_cuda
+def test_cuda_backend_defaults_to_paged_continuous_batching(tiny, ort_python, tmp_path):
+    """Unset options on CUDA give a paged export served by og.Engine's continuous path, said in
+    the notes; concurrent greedy streams; a logprobs request answers through the graph session,
+    its tokens agreeing with og.Engine's greedy ones (tie-aware: a differing token must be in the
+    other's top-k there, then the comparison stops)."""
+    import asyncio
+
+    from backends import resolve
+    from bakeoff.api.specs import BackendConfig, GenerationRequest
+
+    b = resolve("ort-genai")(BackendConfig(backend="ort-genai", model=str(tiny), workdir=str(tmp_path),
+                                           options={"execution_provider": "cuda", "precision": "fp16"}))
+
+    async def collect(**kw):
+        ids, lps = [], []
+        async for ev in b.stream(GenerationRequest(request_id=str(kw), **kw)):
+            ids += ev.token_ids or []
+            lps += ev.logprobs or []
+        return ids, lps
+
+    try:
+        info = b.start()
+        assert info.notes["paged_attention"].startswith("true") and info.notes["export_paged_attention"].startswith("true")
+        assert info.notes["og_engine"].startswith("continuous batching") and info.concurrent_requests == 100
+
+        async def run():
+            prompts = ["abc ab", "count: 1 2 3", "copy: ab =>", "kv a=1 b=2"]
+            greedy = await asyncio.gather(*[collect(prompt=p, max_tokens=12, ignore_eos=True) for p in prompts])
+            scored = await collect(prompt=prompts[0], max_tokens=12, ignore_eos=True, logprobs=5)
+            await b.aclose()
+            return greedy, scored
+
+        greedy, (ids, lps) = asyncio.run(run())
+        assert all(len(g[0]) == 12 for g in greedy) and len(ids) == 12 and len(lps) == 12
+        for i, (a, c) in enumerate(zip(greedy[0][0], ids)):
+            if a != c:
+                assert a in lps[i][2], f"position {i}: og.Engine {a}, graph session {c}, top-5 {lps[i][2]}"
+                break
+    finally:
+        b.stop()
