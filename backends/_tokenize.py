@@ -15,6 +15,8 @@ not know must not pass for one that tokenized).
 from __future__ import annotations
 
 import json
+import socket
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -34,14 +36,33 @@ def tokenize_body(text: str, chat: bool, model: str | None) -> dict[str, Any]:
     return body
 
 
+def timed_out(exc: BaseException) -> bool:
+    """Whether a urllib error is a read or connect timeout (no byte within the deadline)."""
+    reason = getattr(exc, "reason", None) if isinstance(exc, urllib.error.URLError) else exc
+    return isinstance(reason, (TimeoutError, socket.timeout))
+
+
 def _post(url: str, body: dict, headers: dict[str, str], timeout_s: float) -> tuple[int, str]:
+    """``(status, text)``; status 0 when unreachable.
+
+    Raises:
+        EngineFailure: ``hang`` when no byte came within ``timeout_s`` (the elapsed time in the
+            message and in ``hang.json``).
+    """
     req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json", **headers})
+    t0 = time.monotonic()
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return resp.status, resp.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode("utf-8", "replace")[:2000]
     except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        if timed_out(exc):
+            elapsed_s = time.monotonic() - t0
+            raise EngineFailure("hang", f"POST {url}: no byte for {timeout_s:g} s; the request was open {elapsed_s:.1f} s",
+                                {"hang.json": json.dumps({"request": f"POST {url}", "elapsed_s": round(elapsed_s, 3),
+                                                          "read_timeout_s": timeout_s}),
+                                 "tokenize_request.json": json.dumps(body, indent=1)}) from None
         return 0, f"{type(exc).__name__}: {exc}"
 
 
@@ -71,14 +92,15 @@ def server_tokenize(base_url: str, texts: list[str], chat: bool = False, model: 
         chat: render as a chat request first (see the module docstring).
         model: served model name, sent when known.
         headers: extra request headers (authorization).
-        timeout_s: per request.
+        timeout_s: per request: no byte within it is a ``hang``.
 
     Returns:
         ``(ids per text, '')``, or ``(None, why)`` when the server has no such route or answers
         in another shape.
 
     Raises:
-        EngineFailure: ``runtime-crash`` when the server cannot be reached or fails (HTTP 5xx).
+        EngineFailure: ``runtime-crash`` when the server cannot be reached or fails (HTTP 5xx);
+            ``hang`` when a request got no byte within ``timeout_s``.
     """
     out: list[list[int]] = []
     root = base_url.rstrip("/")

@@ -58,6 +58,9 @@ class OpenAIClient:
         self.api_key_env = api_key_env
         self.extra_body = dict(extra_body or {})
         self.read_timeout_s = read_timeout_s
+        # the first stream that got no byte within the read timeout (a backend that attaches to a
+        # server fails later requests at once with it instead of waiting the timeout again)
+        self.hung: EngineFailure | None = None
         self._pools: dict[int, Pool] = {}
 
     def _headers(self) -> dict[str, str]:
@@ -74,9 +77,17 @@ class OpenAIClient:
     def _pool(self) -> Pool:
         loop = asyncio.get_running_loop()
         pool = self._pools.get(id(loop))
-        if pool is None:
-            pool = self._pools[id(loop)] = Pool()
+        if pool is None:  # a connection, too, is given no longer than the read timeout
+            pool = self._pools[id(loop)] = Pool(connect_timeout_s=min(30.0, self.read_timeout_s))
         return pool
+
+    def _hang(self, what: str, nbytes: int, t_send_ns: int) -> EngineFailure:
+        """A request that got no byte within the read timeout, with how long it was open."""
+        elapsed_s = (time.monotonic_ns() - t_send_ns) / 1e9
+        return EngineFailure("hang", f"{what} on {self.base_url}: no byte for {self.read_timeout_s:g} s "
+                             f"(read_timeout_s) after {nbytes} bytes; the request was open {elapsed_s:.1f} s",
+                             {"hang.json": json.dumps({"request": what, "bytes": nbytes, "elapsed_s": round(elapsed_s, 3),
+                                                       "read_timeout_s": self.read_timeout_s})})
 
     async def _answers(self) -> bool:
         """Whether the server still accepts a connection (a cut stream from a server that is
@@ -95,19 +106,28 @@ class OpenAIClient:
         if pool is not None:
             await pool.aclose()
 
-    async def get_json(self, path: str, timeout_s: float = 10.0) -> tuple[int, Any]:
+    async def get_json(self, path: str, timeout_s: float | None = None) -> tuple[int, Any]:
         """GET ``path`` (e.g. ``/v1/models``); returns ``(status, parsed JSON or text)``.
 
+        Args:
+            path: the route.
+            timeout_s: read timeout in seconds; at most, and by default, ``read_timeout_s``.
+
         Raises:
-            EngineFailure: ``runtime-crash`` when the server cannot be reached.
+            EngineFailure: ``hang`` when no byte came within the read timeout (its elapsed time
+                in the message), ``runtime-crash`` when the server cannot be reached.
         """
+        timeout_s = min(timeout_s or self.read_timeout_s, self.read_timeout_s)
         hdrs = {k: v for k, v in self._headers().items() if k != "Content-Type"}
         hdrs["Accept"] = "application/json"
+        t_send = time.monotonic_ns()
         try:
             resp = await self._pool().request("GET", self.base_url + path, hdrs, timeout_s=timeout_s)
             raw = await resp.read_all(timeout_s)
             resp.release()
         except TransportError as exc:
+            if exc.kind == "timeout":
+                raise self._hang(f"GET {path}", exc.nbytes, t_send) from None
             raise EngineFailure("runtime-crash", f"GET {path} on {self.base_url}: {exc}") from None
         try:
             return resp.status, json.loads(raw)
@@ -236,7 +256,9 @@ class OpenAIClient:
             elapsed = (time.monotonic_ns() - t_send) / 1e9
             nbytes = resp.nbytes if resp is not None else exc.nbytes
             if exc.kind == "timeout":
-                raise EngineFailure("hang", f"no bytes for {self.read_timeout_s:.0f} s after {nbytes} bytes") from None
+                hang = self._hang(f"POST {path}", nbytes, t_send)
+                self.hung = self.hung or hang
+                raise hang from None
             if exc.kind == "connect":
                 raise EngineFailure("runtime-crash", str(exc)) from None
             if exc.kind == "cut" and not await self._answers():

@@ -101,7 +101,7 @@ class _Conn(asyncio.Protocol):
             finally:
                 self.waiter = None
             if fut.result() == "timeout" and not self.chunks and not self.eof:
-                raise TransportError("timeout", f"no bytes for {timeout_s:.0f} s")
+                raise TransportError("timeout", f"no byte for {timeout_s:g} s")
         return self.chunks.popleft()
 
     def close(self) -> None:
