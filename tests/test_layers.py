@@ -2,7 +2,9 @@
 
 Every module of ``bakeoff/``, ``backends/``, ``adapters/`` and ``evaluations/`` may import only
 modules of its own layer or a lower one; ``import`` statements at module level may not form a
-cycle. Imports under ``if TYPE_CHECKING:`` are annotations, not dependencies, and are skipped.
+cycle. Imports are read in every form: ``import`` and ``from`` (relative ones resolved), and
+``importlib.import_module`` / ``__import__`` with a literal name (a computed name is the lazy
+registries' business, ``backends/__init__.py``). Imports under ``if TYPE_CHECKING:`` are annotations, not dependencies, and are skipped.
 The exceptions are listed in :data:`ALLOWED`, each with its reason.
 """
 
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("bakeoff", "backends", "adapters", "evaluations")
@@ -65,26 +69,73 @@ def _type_checking(node: ast.If) -> bool:
         isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
-def imports(path: Path) -> list[tuple[str, bool]]:
-    """``(imported module, at module level)`` for every import of ours in ``path``."""
+def _package(module: str, is_package: bool) -> list[str]:
+    """The package a relative import in ``module`` starts from (level 1)."""
+    parts = module.split(".") if module else []
+    return parts if is_package else parts[:-1]
+
+
+def _relative(module: str, is_package: bool, level: int, name: str | None) -> str | None:
+    """``from ..x import y`` in ``module`` as an absolute name (None when it climbs out of the repo)."""
+    base = _package(module, is_package)
+    if level - 1 > len(base):
+        return None
+    base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else [])) or None
+
+
+def _dynamic(call: ast.Call) -> str | None:
+    """The literal module name of ``importlib.import_module("x")`` / ``import_module("x")`` /
+    ``__import__("x")`` (None for any other call or a name computed at run time)."""
+    f = call.func
+    fname = f.id if isinstance(f, ast.Name) else (f.attr if isinstance(f, ast.Attribute) else None)
+    if fname not in ("import_module", "__import__") or not call.args:
+        return None
+    if isinstance(f, ast.Attribute) and not (isinstance(f.value, ast.Name) and f.value.id == "importlib"):
+        return None
+    arg = call.args[0]
+    return arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else None
+
+
+def imports(path: Path, module: str | None = None) -> list[tuple[str, bool]]:
+    """``(imported module, at module level)`` for every import of ours in ``path``: ``import``
+    and ``from`` statements (relative ones resolved against ``module``, by default the file's own
+    name), and ``importlib.import_module`` / ``__import__`` called with a literal name."""
     tree = ast.parse(path.read_text())
+    if module is None:
+        module = module_name(path) if REPO in path.resolve().parents else ""
+    is_package = path.name == "__init__.py"
     out: list[tuple[str, bool]] = []
+
+    def ours(name: str | None) -> bool:
+        return bool(name) and name.split(".")[0] in PACKAGES
+
+    def from_import(target: str, names: list[ast.alias], top: bool) -> None:
+        if target in PACKAGES or target in MODULES:
+            # ``from pkg import sub`` names a module when ``pkg.sub`` is one
+            for a in names:
+                sub = f"{target}.{a.name}"
+                out.append((sub if sub in MODULES else target, top))
+        else:
+            out.append((target, top))
 
     def visit(node: ast.AST, top: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and _type_checking(child):
                 continue
-            if isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
-                if child.module.split(".")[0] in PACKAGES:
-                    if child.module in PACKAGES or child.module in {m for m in MODULES}:
-                        # ``from pkg import sub`` names a module when ``pkg.sub`` is one
-                        for a in child.names:
-                            sub = f"{child.module}.{a.name}"
-                            out.append((sub if sub in MODULES else child.module, top))
-                    else:
-                        out.append((child.module, top))
+            if isinstance(child, ast.ImportFrom):
+                target = child.module if child.level == 0 else _relative(module, is_package, child.level, child.module)
+                if ours(target):
+                    from_import(target, child.names, top)
             elif isinstance(child, ast.Import):
-                out.extend((a.name, top) for a in child.names if a.name.split(".")[0] in PACKAGES)
+                out.extend((a.name, top) for a in child.names if ours(a.name))
+            elif isinstance(child, ast.Call):
+                name = _dynamic(child)
+                if name and name.startswith("."):
+                    level = len(name) - len(name.lstrip("."))
+                    name = _relative(module, is_package, level, name.lstrip(".") or None)
+                if ours(name):
+                    out.append((name, top))
             nested = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             visit(child, top and not nested)
 
@@ -153,6 +204,37 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     found = [_resolve(t) for t, _ in imports(src)]
     assert found == ["bakeoff.cli.main", "backends.vllm.backend"]
     assert layer("bakeoff.api.specs") < layer("bakeoff.cli.main") and layer("backends.vllm.backend") > layer("bakeoff.host.envs")
+
+
+PLANTED = {
+    "relative": "from ..cli.main import main\n",
+    "relative, module named": "from .. import cli\n",
+    "relative, deeper": "def f():\n    from ...backends.vllm import backend\n",
+    "importlib.import_module": "import importlib\nimportlib.import_module('bakeoff.cli.main')\n",
+    "import_module, relative": "from importlib import import_module\nimport_module('..cli.main', __package__)\n",
+    "__import__": "def f():\n    return __import__('bakeoff.cli.main')\n",
+}
+
+
+@pytest.mark.parametrize("form", PLANTED)
+def test_the_checker_sees_every_form_of_an_upward_import(tmp_path, form):
+    """A contract module (``bakeoff.api.planted``) importing the application (or a backend) in each
+    form Python has is reported by the same rule as a plain ``import``."""
+    src = tmp_path / "planted.py"
+    src.write_text(PLANTED[form])
+    me = "bakeoff.api.planted"
+    found = [_resolve(t) for t, _ in imports(src, module=me)]
+    assert found, f"{form}: no import seen in {PLANTED[form]!r}"
+    assert all(layer(t) > layer(me) for t in found), (form, found)
+    assert found[0] in ("bakeoff.cli.main", "bakeoff.cli", "backends.vllm.backend"), (form, found)
+
+
+def test_computed_names_and_other_calls_are_not_imports(tmp_path):
+    src = tmp_path / "computed.py"
+    src.write_text("import importlib\nname = 'bakeoff.cli.main'\nimportlib.import_module(name)\n"
+                   "importlib.import_module(f'bakeoff.cli.{name}')\nobj.import_module('bakeoff.cli.main')\n"
+                   "__import__('json')\n")
+    assert imports(src, module="bakeoff.api.planted") == []
 
 
 def test_bakeoff_top_level_holds_folders_only():
