@@ -79,6 +79,19 @@ def test_wheel_gives_the_command_and_the_plugin(installed):
     assert other.returncode == 0 and "1 passed" in other.stdout, other.stdout[-2000:]
     assert not (work / "artifacts").exists()
     (work / "test_other.py").unlink()
+    # the package data: the shipped fixtures (the same files as the checkout's) and the environment locks
+    code = ("import json; from bakeoff.models.fixtures import shipped; from bakeoff.host import locks; print(json.dumps("
+            "[str(shipped.SHIPPED_ROOT), {n: shipped.manifest(n)['fixture_hash'] for n in shipped.shipped_names()},"
+            " sorted(p.name for p in locks.LOCK_DIR.glob('*.txt'))]))")
+    root, hashes, lock_files = json.loads(_run([str(python), "-c", code], work).stdout)
+    from bakeoff.host import locks
+    from bakeoff.models.fixtures import shipped
+
+    assert root.startswith(str(python.parent.parent)), root
+    assert hashes == {n: shipped.manifest(n)["fixture_hash"] for n in shipped.shipped_names()} != {}
+    assert all(sorted(p.name for p in (Path(root) / n).iterdir()) == sorted([*shipped.manifest(n)["files"], shipped.MANIFEST])
+               for n in hashes)
+    assert lock_files == sorted(p.name for p in locks.LOCK_DIR.glob("*.txt")) != []
 
 
 @pytest.mark.slow
@@ -106,6 +119,12 @@ def test_installed_qualification_from_a_temporary_folder(installed):
     assert probes and {"prompt", "expected", "text", "correct"} <= set(probes[0])
     rows = json.loads((runs[0].parent / checks["sanity.degeneration"]["evidence"][0]).read_text())
     assert {"longest_repeat_run", "distinct_2", "u_fffd", "flags"} <= set(rows[0])
+    # the fingerprint names the fixture's weights: the shipped copy's hash, the same on every host
+    from bakeoff.models.fixtures import shipped
+
+    fixture = verdict["fingerprint"]["fixture"]
+    assert fixture["origin"] == "shipped" and fixture["name"] == "tiny-qwen3-untrained", fixture
+    assert fixture["fixture_hash"] == shipped.manifest("tiny-qwen3-untrained")["fixture_hash"], fixture
     run = json.loads((runs[0].parent / "run.json").read_text())
     site = str(python.parent.parent)
     assert any(site in part and "evaluations" in part for part in run["command"]), run["command"]
