@@ -1,0 +1,232 @@
+"""The engines' own loops of ``benchmarks/bench_fidelity.py``: run inside each engine's environment.
+
+One long-lived process per engine loads the model once and answers measurement commands (one
+JSON line on stdin each; the answer is the stdout line that starts with ``@@ ``, since engines
+print their own lines too). Modes:
+
+- ``hf``: transformers ``AutoModelForCausalLM.generate`` (the transformers backend), or
+  ``optimum.onnxruntime.ORTModelForCausalLM.generate`` (optimum-ort) with the worker's provider,
+  threads and ONNX file: one ``generate`` at a time, as both workers serve.
+- ``openvino``: ``openvino_genai.ContinuousBatchingPipeline`` (``add_request`` / ``step`` /
+  ``GenerationHandle.read``) with the worker's ``SchedulerConfig``, or ``LLMPipeline.generate``
+  one at a time (``batching=pipeline``), prompts as text with ``apply_chat_template=False``.
+- ``vllm``: ``vllm bench serve``'s own ``main`` (its argument parser given the argument list of
+  each command), the result dict back; vLLM's benchmark prints its table as usual.
+
+Load shape of the bare loops: ``sessions`` closed-loop sessions of ``rounds`` requests over
+``prompts[session][turn]``, each request exactly ``max_tokens`` tokens (EOS ignored), after
+``warmup`` requests sent one at a time (untimed; bakeoff's sweep does the same). An engine that
+serves one request at a time (``hf``, ``LLMPipeline``) takes them in the order sent, and each
+request's TTFT counts from when its session sent it, so queueing counts as it does for bakeoff's
+client. Figures: output tokens / wall time from the first send to the last end (bakeoff's sweep
+point, ``bakeoff/loadgen/stats.py``), TTFT and TPOT per request ((end - first token) /
+(tokens - 1)), in ms.
+
+At module level this file imports the standard library only.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import sys
+import time
+
+clock = time.perf_counter
+
+
+def closed_loop_serial(prompts, sessions: int, rounds: int, run_one) -> dict:
+    """Sessions' requests served one at a time in send order; ``run_one(prompt) -> (t_first, t_end, n)``."""
+    t0 = clock()
+    due = [(t0, s, 0) for s in range(sessions)]
+    heapq.heapify(due)
+    n_out, ttft, tpot = 0, [], []
+    while due:
+        sent, s, turn = heapq.heappop(due)
+        first, end, n = run_one(prompts[s][turn])
+        n_out += n
+        ttft.append((first - sent) * 1e3)
+        if n > 1:
+            tpot.append((end - first) / (n - 1) * 1e3)
+        if turn + 1 < rounds:
+            heapq.heappush(due, (end, s, turn + 1))
+    return {"output_tokens": n_out, "wall_s": clock() - t0, "ttft_ms": ttft, "tpot_ms": tpot}
+
+
+# --- transformers / optimum-ort -----------------------------------------------------------------
+
+def hf_engine(model: str, options: dict, optimum: bool):
+    import torch
+    from transformers import AutoTokenizer
+    from transformers.generation.streamers import BaseStreamer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    if optimum:
+        import onnxruntime
+        from optimum.onnxruntime import ORTModelForCausalLM
+
+        so = onnxruntime.SessionOptions()
+        if options.get("intra_op_num_threads"):
+            so.intra_op_num_threads = int(options["intra_op_num_threads"])
+        tok.model_input_names = [n for n in tok.model_input_names if n != "token_type_ids"]
+        lm = ORTModelForCausalLM.from_pretrained(model, provider=options.get("provider") or "CPUExecutionProvider",
+                                                 use_cache=True, file_name=options.get("onnx_file") or "model.onnx",
+                                                 session_options=so)
+        device = "cpu"
+    else:
+        device = options.get("device") or "auto"
+        device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+        dtype = options.get("dtype") or "auto"
+        from transformers import AutoModelForCausalLM
+
+        lm = AutoModelForCausalLM.from_pretrained(model, dtype=dtype if dtype == "auto" else getattr(torch, dtype),
+                                                  use_safetensors=True).to(device).eval()
+
+    class Stamp(BaseStreamer):  # the first put is the prompt; each later put one step's tokens
+        def __init__(self):
+            self.calls, self.first, self.n = 0, None, 0
+
+        def put(self, value):
+            self.calls += 1
+            if self.calls > 1:
+                self.n += int(value.numel())
+                if self.first is None:
+                    self.first = clock()
+
+        def end(self):
+            pass
+
+    def run_one(prompt: str, max_tokens: int):
+        enc = tok(prompt, return_tensors="pt").to(device)
+        st = Stamp()
+        with torch.inference_mode():
+            lm.generate(**enc, streamer=st, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
+                        temperature=None, top_p=None, top_k=None, pad_token_id=tok.pad_token_id or tok.eos_token_id)
+        return st.first, clock(), st.n
+
+    def measure(cmd: dict) -> dict:
+        for p in cmd["warmup_prompts"]:
+            run_one(p, cmd["max_tokens"])
+        return closed_loop_serial(cmd["prompts"], cmd["sessions"], cmd["rounds"],
+                                  lambda p: run_one(p, cmd["max_tokens"]))
+    return measure
+
+
+# --- OpenVINO GenAI ----------------------------------------------------------------------------
+
+def openvino_engine(model: str, options: dict):
+    import openvino_genai as og
+
+    device = options.get("device") or "CPU"
+    props = {"INFERENCE_PRECISION_HINT": options["inference_precision"]} if options.get("inference_precision") else {}
+    continuous = (options.get("batching") or "continuous") == "continuous"
+    if continuous:
+        sc = og.SchedulerConfig()
+        sc.cache_size = int(options.get("kv_cache_gib") or 1)
+        sc.max_num_seqs = int(options.get("max_num_seqs") or 64)
+        sc.enable_prefix_caching = bool(options.get("enable_prefix_caching", True))
+        pipe = og.ContinuousBatchingPipeline(model, sc, device, props)
+    else:
+        pipe = og.LLMPipeline(model, device, **props)
+
+    def config(max_tokens: int):
+        cfg = og.GenerationConfig()
+        cfg.max_new_tokens, cfg.apply_chat_template, cfg.do_sample, cfg.ignore_eos = max_tokens, False, False, True
+        return cfg
+
+    def run_pipeline(prompt: str, max_tokens: int):
+        got = {"first": None, "n": 0}
+
+        class Streamer(og.StreamerBase):
+            def write(self, token):
+                got["n"] += 1 if isinstance(token, int) else len(token)
+                if got["first"] is None:
+                    got["first"] = clock()
+                return og.StreamingStatus.RUNNING
+
+            def end(self):
+                pass
+
+        pipe.generate(prompt, config(max_tokens), Streamer())
+        return got["first"], clock(), got["n"]
+
+    def run_continuous(prompts, sessions: int, rounds: int, max_tokens: int) -> dict:
+        cfg, ids = config(max_tokens), iter(range(10**9))
+        live: dict = {}
+        n_out, ttft, tpot = 0, [], []
+        t0 = clock()
+
+        def begin(s: int, turn: int) -> None:
+            live[s] = [pipe.add_request(next(ids), prompts[s][turn], cfg), turn, clock(), None, 0]
+
+        for s in range(sessions):
+            begin(s, 0)
+        while live:
+            pipe.step()
+            now = clock()
+            for s, e in list(live.items()):
+                h = e[0]
+                while h.can_read():
+                    for out in h.read().values():
+                        k = len(out.generated_ids)
+                        e[4] += k
+                        if k and e[3] is None:
+                            e[3] = now
+                if h.get_status() == og.GenerationStatus.FINISHED:
+                    n_out += e[4]
+                    ttft.append((e[3] - e[2]) * 1e3)
+                    if e[4] > 1:
+                        tpot.append((now - e[3]) / (e[4] - 1) * 1e3)
+                    del live[s]
+                    if e[1] + 1 < rounds:
+                        begin(s, e[1] + 1)
+                elif h.get_status() != og.GenerationStatus.RUNNING:
+                    raise RuntimeError(f"openvino_genai ended a request with status {h.get_status().name}")
+        return {"output_tokens": n_out, "wall_s": clock() - t0, "ttft_ms": ttft, "tpot_ms": tpot}
+
+    def measure(cmd: dict) -> dict:
+        m = cmd["max_tokens"]
+        if continuous:
+            for p in cmd["warmup_prompts"]:
+                run_continuous([[p]], 1, 1, m)
+            return run_continuous(cmd["prompts"], cmd["sessions"], cmd["rounds"], m)
+        for p in cmd["warmup_prompts"]:
+            run_pipeline(p, m)
+        return closed_loop_serial(cmd["prompts"], cmd["sessions"], cmd["rounds"], lambda p: run_pipeline(p, m))
+    return measure
+
+
+# --- vllm bench serve --------------------------------------------------------------------------
+
+def vllm_bench():
+    from vllm.benchmarks import serve
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    serve.add_cli_args(parser)
+
+    def measure(cmd: dict) -> dict:
+        res = serve.main(parser.parse_args(cmd["argv"]))
+        return {k: v for k, v in res.items() if not isinstance(v, list)}
+    return measure
+
+
+def main() -> None:
+    mode, model, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    if mode == "vllm":
+        measure = vllm_bench()
+    elif mode == "openvino":
+        measure = openvino_engine(model, options)
+    else:
+        measure = hf_engine(model, options, optimum=mode == "optimum")
+    print("@@ " + json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        try:
+            out = measure(json.loads(line))
+        except Exception as exc:  # noqa: BLE001 - the parent prints it beside the row
+            out = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+        print("@@ " + json.dumps(out, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    main()

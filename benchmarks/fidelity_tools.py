@@ -1,0 +1,220 @@
+"""The engines' own tools of ``benchmarks/bench_fidelity.py``, driven from bakeoff's side.
+
+Each :class:`ToolSide` holds one long-lived process in the engine's environment (the model loaded
+once, or for vLLM the benchmark module imported once) and runs one measurement per call, on the
+export / server the started backend uses and over bakeoff's own prompts (module docstring of
+``benchmarks/bench_fidelity.py``). The loops themselves are ``benchmarks/fidelity_bare.py`` and,
+for ORT GenAI, ``benchmarks/ort_genai_bare.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BARE = Path(__file__).resolve().parent / "fidelity_bare.py"
+TOOLS = {
+    "vllm": "vllm bench serve against bakeoff's server",
+    "ort-genai": "bare og.Generator (1 session) / og.Engine (more) on the worker's export",
+    "openvino": "bare ContinuousBatchingPipeline (LLMPipeline with batching=pipeline) on the worker's IR",
+    "optimum-ort": "bare ORTModelForCausalLM.generate, one at a time, on the worker's export",
+    "transformers": "bare generate, one at a time",
+}
+# keys of bakeoff's completions body that are not extra fields (vllm bench serve sends its own)
+STANDARD_KEYS = {"model", "max_tokens", "stream", "temperature", "top_p", "prompt", "messages", "stream_options",
+                 "ignore_eos", "seed", "stop", "logprobs", "top_logprobs"}
+
+
+def prompts(fixture: bool, sessions: int, rounds: int, warmup: int) -> tuple[list[list[str]], list[str]]:
+    """bakeoff's throughput prompts ``[session][turn]`` and its warm-up prompts (``run_sweep``'s)."""
+    from evaluations.probing import throughput_prompt
+
+    return ([[throughput_prompt(s, t, fixture) for t in range(rounds)] for s in range(sessions)],
+            [throughput_prompt(10_000 + k, 0, fixture) for k in range(warmup)])
+
+
+def _p50(xs: list[float] | None) -> float | None:
+    return float(np.percentile(xs, 50)) if xs else None
+
+
+class ToolSide:
+    """One engine's own tool: ``run(sessions)`` -> ``output_tokens_per_s``, ``ttft_p50_ms``, ``tpot_p50_ms``."""
+
+    name = "tool"
+
+    def run(self, sessions: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def describe(self, sessions: int) -> str:
+        return self.name
+
+    def close(self) -> None:
+        pass
+
+
+class BareChild(ToolSide):
+    """``benchmarks/fidelity_bare.py MODE`` in an engine's environment (line protocol: ``@@ JSON``)."""
+
+    def __init__(self, python: str | Path, mode: str, model: str, options: dict[str, Any], name: str,
+                 fixture: bool = True, args=None):
+        self.name, self.fixture, self.args = name, fixture, args
+        env = {"TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
+        import os
+
+        self.log = tempfile.NamedTemporaryFile("w+", prefix=f"fidelity-{mode}-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen([str(python), str(BARE), mode, model, json.dumps(options)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env={**os.environ, **env})
+        ready = self._answer()
+        if not ready.get("ready"):
+            raise RuntimeError(f"{name} did not start: {ready.get('error')}")
+
+    def _answer(self) -> dict[str, Any]:
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                self.log.flush()
+                tail = Path(self.log.name).read_text()[-1500:]
+                return {"error": f"the {self.name} process ended (exit {self.proc.poll()}): {tail}"}
+            if line.startswith("@@ "):
+                return json.loads(line[3:])
+
+    def ask(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        out = self._answer()
+        if "error" in out:
+            raise RuntimeError(f"{self.name}: {out['error']}")
+        return out
+
+    def run(self, sessions: int) -> dict[str, Any]:
+        a = self.args
+        ps, warm = prompts(self.fixture, sessions, a.requests_per_session, a.warmup)
+        out = self.ask({"prompts": ps, "warmup_prompts": warm, "sessions": sessions, "rounds": a.requests_per_session,
+                        "max_tokens": a.max_tokens})
+        return {"output_tokens_per_s": out["output_tokens"] / out["wall_s"], "output_tokens": out["output_tokens"],
+                "wall_s": out["wall_s"], "ttft_p50_ms": _p50(out["ttft_ms"]), "tpot_p50_ms": _p50(out["tpot_ms"]),
+                "requests": len(out["ttft_ms"])}
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+        Path(self.log.name).unlink(missing_ok=True)
+
+
+class VllmBench(BareChild):
+    """``vllm bench serve`` against the server bakeoff launched, same prompts, lengths and concurrency."""
+
+    def __init__(self, engine, model: str, fixture: bool, args, extra_body: dict[str, Any], work: str):
+        from backends.vllm.backend import env_spec
+        from bakeoff.host import envs
+
+        self.engine, self.extra_body, self.work = engine, extra_body, work
+        super().__init__(envs.ensure(env_spec(engine.cuda)), "vllm", model, {}, "vllm bench serve", fixture, args)
+        self.model = model
+
+    def describe(self, sessions: int) -> str:
+        return "vllm bench serve" + (f" --extra-body {json.dumps(self.extra_body)}" if self.extra_body else "")
+
+    def run(self, sessions: int) -> dict[str, Any]:
+        a = self.args
+        ps, _ = prompts(self.fixture, sessions, a.requests_per_session, a.warmup)
+        path = Path(self.work) / f"prompts-{sessions}.jsonl"  # turn-major: the first n requests are the sessions' first
+        path.write_text("".join(json.dumps({"prompt": ps[s][t]}) + "\n" for t in range(a.requests_per_session)
+                                for s in range(sessions)))
+        argv = ["--backend", "openai", "--base-url", self.engine.info.base_url, "--endpoint", "/v1/completions",
+                "--model", self.engine.info.served_model, "--tokenizer", self.model, "--dataset-name", "custom",
+                "--dataset-path", str(path), "--custom-output-len", str(a.max_tokens), "--skip-chat-template",
+                "--disable-shuffle", "--num-prompts", str(sessions * a.requests_per_session),
+                "--max-concurrency", str(sessions), "--request-rate", "inf", "--ignore-eos",
+                "--num-warmups", str(a.warmup), "--temperature", "0", "--disable-tqdm", "--seed", "0",
+                "--ready-check-timeout-sec", "0", "--percentile-metrics", "ttft,tpot,itl,e2el"]
+        if self.extra_body:
+            argv += ["--extra-body", json.dumps(self.extra_body)]
+        res = self.ask({"argv": argv})
+        if res.get("failed"):
+            raise RuntimeError(f"vllm bench serve: {res['failed']} requests failed")
+        return {"output_tokens_per_s": res["output_throughput"], "output_tokens": res.get("total_output_tokens"),
+                "wall_s": res.get("duration"), "ttft_p50_ms": res.get("median_ttft_ms"),
+                "tpot_p50_ms": res.get("median_tpot_ms"), "requests": res.get("completed")}
+
+
+class OgBare(ToolSide):
+    """``benchmarks/ort_genai_bare.py``'s ``BareOrtGenai`` on the worker's export and thread count."""
+
+    def __init__(self, engine, fixture: bool, args):
+        from benchmarks.ort_genai_bare import BareOrtGenai
+
+        o = engine.options
+        self.bare = BareOrtGenai(engine.export_result.output_dir, o.execution_provider,
+                                 int(o.intra_op_num_threads or 0), engine.python)
+        self.fixture, self.args = fixture, args
+        self.name = f"bare og (onnxruntime-genai {self.bare.version}, paged export: {self.bare.paged})"
+
+    def kind(self, sessions: int) -> str:
+        return "generator" if sessions == 1 and not self.bare.paged else "engine"
+
+    def describe(self, sessions: int) -> str:
+        return f"bare og.{self.kind(sessions).capitalize()} (paged export: {self.bare.paged})"
+
+    def run(self, sessions: int) -> dict[str, Any]:
+        a = self.args
+        ps, warm = prompts(self.fixture, sessions, a.requests_per_session, a.warmup)
+        kind = self.kind(sessions)
+        if warm:
+            self.bare.run(kind, [warm], a.max_tokens, 1, len(warm))
+        out = self.bare.run(kind, ps, a.max_tokens, sessions, a.requests_per_session)
+        if "error" in out:
+            raise RuntimeError(f"bare og.{kind}: {out['error']}")
+        return {k: out.get(k) for k in ("output_tokens_per_s", "output_tokens", "wall_s", "ttft_p50_ms", "tpot_p50_ms")}
+
+    def close(self) -> None:
+        self.bare.close()
+
+
+def vllm_body(variant: str, engine, fixture: bool) -> dict[str, Any]:
+    """The extra request fields of a ``--vllm-bodies`` variant: ``sweep`` (what bakeoff's client adds
+    to a sweep request), ``none``, or field names joined by ``+`` (each ``true``)."""
+    if variant == "none":
+        return {}
+    if variant == "sweep":
+        from bakeoff.api.specs import GenerationRequest
+        from evaluations.probing import throughput_prompt
+
+        req = GenerationRequest(request_id="x", prompt=throughput_prompt(0, 0, fixture), max_tokens=8, ignore_eos=True)
+        return {k: v for k, v in engine.client.body(req).items() if k not in STANDARD_KEYS}
+    return {f: True for f in variant.split("+")}
+
+
+def make_tool(name: str, engine, model: str, fixture: bool, args, variant: str, work: str) -> ToolSide:
+    """The tool of ``name`` for a started backend (and, for vLLM, set bakeoff's client to send the
+    variant's extra fields, as the tool will)."""
+    if name == "vllm":
+        body = vllm_body(variant, engine, fixture)
+        if variant != "sweep":
+            engine.client.extra_body = dict(body)
+        return VllmBench(engine, model, fixture, args, body, work)
+    if name == "ort-genai":
+        return OgBare(engine, fixture, args)
+    if name == "openvino":
+        opts = engine.options.model_dump(include={"batching", "kv_cache_gib", "max_num_seqs", "enable_prefix_caching",
+                                                  "inference_precision", "device"})
+        return BareChild(engine.python, "openvino", engine.export_result.output_dir, opts,
+                         f"bare openvino_genai ({opts.get('batching')})", fixture, args)
+    if name == "optimum-ort":
+        opts = {"provider": engine.options.provider, "intra_op_num_threads": engine.options.intra_op_num_threads,
+                "onnx_file": engine.export_result.onnx_file}
+        return BareChild(engine.python, "optimum", engine.export_result.output_dir, opts,
+                         "bare ORTModelForCausalLM.generate", fixture, args)
+    if name == "transformers":
+        return BareChild(sys.executable, "hf", model, engine.options.model_dump(include={"device", "dtype"}),
+                         "bare generate", fixture, args)
+    raise ValueError(f"no tool for {name!r}")
