@@ -274,3 +274,110 @@ def test_logprobs_stay_aligned_with_token_ids():
     assert rec.output_token_ids == [1, 2, 3, 4]
     assert [e[0] if e else None for e in rec.output_logprobs] == [1, None, None, 4]
     assert jsonable_logprobs(rec.output_logprobs)[1] is None
+
+
+# ---- failure classes ------------------------------------------------------------------------
+
+def _recording_run(tmp_path):
+    from bakeoff.api.verdict import Verdict
+    from bakeoff.host.artifacts import RunDir
+    from bakeoff.host.run import RunContext
+
+    rundir = RunDir.create(tmp_path, "openai", "m")
+    return RunContext(rundir, Verdict(run_id=rundir.run_id, backend="openai", model="m"))
+
+
+def test_the_failure_classes_are_fifteen():
+    from bakeoff.api.verdict import FAILURE_CLASSES
+
+    assert len(FAILURE_CLASSES) == 15 and "unsupported-architecture" in FAILURE_CLASSES
+
+
+def test_recording_an_unknown_failure_class_raises_at_once(tmp_path):
+    """A class nobody defined fails the code that names it: when its scope opens, when a check
+    fails with it, when an engine failure carrying it ends a scope, when a check is recorded;
+    nothing of it is written."""
+    from bakeoff.api.errors import EngineFailure
+    from bakeoff.api.verdict import Check
+    from bakeoff.host.run import CheckFailed
+
+    run = _recording_run(tmp_path)
+    with pytest.raises(ValueError, match="unknown failure class 'timeout'.*hang"):
+        run.check("x.opened", "timeout")
+    with pytest.raises(ValueError, match="'crash'"):
+        CheckFailed("crash", "the engine died")
+    with pytest.raises(ValueError, match="'segfault'"):
+        with run.check("x.engine", "runtime-crash"):
+            raise EngineFailure("segfault", "the engine's own word is no class")
+    with pytest.raises(ValueError, match="'oom'"):
+        run.record(Check(name="x.recorded", status="fail", failure_class="oom"))
+    assert run.verdict.checks == [] and not (run.dir.path / "checks").exists()
+    with run.check("x.known", "hang"):
+        pass
+    run.record(Check(name="x.failed", status="fail", failure_class="unsupported-architecture"))
+    assert [c.name for c in run.verdict.checks] == ["x.known", "x.failed"]
+
+
+def _class_literals() -> dict[str, list[str]]:
+    """Every string literal the code puts where a failure class goes: the first argument of
+    ``EngineFailure``/``CheckFailed``, ``run.check(name, cls)``, ``c.fail(summary, cls)``,
+    ``c.require(ok, summary, cls)``, ``failure_class=`` keywords, assignments to and comparisons
+    with ``.failure_class`` / ``failure_class`` / ``error_class``, and the classes of
+    ``bakeoff/analysis/failures.py PATTERNS``."""
+    import ast
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    names = ("failure_class", "error_class", "fclass")
+    found: dict[str, list[str]] = {}
+
+    def strings(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node.value
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            for e in node.elts:
+                yield from strings(e)
+        elif isinstance(node, ast.IfExp):
+            yield from strings(node.body)
+            yield from strings(node.orelse)
+        elif isinstance(node, ast.BoolOp):
+            for v in node.values:
+                yield from strings(v)
+
+    def named(node) -> bool:
+        return (isinstance(node, ast.Name) and node.id in names) or (isinstance(node, ast.Attribute) and node.attr in names)
+
+    for pkg in ("bakeoff", "backends", "adapters", "evaluations"):
+        for path in (repo / pkg).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                picked = []
+                if isinstance(node, ast.Call):
+                    f = node.func
+                    fname = f.id if isinstance(f, ast.Name) else (f.attr if isinstance(f, ast.Attribute) else "")
+                    pos = {"EngineFailure": 0, "CheckFailed": 0, "check": 1, "fail": 1, "require": 2}.get(fname)
+                    if pos is not None and len(node.args) > pos:
+                        picked.append(node.args[pos])
+                    picked += [k.value for k in node.keywords if k.arg in names]
+                elif isinstance(node, ast.Assign) and any(named(t) for t in node.targets):
+                    picked.append(node.value)
+                elif isinstance(node, ast.Compare) and (named(node.left) or any(named(c) for c in node.comparators)):
+                    picked += [node.left, *node.comparators]
+                elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "PATTERNS" for t in node.targets):
+                    picked += [t.elts[0] for t in ast.walk(node.value) if isinstance(t, ast.Tuple) and t.elts]
+                for value in picked:
+                    for text in strings(value):
+                        found.setdefault(text, []).append(f"{path.relative_to(repo)}:{node.lineno}")
+    return found
+
+
+def test_every_failure_class_the_code_names_is_in_the_list():
+    from bakeoff.api.verdict import FAILURE_CLASSES
+
+    found = _class_literals()
+    classes = {k: v for k, v in found.items() if k and k.replace("-", "").isalpha() and k.islower()}
+    unknown = {k: v[:3] for k, v in classes.items() if k not in FAILURE_CLASSES}
+    assert not unknown, f"failure classes named in code but not in FAILURE_CLASSES: {unknown}"
+    # the scan is not vacuous: it sees the classes the code raises and compares with
+    assert {"hang", "runtime-crash", "load-failure", "unsupported-architecture", "incompatible-features",
+            "transport-distortion", "client-accounting", "cache-correctness", "ineffective-option"} <= set(classes)

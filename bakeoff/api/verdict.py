@@ -27,6 +27,24 @@ FAILURE_CLASSES: dict[str, str] = {
     "ineffective-option": "an option was accepted but its measurable effect is absent",
 }
 
+
+
+def known_failure_class(name: str | None) -> str | None:
+    """``name`` when it is one of :data:`FAILURE_CLASSES` (or None: no class).
+
+    Called wherever a check is recorded (``bakeoff/host/run.py``), so that a class nobody
+    defined (a typo, an engine's own word) fails the code that names it, at once, instead of
+    landing in a verdict that CI gates and ``compare`` groups by class.
+
+    Raises:
+        ValueError: naming the unknown class and the known ones.
+    """
+    if name is not None and name not in FAILURE_CLASSES:
+        raise ValueError(f"unknown failure class {name!r}; the classes are (bakeoff/api/verdict.py FAILURE_CLASSES): "
+                         f"{', '.join(FAILURE_CLASSES)}")
+    return name
+
+
 # ``info``: a report-only check that measured what it names and judges nothing (e.g. the
 # warm-up TTFT); shown as such, it neither qualifies nor disqualifies.
 CheckStatus = Literal["pass", "fail", "error", "skip", "info"]

@@ -13,7 +13,7 @@ from typing import Any
 
 from bakeoff.host.artifacts import RunDir
 from bakeoff.api.errors import EngineFailure
-from bakeoff.api.verdict import Check, Verdict, decide, utc_now
+from bakeoff.api.verdict import Check, Verdict, decide, known_failure_class, utc_now
 
 
 class CheckFailed(Exception):
@@ -21,7 +21,7 @@ class CheckFailed(Exception):
 
     def __init__(self, failure_class: str, summary: str):
         super().__init__(f"{failure_class}: {summary}")
-        self.failure_class = failure_class
+        self.failure_class = known_failure_class(failure_class)
         self.summary = summary
 
 
@@ -41,7 +41,7 @@ class CheckScope:
     def __init__(self, run: "RunContext", name: str, failure_class: str):
         self.run = run
         self.name = name
-        self.failure_class = failure_class
+        self.failure_class = known_failure_class(failure_class)
         self.values: dict[str, Any] = {}
         self.evidence_paths: list[str] = []
         self.summary = ""
@@ -117,7 +117,13 @@ class RunContext:
         return CheckScope(self, name, failure_class)
 
     def record(self, check: Check) -> None:
-        """Add or replace a check, write ``checks/<name>.json`` and the verdict."""
+        """Add or replace a check, write ``checks/<name>.json`` and the verdict.
+
+        Raises:
+            ValueError: the check's failure class is not one of ``FAILURE_CLASSES`` (nothing
+                is written).
+        """
+        known_failure_class(check.failure_class)
         self.verdict.checks = [c for c in self.verdict.checks if c.name != check.name] + [check]
         self.dir.write_json(f"checks/{check.name}.json", check.model_dump())
         self.save()
