@@ -175,13 +175,9 @@ def read_log(path, max_bytes: int = 8_000_000) -> str:
         return ""
 
 
-def fallback_notes(notes: dict[str, str], set_options: dict[str, Any], engine: str) -> list[OptionStatement]:
-    """Statements from a worker's ``<option>_fallback`` notes (bakeoff's workers record there
-    when they served with something else than asked, e.g. ``batching_fallback``)."""
-    out = []
-    for key, text in (notes or {}).items():
-        if key.endswith("_fallback"):
-            opt = key.removesuffix("_fallback")
-            out.append(OptionStatement(option=opt, kind="fell-back", line=f"{key}: {text}"[:600],
-                                       log="worker notes", source=f"{engine} worker", user_set=opt in set_options))
-    return out
+def fallback_statements(fallbacks: dict[str, str], set_options: dict[str, Any], engine: str) -> list[OptionStatement]:
+    """Statements from ``BackendInfo.fallbacks`` (``{option: why}``: what a worker served with
+    instead of what was asked, e.g. ``batching``)."""
+    return [OptionStatement(option=opt, kind="fell-back", line=f"{opt} fell back: {text}"[:600], log="backend info",
+                            source=f"{engine} worker", user_set=opt in set_options)
+            for opt, text in (fallbacks or {}).items()]

@@ -23,7 +23,7 @@ from bakeoff.loadgen.client import OpenAIClient
 from bakeoff.analysis.failures import classify_start, kernel_refusal, missing_tokenizer
 from bakeoff.host.procs import ManagedProcess, describe_exit, died_by_signal, free_port
 from bakeoff.api.specs import BackendInfo, GenerationRequest, TokenEvent
-from backends._options import OptionReport, fallback_notes
+from backends._options import OptionReport, fallback_statements
 from bakeoff.analysis.cuda_errors import classify, describe
 
 
@@ -246,16 +246,16 @@ class ChildServerBackend(Backend):
 
     def option_report(self):
         """What the engine said about the options the user set (:mod:`backends._options`), or
-        None before a start. Default: the worker's ``<option>_fallback`` notes (bakeoff's
-        workers write one when they serve otherwise than asked, e.g. transformers'
-        ``batching_fallback``); nothing else is verified. Engines with their own log rules
+        None before a start. Default: the backend's ``fallbacks`` (bakeoff's workers state one
+        when they serve otherwise than asked, e.g. transformers' ``batching``); nothing else is
+        verified. Engines with their own log rules
         (vLLM, ORT GenAI) override it."""
 
         if self.info is None:
             return None
         opts = dict(self.config.options)
         rep = OptionReport(engine=self.info.engine, set_options=opts)
-        for st in fallback_notes(self.info.notes, opts, self.info.engine):
+        for st in fallback_statements(self.info.fallbacks, opts, self.info.engine):
             rep.add(st)
         touched = {s.option for s in rep.ignored()}
         rep.unverifiable = {k: f"{self.info.engine} states nothing about it" for k in opts if k not in touched}

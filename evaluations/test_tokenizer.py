@@ -11,8 +11,15 @@ import pytest
 from evaluations.tokenizing import (added_special_ids, describer, example, mismatches, reference_ids, reference_tokenizer,
                                     sanity_prompts, uses_chat)
 
-# Notes of the backend's start that say which tokenizer the engine chose (ORT GenAI's fallback).
-ENGINE_TOKENIZER_NOTES = ("tokenizer", "tokenizer_fallback")
+
+
+def engine_tokenizer(info) -> dict[str, str]:
+    """What the backend's start says of the engine's tokenizer: the one it chose (``notes``) and,
+    where it fell back from the one asked for, why (``fallbacks``, e.g. ORT GenAI's)."""
+    if info is None:
+        return {}
+    said = {"tokenizer": (info.notes or {}).get("tokenizer"), "fallback": (info.fallbacks or {}).get("tokenizer")}
+    return {k: v for k, v in said.items() if v}
 
 
 @pytest.mark.check("sanity.tokenizer")
@@ -49,7 +56,7 @@ def test_tokenizer(run, settings, engine, probes):
         if tok is None:
             c.skip(why)
         texts = sanity_prompts(items)
-        notes = {k: v for k, v in ((getattr(engine.info, "notes", None) or {}).items()) if k in ENGINE_TOKENIZER_NOTES}
+        notes = engine_tokenizer(engine.info)
         forms = ["text"] + (["chat"] if uses_chat(engine) else [])
         c.values.update({"prompts": len(texts), "probe_source": source, "forms": forms,
                          "reference_tokenizer": f"{type(tok).__name__} ({ref_path})", "engine_tokenizer_notes": notes,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from backends._options import OptionReport, fallback_notes, message_of, rule, scan
+from backends._options import OptionReport, fallback_statements, message_of, rule, scan
 from backends.vllm import option_log as vl
 from bakeoff.api.errors import UserError
 from bakeoff.analysis.matrix import baseline_cell, baselines_first, kv_capacity_ratio, load_baseline, parse_matrix
@@ -130,9 +130,21 @@ def test_ort_genai_builder_lines_and_worker_fallbacks():
                "the quantized version. Setting `--precision int4` by default.")
     found = scan(builder, BUILDER_RULES, {"execution_provider": "cpu"}, "builder.log")
     assert [(s.option, s.user_set) for s in found] == [("execution_provider", True), ("precision", False)]
-    notes = {"batching_fallback": "og.Engine failed a 1-token warm-up", "tokenizer": "og.Tokenizer"}
-    [st] = fallback_notes(notes, {"batching": "engine"}, "ort-genai")
+    [st] = fallback_statements({"batching": "og.Engine failed a 1-token warm-up"}, {"batching": "engine"}, "ort-genai")
     assert st.option == "batching" and st.user_set and st.kind == "fell-back"
+    assert st.line == "batching fell back: og.Engine failed a 1-token warm-up"
+
+
+def test_fallbacks_travel_in_one_channel():
+    """``BackendInfo.fallbacks`` is where a fallback goes; a ``<option>_fallback`` note is refused."""
+    from pydantic import ValidationError
+
+    from bakeoff.api.specs import BackendInfo
+
+    info = BackendInfo(backend="b", engine="e", fallbacks={"batching": "why"}, notes={"batching": "none"})
+    assert info.fallbacks == {"batching": "why"}
+    with pytest.raises(ValidationError, match="batching_fallback.*BackendInfo.fallbacks"):
+        BackendInfo(backend="b", engine="e", notes={"batching_fallback": "why"})
 
 
 def test_message_of_strips_the_process_prefix():

@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 
 from adapters.ort_genai_export import ExportOptions, ExportResult, env_spec, export
 from backends.ort_genai.preflight import rule as preflight_rule
-from backends._options import OptionReport, OptionStatement, fallback_notes, read_log, rule, scan
+from backends._options import OptionReport, OptionStatement, fallback_statements, read_log, rule, scan
 from backends._server import ChildServerBackend
 from bakeoff.host import envs
 from bakeoff.api.errors import EngineFailure
@@ -211,7 +211,10 @@ class OrtGenaiBackend(ChildServerBackend):
         if self.options.paged_attention is None:
             value, why = paged_default(self.options)
             notes["paged_attention"] = f"{str(value).lower()} ({why})"
-        notes.update({k: str(v) for k, v in (info.get("notes") or {}).items()})
+        worker_notes = {k: str(v) for k, v in (info.get("notes") or {}).items()}
+        # the worker's "<option>_fallback" notes travel as fallbacks, by option (one channel)
+        fallbacks = {k.removesuffix("_fallback"): v for k, v in worker_notes.items() if k.endswith("_fallback")}
+        notes.update({k: v for k, v in worker_notes.items() if not k.endswith("_fallback")})
         if info.get("engine_max_batch_size") is not None:
             notes["engine_max_batch_size"] = str(info["engine_max_batch_size"])
         described = BackendInfo(
@@ -220,7 +223,7 @@ class OrtGenaiBackend(ChildServerBackend):
             launch_command=self.launch_cmd, base_url=self.base_url, served_model=self.config.model,
             startup_s=startup_s, notes=notes,
             concurrent_requests=(1 if info.get("batching") == "generator" else info.get("engine_max_batch_size")),
-            fallbacks={k.removesuffix("_fallback"): v for k, v in notes.items() if k.endswith("_fallback")})
+            fallbacks=fallbacks)
         self.info = described  # option_report() reads the export and the worker's notes through it
         rep = self.option_report()
         described.ignored_options = [st.model_dump(include={"option", "kind", "line"}) for st in rep.ignored()] if rep else []
@@ -230,7 +233,7 @@ class OrtGenaiBackend(ChildServerBackend):
         """What the builder, the runtime and the worker said about the options the user set.
 
         Rules: the builder's and runtime's messages (:data:`BUILDER_RULES`, :data:`RUNTIME_RULES`)
-        and the worker's ``*_fallback`` notes are statements; ``precision`` is verified by the
+        and the backend's ``fallbacks`` are statements; ``precision`` is verified by the
         exported graph's observed precision, ``moe_quant_type``/``qmoe_block_size`` by its
         ``QMoE`` nodes (none: ignored), ``batching`` by what the worker serves with; the
         INT4/INT8 knobs under a float precision are ignored by the builder (it reads them only
@@ -274,7 +277,7 @@ class OrtGenaiBackend(ChildServerBackend):
         builder_log = Path(self.export_result.output_dir) / "builder.log"
         for st in (scan(read_log(builder_log), BUILDER_RULES, opts, "builder.log")
                    + scan(read_log(self.log_path), RUNTIME_RULES, opts, self.log_path.name)
-                   + fallback_notes(self.info.notes, opts, "ort-genai")):
+                   + fallback_statements(self.info.fallbacks, opts, "ort-genai")):
             rep.add(st)
         for st in rep.ignored():
             rep.unverifiable.pop(st.option, None)

@@ -24,7 +24,7 @@ class TransformersOptions(Spec):
         batching: ``none`` serves one ``generate`` at a time (the reference); ``continuous``
             serves concurrent requests through transformers' ContinuousBatchingManager
             (paged KV cache, greedy requests only). When it is unavailable or fails its
-            warm-up the worker falls back to ``none`` and records why (``batching_fallback``).
+            warm-up the worker falls back to ``none`` and records why (``fallbacks["batching"]``).
         kv_memory_fraction: continuous batching: share of free GPU memory for the paged KV
             cache (transformers' ``max_memory_percent``; default its own, 0.9).
         gpu_headroom_gib: testing: once the model is loaded, the worker holds all free GPU
@@ -74,6 +74,6 @@ class TransformersBackend(ChildServerBackend):
                    "scheduling": ("continuous batching (transformers ContinuousBatchingManager, paged KV cache)"
                                   if info.get("batching") == "continuous"
                                   else "one request at a time (reference, not a batching server)"),
-                   **{k: str(info[k]) for k in ("batching", "batching_fallback", "attn_implementation",
+                   **{k: str(info[k]) for k in ("batching", "attn_implementation",
                                                 "gpu_headroom_held_gib") if info.get(k) is not None}},
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 OptionValue = str | int | float | bool | None
 
@@ -117,7 +117,9 @@ class BackendInfo(Spec):
             number (1: one at a time; ORT GenAI's Engine: its configured maximum batch); None when
             it schedules several without a fixed number (vLLM) or did not say.
         fallbacks: what was used instead of what was asked, by option (``batching``,
-            ``tokenizer``, ...), with why: read first in the ``load`` check's summary.
+            ``tokenizer``, ...), with why: read first in the ``load`` check's summary and stated
+            in the option report (``backends/_options.py fallback_statements``). The one channel
+            of fallbacks: a ``<option>_fallback`` key in ``notes`` is refused.
         notes: anything else worth recording (workarounds applied).
     """
 
@@ -137,6 +139,17 @@ class BackendInfo(Spec):
     concurrent_requests: int | None = Field(None, ge=1)
     fallbacks: dict[str, str] = Field(default_factory=dict)
     notes: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("notes")
+    @classmethod
+    def _no_fallback_notes(cls, v: dict[str, str]) -> dict[str, str]:
+        """A fallback travels in ``fallbacks`` only (one channel, read by the load check and the
+        option report), never as a ``<option>_fallback`` note beside it."""
+        stray = sorted(k for k in v if k.endswith("_fallback"))
+        if stray:
+            raise ValueError(f"notes {stray} are fallbacks: put them in BackendInfo.fallbacks, by option "
+                             f"({', '.join(k.removesuffix('_fallback') for k in stray)})")
+        return v
 
 
 class BackendConfig(Spec):
