@@ -106,3 +106,27 @@ def test_backend_streams_and_matches_reference(tiny_qwen3, onnx_export, tmp_path
     finally:
         b.stop()
     assert b.proc is not None and not b.proc.group_alive()
+
+
+# ---- pre-flight: optimum-onnx's own rule (no environment needed) --------------------------------
+
+@pytest.mark.parametrize("qc, accepted, said", [
+    (None, True, "float checkpoint: optimum-onnx's exporter"),
+    ({"quant_method": "mxfp4"}, True, "dequantizes it to bf16"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}, None, "pre-quantized (awq)"),
+])
+def test_preflight_cites_optimum_onnx_not_openvino(tmp_path, qc, accepted, said):
+    """optimum-ort exports with optimum-onnx: its pre-flight evidence cites optimum-onnx's
+    exporter (main_export), never optimum-intel's OpenVINO export configs."""
+    from backends import preflight
+
+    d = tmp_path / "m"
+    d.mkdir()
+    cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "torch_dtype": "bfloat16"}
+    if qc is not None:
+        cfg["quantization_config"] = qc
+    (d / "config.json").write_text(json.dumps(cfg))
+    r = preflight(d, "optimum-ort", cuda=False)
+    assert r.accepted is accepted and said in r.reason, r.reason
+    assert "optimum-onnx" in r.rule_source and "main_export" in r.rule_source, r.rule_source
+    assert "intel" not in (r.rule_source + r.reason).lower() and "openvino" not in (r.rule_source + r.reason).lower()

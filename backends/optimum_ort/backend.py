@@ -16,7 +16,7 @@ from pydantic import Field
 
 from adapters.optimum_onnx_export import OptimumOnnxOptions, OptimumOnnxResult, env_spec, export
 from backends._server import ChildServerBackend
-from backends.openvino.preflight import rule as _float_rule
+from backends.optimum_ort.preflight import rule as _onnx_rule
 from bakeoff.api.errors import EngineFailure
 from bakeoff.api.specs import BackendInfo
 from bakeoff.host import envs
@@ -45,7 +45,7 @@ class OptimumOrtOptions(OptimumOnnxOptions):
 class OptimumOrtBackend(ChildServerBackend):
     """ONNX Runtime through optimum's ``ORTModelForCausalLM``, one request at a time."""
 
-    preflight_rule = staticmethod(_float_rule)
+    preflight_rule = staticmethod(_onnx_rule)  # optimum-onnx's exporter (backends/optimum_ort/preflight.py)
 
     name = "optimum-ort"
     Options = OptimumOrtOptions
