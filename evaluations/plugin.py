@@ -11,39 +11,43 @@ import pytest
 
 import backends
 from bakeoff.host.artifacts import RunDir
-from bakeoff.api.errors import EngineFailure, UserError
+from bakeoff.api.errors import EngineFailure, UserError, one_line
 from bakeoff.host.fingerprint import fingerprint
 from bakeoff.host.run import CheckFailed, CheckSkipped, RunContext
 from bakeoff.api.specs import BackendConfig
 from bakeoff.api.verdict import Verdict
+from evaluations.inputs import DEFAULTS, PROFILES, check_request, resume_request
 from evaluations.session import (KEY_ENGINE, KEY_RUN, KEY_SETTINGS, KEY_TELEMETRY, MODULE_ORDER,
-                                 RELEVANT_PACKAGES, Settings, load_resume, settings_from)
+                                 RELEVANT_PACKAGES, Settings, load_resume, request_from, settings_from)
 from backends import preflight
 from evaluations import patching
 from bakeoff.analysis.cuda_errors import classify
 from bakeoff.api.verdict import Check
 from bakeoff.host import procs
 from bakeoff.host.envs import freeze
-from bakeoff.host.envs import mode as envs_mode
 from bakeoff.host.telemetry import GpuSampler, load_nvml
 from evaluations.reference import is_reference_run
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("bakeoff", "bakeoff evaluations")
-    g.addoption("--backend", default="transformers", help=f"backend to qualify: {', '.join(backends.names())}")
-    g.addoption("--model", default="fixture:tiny-qwen3", help="checkpoint folder, hub id, or fixture:NAME")
+    # the defaults are evaluations/inputs.py DEFAULTS (one table for bakeoff qualify and this plugin);
+    # None here means "not given", which --resume tells apart from a value
+    g.addoption("--backend", default=None, help=f"backend to qualify: {', '.join(backends.names())} (default: transformers)")
+    g.addoption("--model", default=None, help=f"checkpoint folder, hub id, or fixture:NAME (default: {DEFAULTS['model']})")
     g.addoption("--backend-opt", action="append", default=[], metavar="KEY=VALUE", help="engine option (repeatable)")
-    g.addoption("--artifacts", default="artifacts", help="where run directories are written (default: artifacts)")
-    g.addoption("--profile", default="quick", help="quick | full")
+    g.addoption("--artifacts", default=None, help="where run directories are written (default: the checkout's "
+                "artifacts/; installed: ./artifacts)")
+    g.addoption("--profile", default=None, help=f"{' | '.join(PROFILES)} (default: {DEFAULTS['profile']})")
     g.addoption("--reference-model", default=None, help="model the transformers reference runs (default: --model)")
     g.addoption("--reference-opt", action="append", default=[], metavar="KEY=VALUE",
                 help="option of the transformers reference (e.g. device=cpu to judge a GPU run against a CPU reference)")
     g.addoption("--min-probe-accuracy", type=float, default=None,
                 help="known-answer accuracy required (default: 90%% of what a fixture's builder measured; 0.8 on other shipped probes, 0.6 on generic probes)")
-    g.addoption("--start-timeout", type=float, default=420.0, help="seconds allowed for the engine to start")
-    g.addoption("--progress-timeout", type=float, default=120.0,
-                help="seconds without a byte from the engine before a request is a hang")
+    g.addoption("--start-timeout", type=float, default=None,
+                help=f"seconds allowed for the engine to start (default: {DEFAULTS['start_timeout_s']:.0f})")
+    g.addoption("--progress-timeout", type=float, default=None,
+                help=f"seconds without a byte from the engine before a request is a hang (default: {DEFAULTS['progress_timeout_s']:.0f})")
     g.addoption("--memory-limit-gib", type=float, default=None,
                 help="cap the engine child's address space (RLIMIT_AS) in GiB; for Python workers "
                      "(transformers, ort-genai), not vLLM whose virtual size is huge")
@@ -55,7 +59,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--resume", default=None, metavar="RUN_DIR",
                 help="continue a cut-off run: same backend, model and options; completed checks are kept")
     g.addoption("--requests-log", action="store_true", help="write every request to requests.jsonl")
-    g.addoption("--repeats", type=int, default=1, help="measure each sweep point this many times (noise estimate)")
+    g.addoption("--repeats", type=int, default=None,
+                help=f"measure each sweep point this many times (noise estimate; default {DEFAULTS['repeats']})")
     g.addoption("--baseline-run", default=None, metavar="RUN_DIR",
                 help="run of the same backend with kv_cache_dtype auto: capacity.kv_cache states this run's KV ratio against it")
 
@@ -80,21 +85,23 @@ def targets_evaluations(config: pytest.Config) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "check(name): the verdict check this test records")
-    if not hasattr(config.option, "backend") or config.option.help or config.option.collectonly:
-        return
-    if not targets_evaluations(config):
+    if not hasattr(config.option, "backend") or config.option.help or not targets_evaluations(config):
         return
     try:
-        envs_mode()  # BAKEOFF_ENVS checked before any engine environment is made
-        if config.getoption("--resume"):
-            rundir, verdict = load_resume(config)
-            s = settings_from(config)
+        if config.option.collectonly:  # bad input is refused while collecting too; nothing is built or written
+            if config.getoption("--resume") is not None:
+                resume_request(request_from(config))
+            else:
+                check_request(request_from(config))
+            return
+        if config.getoption("--resume") is not None:
+            rundir, verdict, s = load_resume(config)
         else:
             s = settings_from(config)
             rundir = RunDir.create(s.artifacts, s.backend, s.model.label)
             verdict = None
     except UserError as exc:
-        raise pytest.UsageError(str(exc)) from None
+        raise pytest.UsageError(one_line(str(exc))) from None
     procs.sigterm_as_interrupt()  # SIGTERM ends the session like Ctrl-C: engines stopped, verdict incomplete
     config.stash[KEY_TELEMETRY] = _start_telemetry(rundir)
     if verdict is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -33,9 +34,13 @@ def run(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Complet
     return proc
 
 
+ERROR_LINE = re.compile(r"bakeoff(?: [a-z-]+)*: error: ")  # `bakeoff: error:` or the parser's `bakeoff qualify: error:`
+
+
 def one_error_line(proc: subprocess.CompletedProcess, prefix: str = "bakeoff: error: ") -> str:
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith(prefix), proc.stderr
+    ok = ERROR_LINE.match(lines[0]) if lines and prefix == "bakeoff: error: " else lines and lines[0].startswith(prefix)
+    assert len(lines) == 1 and ok, proc.stderr
     return lines[0]
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from bakeoff.api.errors import UserError
 from bakeoff.analysis.matrix import Cell, cells_for, merge_options, parse_matrix, split_top_level
+from bakeoff.api.options import format_kv
 
 
 def test_no_matrix_is_one_empty_cell():
@@ -19,7 +20,7 @@ def test_cartesian_product_with_presets():
     assert cells[0].options == {"kv_cache_dtype": "auto"}  # none -> no key
     assert cells[1].options == {"kv_cache_dtype": "auto", "speculative_config": {
         "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}}
-    assert cells[3].backend_opts() == [
+    assert [format_kv(k, v) for k, v in cells[3].options.items()] == [
         "kv_cache_dtype=fp8", 'speculative_config={"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":4}']
 
 
@@ -53,9 +54,9 @@ def test_errors_are_one_line(items, message):
 
 def test_merge_refuses_a_key_set_twice():
     cell = parse_matrix(["kv_cache_dtype=fp8"])[0]
-    assert merge_options(["max_model_len=2048"], cell) == ["max_model_len=2048", "kv_cache_dtype=fp8"]
+    assert merge_options({"max_model_len": 2048}, cell) == {"max_model_len": 2048, "kv_cache_dtype": "fp8"}
     with pytest.raises(UserError, match="also varied by --matrix"):
-        merge_options(["kv_cache_dtype=auto"], cell)
+        merge_options({"kv_cache_dtype": "auto"}, cell)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -109,7 +110,7 @@ def test_qualify_runs_a_backend_once_when_the_matrix_is_not_its_own(tmp_path, mo
 
     monkeypatch.setattr(subprocess, "Popen", fake_pytest)
     monkeypatch.setattr("bakeoff.reporting.report.write_report", lambda runs, dest: dest)
-    monkeypatch.setattr(cli, "_print_summary", lambda runs: [])
+    monkeypatch.setattr("bakeoff.cli.progress.print_verdicts", lambda runs: [])
     assert cli.main(["qualify", "--backends", "vllm,ort-genai", "--matrix", "kv_cache_dtype=auto,fp8",
                      "--artifacts", str(tmp_path / "art")]) == 0
     backends_run = [next(a for a in c if a.startswith("--backend=")) for c in calls]

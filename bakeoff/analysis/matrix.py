@@ -24,7 +24,6 @@ is split at top-level commas only).
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,9 @@ from pydantic import Field
 from bakeoff.analysis.kv_layout import (INEFFECTIVE_BAND, KV_DTYPE_BYTES, RATIO_TOLERANCE, judge_ratio, kv_layout,
                                        predicted_ratio)
 from bakeoff.api.errors import UserError
+from bakeoff.api.options import parse_value
 from bakeoff.api.specs import Spec
+from bakeoff.host.artifacts import read_json
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "speculative": {
@@ -61,11 +62,6 @@ class Cell(Spec):
     label: str = ""
     choices: dict[str, str] = Field(default_factory=dict)
     options: dict[str, Any] = Field(default_factory=dict)
-
-    def backend_opts(self) -> list[str]:
-        """The cell's options as ``--backend-opt KEY=VALUE`` strings (JSON values)."""
-        return [f"{k}={v if isinstance(v, str) else json.dumps(v, separators=(',', ':'))}"
-                for k, v in self.options.items()]
 
 
 def split_top_level(text: str) -> list[str]:
@@ -102,9 +98,9 @@ def _expand(key: str, raw: str) -> dict[str, Any]:
             raise UserError(f"unknown --matrix value {key}={raw!r}; choose from: {', '.join(preset)}")
         return dict(preset[raw])
     try:
-        return {key: json.loads(raw)}
-    except json.JSONDecodeError:
-        return {key: raw}
+        return {key: parse_value(raw)}
+    except ValueError as exc:
+        raise UserError(f"--matrix {key}={raw[:40]!r}: {exc}; pass a finite value") from None
 
 
 def parse_matrix(items: list[str]) -> list[Cell]:
@@ -182,18 +178,17 @@ def cells_for(cells: list[Cell], has_option) -> tuple[list[Cell], list[str]]:
     return list(out.values()), dropped
 
 
-def merge_options(base: list[str], cell: Cell) -> list[str]:
-    """``--backend-opt`` strings of a cell: the user's, then the cell's (the cell wins on a key).
+def merge_options(base: dict[str, Any], cell: Cell) -> dict[str, Any]:
+    """The options of a cell: the user's ``--backend-opt`` values, then the cell's.
 
     Raises:
         UserError: when the user's ``--backend-opt`` already sets a key the matrix varies
             (ambiguous: which value is meant).
     """
-    cell_keys = set(cell.options)
-    clash = [o.partition("=")[0].strip() for o in base if o.partition("=")[0].strip() in cell_keys]
+    clash = [k for k in base if k in cell.options]
     if clash:
         raise UserError(f"--backend-opt {clash[0]} is also varied by --matrix; drop one of them")
-    return [*base, *cell.backend_opts()]
+    return {**base, **cell.options}
 
 
 # ---- KV cache dtype cells against their baseline ------------------------------------------
@@ -236,11 +231,16 @@ def load_baseline(path: Path) -> dict[str, Any]:
         UserError: one line when the folder holds no readable bakeoff verdict.
     """
     try:
-        v = json.loads((Path(path) / "verdict.json").read_text())
-        return {"run_id": v["run_id"], "path": str(Path(path).resolve()), "backend": v["backend"],
-                "options": v.get("options") or {}, "backend_info": v.get("backend_info") or {}}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"--baseline-run {path}: not a readable run directory ({exc.__class__.__name__}); pass a "
+        v = read_json(Path(path) / "verdict.json")
+        out = {"run_id": v["run_id"], "path": str(Path(path).resolve()), "backend": v["backend"],
+               "options": v.get("options") or {}, "backend_info": v.get("backend_info") or {}}
+        if not all(isinstance(out[k], t) for k, t in (("run_id", str), ("backend", str), ("options", dict),
+                                                     ("backend_info", dict))):
+            raise TypeError("its run_id, backend, options or backend_info is not of bakeoff's type")
+        return out
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UserError(f"--baseline-run {path}: not a readable run directory ({exc.__class__.__name__}: "
+                        f"{' '.join(str(exc).split())[:100]}); pass a "
                         "folder under artifacts/runs/ that holds verdict.json") from None
 
 

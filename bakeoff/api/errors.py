@@ -7,6 +7,14 @@ class UserError(Exception):
     """Bad input from the user: reported as one line that says what to do, exit code 2."""
 
 
+def one_line(text: str, limit: int = 2000) -> str:
+    """``text`` as one printable line: a newline, tab or other control character a user put into a
+    value is shown escaped (``\\n``), so that an error stays the one line it promises; long text
+    is cut at ``limit`` characters."""
+    out = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+    return out if len(out) <= limit else out[:limit] + "..."
+
+
 class EngineFailure(Exception):
     """An engine failed in a way that becomes a failed check, never a crash of the suite.
 

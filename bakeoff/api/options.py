@@ -1,8 +1,10 @@
-"""Parsing of ``--backend-opt key=value`` into a backend's pydantic Options model."""
+"""``--backend-opt key=value``: parsed once into values, validated against a backend's pydantic
+Options model, and written back as ``key=value`` only to hand them to a child command line."""
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -10,12 +12,43 @@ from pydantic import BaseModel, ValidationError
 from bakeoff.api.errors import UserError
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number")  # JSON's NaN / Infinity / -Infinity
+
+
+def parse_value(raw: str) -> Any:
+    """The value of ``key=VALUE``: JSON where it parses (``3``, ``true``, ``{...}``), else the text.
+
+    Raises:
+        ValueError: ``NaN`` / ``Infinity`` (a bound no option means), or nesting beyond recursion.
+    """
+    try:
+        return json.loads(raw, parse_constant=_no_constant)
+    except json.JSONDecodeError:
+        return raw
+    except RecursionError:
+        raise ValueError("nested too deep") from None
+
+
+def format_kv(key: str, value: Any) -> str:
+    """``key=VALUE`` that :func:`parse_kv` reads back as ``value`` (text as it is where it would not
+    parse as JSON, else JSON)."""
+    if isinstance(value, str):
+        try:
+            same = parse_value(value) == value
+        except ValueError:
+            same = False
+        if same:
+            return f"{key}={value}"
+    return f"{key}={json.dumps(value, separators=(',', ':'))}"
+
+
 def parse_kv(items: list[str], flag: str = "--backend-opt") -> dict[str, Any]:
     """Parse ``["k=v", ...]``; values are JSON where they parse (``3``, ``true``, ``{...}``).
 
     Raises:
-        UserError: for an item without ``=``, with an empty key, or a key given twice
-            (which value was meant is ambiguous).
+        UserError: for an item without ``=``, with an empty key, a key given twice (which value
+            was meant is ambiguous), or a value NaN / Infinity.
     """
     out: dict[str, Any] = {}
     for item in items:
@@ -24,23 +57,34 @@ def parse_kv(items: list[str], flag: str = "--backend-opt") -> dict[str, Any]:
         if not sep or not key:
             raise UserError(f"malformed {flag} {item!r}: expected key=value, e.g. {flag} max_model_len=2048")
         try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
+            value = parse_value(raw)
+        except ValueError as exc:
+            raise UserError(f"{flag} {key}={raw[:40]!r}: {exc}; pass a finite value") from None
         if key in out:
             raise UserError(f"{flag} {key} given twice ({key}={out[key]!r} and {item!r}); pass it once")
         out[key] = value
     return out
 
 
+def _non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple, set)):
+        return any(_non_finite(v) for v in value)
+    return False
+
+
 def parse_options(backend: str, model: type[BaseModel], options: dict[str, Any]) -> BaseModel:
     """Validate options against a backend's ``Options`` model.
 
     Raises:
-        UserError: one line naming the bad key and the valid keys.
+        UserError: one line naming the bad key and the valid keys (a number that is NaN or
+            infinite, e.g. ``inf`` given as text, is a bad value).
     """
     try:
-        return model.model_validate(options)
+        parsed = model.model_validate(options)
     except ValidationError as exc:
         err = exc.errors()[0]
         key = ".".join(str(p) for p in err.get("loc", ())) or "?"
@@ -48,20 +92,30 @@ def parse_options(backend: str, model: type[BaseModel], options: dict[str, Any])
         if err.get("type") == "extra_forbidden":
             raise UserError(f"unknown option {key!r} for backend {backend}; valid options: {valid}") from None
         raise UserError(f"bad value for option {key!r} of backend {backend}: {err.get('msg')}; valid options: {valid}") from None
+    except RecursionError:
+        raise UserError(f"an option of backend {backend} is nested too deep; pass plain values") from None
+    for key in parsed.model_fields_set:
+        if _non_finite(getattr(parsed, key)):
+            raise UserError(f"bad value for option {key!r} of backend {backend}: not a finite number; pass a finite value")
+    return parsed
 
 
-def split_backend_opts(items: list[str], backends_: list[str]) -> dict[str, list[str]]:
-    """``[BACKEND:]KEY=VALUE`` -> options per backend (no prefix: every backend)."""
+def split_backend_opts(items: list[str], backends_: list[str], flag: str = "--backend-opt",
+                       prefixes: bool = True) -> dict[str, dict[str, Any]]:
+    """``[BACKEND:]KEY=VALUE`` items -> parsed options per backend (no prefix: every backend).
+
+    Raises:
+        UserError: a malformed item, a key given twice for one backend, a prefix that names a
+            backend not among ``backends_``.
+    """
     per: dict[str, list[str]] = {b: [] for b in backends_}
     for item in items:
         head, sep, rest = item.partition(":")
-        if sep and "=" not in head and head in per:
+        if prefixes and sep and "=" not in head and head in per:
             per[head].append(rest)
-        elif sep and "=" not in head and head not in per:
-            raise UserError(f"--backend-opt {item!r} names backend {head!r}, which is not among --backends {','.join(backends_)}")
+        elif prefixes and sep and "=" not in head and head not in per:
+            raise UserError(f"{flag} {item!r} names backend {head!r}, which is not among --backends {','.join(backends_)}")
         else:
             for b in per:
                 per[b].append(item)
-    for b, opts in per.items():
-        parse_kv(opts)
-    return per
+    return {b: parse_kv(opts, flag) for b, opts in per.items()}

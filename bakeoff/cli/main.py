@@ -1,9 +1,15 @@
-"""``bakeoff`` command line. Bad input is one line on stderr naming the fix, exit code 2."""
+"""``bakeoff`` command line. Bad input is one line on stderr naming the fix, exit code 2.
+
+Nothing heavy is imported before a command runs: each command imports what it needs, and the
+``jobs`` and tool commands are declared by light modules whose handlers are imported by name
+(``"module:function"``) only when chosen, so ``bakeoff`` answers bad input fast.
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import subprocess
 import sys
@@ -11,15 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from bakeoff.api.errors import UserError
-from bakeoff.cli.progress import print_verdicts as _print_summary
-from bakeoff.cli.progress import Progress, choose_mode
+from bakeoff.api.errors import UserError, one_line
 from bakeoff.cli.gating import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NO_RUN, GATE_STATUSES, gate, parse_fail_on
 from bakeoff.host.procs import sigterm_as_interrupt
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKOUT = (REPO / "pyproject.toml").is_file()  # else an installed wheel: REPO is site-packages
-DEFAULT_MODEL = "fixture:tiny-qwen3"
+DEFAULT_MODEL = "fixture:tiny-qwen3"  # evaluations/inputs.py DEFAULTS (the one table; named here for --help)
 DEFAULT_ARTIFACTS = str(REPO / "artifacts") if CHECKOUT else "artifacts"  # installed: under the current folder
 
 
@@ -39,106 +43,81 @@ def _pytest_cmd(*opts: str) -> tuple[list[str], str]:
     return cmd + ["-c", os.devnull, "--rootdir", str(ev), "--confcutdir", str(ev), *opts], os.getcwd()
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too: keep it short)
-        raise UserError(f"{message} (see: {self.prog} --help)")
+class ArgError(UserError):
+    """An argument the parser of ``prog`` (``bakeoff qualify``) refused: one line naming its --help."""
+
+    def __init__(self, prog: str, message: str):
+        super().__init__(message)
+        self.prog = prog
 
 
-def _plain_name(name: str, flag: str) -> str:
-    """A report name under ``artifacts/reports/``: one plain path component.
+class Parser(argparse.ArgumentParser):
+    """argparse, but a refused argument is one line (``bakeoff qualify: error: ...; see bakeoff
+    qualify --help``, exit 2), never the usage block."""
 
-    Raises:
-        UserError: empty, a path (``/``, ``..``) or hidden.
-    """
-    if not name or name != Path(name).name or name in (".", "..") or name.startswith("."):
-        raise UserError(f"{flag} {name!r} is not a plain name; reports go to artifacts/reports/NAME: pass a name "
-                        "such as latest or cpu-vs-h200")
-    return name
+    def error(self, message: str) -> None:
+        raise ArgError(self.prog, message)
+
+
+def _request(args):
+    """``bakeoff qualify``'s flags as an :class:`evaluations.inputs.Request` (None: not given)."""
+    from evaluations.inputs import Request
+
+    return Request(entry="qualify", backends=None if args.backends is None else args.backends.split(","), model=args.model,
+                   backend_opt=args.backend_opt, matrix=args.matrix, profile=args.profile, artifacts=args.artifacts,
+                   report=args.report, reference_model=args.reference_model, reference_opt=args.reference_opt,
+                   patch=args.patch, no_preflight=args.no_preflight, repeats=args.repeats, resume=args.resume)
 
 
 def cmd_qualify(args) -> int:
+    """Check everything (:func:`evaluations.inputs.check_request`, the function ``pytest
+    evaluations/`` calls too), then run each backend x matrix cell and write the report."""
+    from evaluations.inputs import check_request
+
+    fail_on = parse_fail_on(args.fail_on)
+    if args.resume is not None:
+        return _resume(_request(args), fail_on)
+    checked = check_request(_request(args))
+    return _qualify(checked, args.quiet, fail_on)
+
+
+def _qualify(c, quiet: bool, fail_on: frozenset[str]) -> int:
+    """The checked request ``c`` (:class:`evaluations.inputs.Checked`): environments and fixture,
+    one evaluation per run, the report."""
     import backends
-    from bakeoff.host.artifacts import check_artifacts, check_writable
-    from bakeoff.models.resolve import check as check_model
+    from bakeoff.cli import steps
+    from bakeoff.cli.progress import Progress, choose_mode
+    from bakeoff.cli.progress import print_verdicts as _print_summary
+    from bakeoff.host.artifacts import check_writable
     from bakeoff.models.resolve import resolve
-    from bakeoff.api.options import parse_kv, parse_options, split_backend_opts
     from bakeoff.reporting.report import write_report
 
-    from bakeoff.host.envs import mode as envs_mode
-
-    envs_mode()  # a BAKEOFF_ENVS bakeoff does not know is refused before any work
-    fail_on = parse_fail_on(args.fail_on)
-    if args.resume:
-        return _resume(args, fail_on)
-    args.model = DEFAULT_MODEL if args.model is None else args.model
-    if not args.model.strip():
-        raise UserError("--model is empty; pass a checkpoint folder, a hub id (org/name) or fixture:NAME")
-    if args.backends is not None and not args.backends.strip(", "):
-        raise UserError(f"--backends names no backend; choose from: {', '.join(backends.REGISTRY)}")
-    if not str(args.artifacts).strip():
-        raise UserError("--artifacts is empty; pass the folder runs and reports go to (default: artifacts)")
-    report_name = _plain_name(args.report, "--report")
-    names = [b.strip() for b in (args.backends or ",".join(backends.DEFAULT_QUALIFY)).split(",") if b.strip()]
-    if len(set(names)) != len(names):
-        raise UserError(f"--backends names a backend twice ({args.backends}); name each once")
-    for n in names:
-        backends.validate(n)
-    per = split_backend_opts(args.backend_opt, names)
-    from bakeoff.analysis.matrix import baselines_first, cells_for, merge_options, parse_matrix
-
-    cells = baselines_first(parse_matrix(args.matrix))  # a quantized-KV cell is judged against its auto cell
-    if args.repeats < 1:
-        raise UserError(f"--repeats must be at least 1, got {args.repeats}")
-    by_backend, left_out = {}, {}  # each backend varies the axes it has an option for
-    for n in names:
-        fields = backends.resolve(n).Options.model_fields
-        by_backend[n], left_out[n] = cells_for(cells, fields.__contains__)
-    for axis in cells[0].choices:
-        if all(axis in left_out[n] for n in names):
-            raise UserError(f"--matrix {axis} is an option of none of {', '.join(names)}; "
-                            "check its spelling (a preset: speculative, prefix_cache) or drop the axis")
-    for n in names:
-        for cell in by_backend[n]:
-            parse_options(n, backends.resolve(n).Options, parse_kv(merge_options(per[n], cell)))
-    parse_options("transformers", backends.resolve("transformers").Options, parse_kv(args.reference_opt))
-    from evaluations.session import PROFILES
-
-    if args.profile not in PROFILES:  # the plugin's own table: a profile is defined once
-        raise UserError(f"unknown profile {args.profile!r}; choose one of: {', '.join(PROFILES)}")
-    # everything is checked before the first fixture build (minutes) or write (issue 15)
-    from evaluations.patching import check as check_patches
-
-    check_patches(args.patch)  # a malformed --patch: one line, before any build
-    check_model(args.model)
-    if args.reference_model:  # a fixture reference must be built already (bakeoff fixture build NAME)
-        ref = resolve(args.reference_model, build=False)
-        args.reference_model = ref.path if ref.local and not args.reference_model.startswith("fixture:") else args.reference_model
-    check_artifacts(Path(args.artifacts), report_name)
-    from bakeoff.cli.steps import StepClock, prepare
-
-    clock = StepClock()  # engine environments are made while the fixture trains, on one live view
-    with Progress(choose_mode(args.quiet)) as progress:
-        model = prepare(args.model, [spec for n in names for spec in backends.resolve(n).env_specs()],
-                        progress.phases, clock)
-        if model.local and not args.model.startswith("fixture:"):
-            args.model = model.path  # absolute: the evaluation runs with the repository as its folder
-        artifacts = check_writable(Path(args.artifacts)).resolve()
+    if c.reference_model and not c.reference_model.startswith("fixture:"):
+        ref = resolve(c.reference_model, build=False)  # absolute: the evaluation runs in the repository
+        c.reference_model = ref.path if ref.local else c.reference_model
+    clock = steps.StepClock()  # engine environments are made while the fixture trains, on one live view
+    with Progress(choose_mode(quiet)) as progress:
+        model = steps.prepare(c.model, [spec for n in c.backends for spec in backends.resolve(n).env_specs()],
+                              progress.phases, clock)
+        if model.local and not c.model.startswith("fixture:"):
+            c.model = model.path  # absolute: the evaluation runs with the repository as its folder
+        artifacts = check_writable(c.artifacts).resolve()
         runs: list[Path] = []
         missing: list[tuple[str, str, str]] = []  # (label, "incomplete", why) of runs that were not written
         cell_runs: dict[tuple[str, str], Path] = {}  # (backend, cell label) -> its run, for --baseline-run
-        progress.say(f"qualifying {', '.join(names)} on {args.model} ({args.profile} profile)")
-        for n in names:
-            if left_out[n]:
-                print(f"{n}: --matrix {', '.join(left_out[n])} not varied (no such option of {n})", flush=True)
-        for n, cell in [(n, cell) for n in names for cell in by_backend[n]]:  # each matrix cell is its own run
+        progress.say(f"qualifying {', '.join(c.backends)} on {c.model} ({c.profile} profile)")
+        for n in c.backends:
+            if c.left_out[n]:
+                print(f"{n}: --matrix {', '.join(c.left_out[n])} not varied (no such option of {n})", flush=True)
+        for run in c.runs:  # each matrix cell is its own run
             t_run, before = time.monotonic(), len(runs)
-            _one_run(args, n, cell, by_backend[n], per, artifacts, progress, runs, cell_runs, missing)
-            clock.add_run(n + (f" [{cell.label}]" if cell.label else ""), time.monotonic() - t_run,
+            _one_run(c, run, artifacts, progress, runs, cell_runs, missing)
+            clock.add_run(run.backend + (f" [{run.cell.label}]" if run.cell.label else ""), time.monotonic() - t_run,
                           runs[-1] if len(runs) > before else None)
     if not runs:
         print("bakeoff: error: no run was written; see the errors above", file=sys.stderr)
         return EXIT_NO_RUN
-    report = write_report(runs, artifacts / "reports" / report_name)
+    report = write_report(runs, artifacts / "reports" / c.report)
     outcomes = _print_summary(runs)
     if progress.mode != "quiet":
         clock.print()
@@ -146,27 +125,26 @@ def cmd_qualify(args) -> int:
     return _exit_code(outcomes + missing, fail_on)
 
 
-def _one_run(args, n: str, cell, cells, per, artifacts: Path, progress, runs: list[Path],
-             cell_runs: dict, missing: list) -> None:
+def _one_run(c, run, artifacts: Path, progress, runs: list[Path], cell_runs: dict, missing: list) -> None:
     """One backend x matrix cell: its pytest subprocess; appends to ``runs`` or ``missing``."""
-    from bakeoff.analysis.matrix import baseline_cell, merge_options
+    from bakeoff.analysis.matrix import baseline_cell
+    from bakeoff.api.options import format_kv
 
-    t0 = time.monotonic()
+    n, cell, t0 = run.backend, run.cell, time.monotonic()
     with tempfile.NamedTemporaryFile("r", suffix=".run", delete=False) as fh:
         run_file = fh.name
     # --opt=value: pytest's first parse does not know the plugin's options yet and would take a
     # separate value naming a folder for a test path, importing any conftest.py in it
-    cmd, cwd = _pytest_cmd(f"--backend={n}", f"--model={args.model}", f"--artifacts={artifacts}",
-                           f"--profile={args.profile}", f"--repeats={args.repeats}")
-    for o in merge_options(per[n], cell):
-        cmd.append(f"--backend-opt={o}")
-    if args.reference_model:
-        cmd.append(f"--reference-model={args.reference_model}")
-    cmd += [f"--reference-opt={o}" for o in args.reference_opt]
-    if args.no_preflight:
+    cmd, cwd = _pytest_cmd(f"--backend={n}", f"--model={c.model}", f"--artifacts={artifacts}",
+                           f"--profile={c.profile}", f"--repeats={c.repeats}")
+    cmd += [f"--backend-opt={format_kv(k, v)}" for k, v in run.options.items()]  # the one KEY=VALUE form: for the child
+    if c.reference_model:
+        cmd.append(f"--reference-model={c.reference_model}")
+    cmd += [f"--reference-opt={format_kv(k, v)}" for k, v in c.reference_options.items()]
+    if not c.preflight:
         cmd.append("--no-preflight")
-    cmd += [f"--patch={p}" for p in args.patch]
-    base = baseline_cell(cell, cells)
+    cmd += [f"--patch={p}" for p in c.patches]
+    base = baseline_cell(cell, [r.cell for r in c.runs if r.backend == n])
     if base is not None and (n, base.label) in cell_runs:
         cmd.append(f"--baseline-run={cell_runs[(n, base.label)]}")
     elif base is not None:
@@ -195,35 +173,26 @@ def _exit_code(outcomes: list[tuple[str, str, str]], fail_on: frozenset[str]) ->
     return code
 
 
-def _resume(args, fail_on: frozenset[str]) -> int:
+def _resume(req, fail_on: frozenset[str]) -> int:
     """``bakeoff qualify --resume RUN_DIR``: finish a cut-off run (completed checks are kept),
-    then re-write the report. The run's own backend, model and options apply, so options that
-    choose them conflict."""
-    from bakeoff.reporting.report import write_report
-
-    given = [f for f, v in (("--backends", args.backends), ("--model", args.model), ("--backend-opt", args.backend_opt),
-                            ("--matrix", args.matrix), ("--reference-model", args.reference_model),
-                            ("--reference-opt", args.reference_opt)) if v]
-    given += [f for f, v in (("--profile", args.profile != "quick"), ("--artifacts", args.artifacts != DEFAULT_ARTIFACTS),
-                             ("--no-preflight", args.no_preflight), ("--patch", args.patch)) if v]
-    if given:
-        raise UserError(f"--resume continues a run with its own settings; drop {', '.join(given)}")
-    if args.repeats < 1:
-        raise UserError(f"--repeats must be at least 1, got {args.repeats}")
-    report_name = _plain_name(args.report, "--report")  # before the resumed run, not after it
-    run_dir = Path(args.resume).resolve()
+    then re-write the report. The run's own backend, model and options apply: the resumed
+    request is checked here as the evaluation will check it, before it starts."""
+    from bakeoff.cli.progress import print_verdicts as _print_summary
     from bakeoff.host.artifacts import check_creatable
-    from evaluations.session import read_resumable
+    from bakeoff.reporting.report import write_report
+    from evaluations.inputs import check_request, resume_request
 
-    read_resumable(run_dir)  # the checks the plugin makes again when it resumes: one function
-    check_creatable(run_dir.parent.parent / "reports" / report_name, "report folder",
+    run_req, _meta, _verdict = resume_request(req)
+    c = check_request(run_req)
+    run_dir = Path(run_req.resume).resolve()
+    check_creatable(run_dir.parent.parent / "reports" / c.report, "report folder",
                     "make the run's artifacts folder writable, or copy the run into one that is")
-    cmd, cwd = _pytest_cmd(f"--resume={run_dir}", f"--repeats={args.repeats}")
+    cmd, cwd = _pytest_cmd(f"--resume={run_dir}", f"--repeats={c.repeats}")
     print(f"resuming {run_dir.name}\n$ {' '.join(cmd)}", flush=True)
     proc = subprocess.run(cmd, cwd=cwd)
     if proc.returncode in (3, 4):
         raise UserError(f"could not resume {run_dir.name} (pytest exit {proc.returncode}; see the error above)")
-    report = write_report([run_dir], run_dir.parent.parent / "reports" / report_name)
+    report = write_report([run_dir], run_dir.parent.parent / "reports" / c.report)
     outcomes = _print_summary([run_dir])
     print(f"\nreport: {report}")
     return _exit_code(outcomes, fail_on)
@@ -234,7 +203,11 @@ def _report_dest(args) -> Path:
     created: the runs are read and checked first, then the report folder is made)."""
     from bakeoff.host.artifacts import check_creatable
 
-    name = _plain_name(args.name, "--name")
+    from bakeoff.host.artifacts import plain_name
+
+    name = plain_name(args.name, "--name")
+    if not args.artifacts.strip():
+        raise UserError("--artifacts is empty; pass the folder reports go to (default: artifacts)")
     check_creatable(Path(args.artifacts))
     return check_creatable(Path(args.artifacts) / "reports" / name)
 
@@ -262,6 +235,8 @@ def cmd_report(args) -> int:
 def cmd_compare(args) -> int:
     from bakeoff.reporting.compare import write_compare
 
+    if args.baseline is not None and not args.baseline.strip():
+        raise UserError("--baseline is empty; pass a run id, a column label or a column number (default: the first run)")
     dest = _report_dest(args)
     with _io_as_user_error("comparison"):
         out = write_compare([Path(p) for p in args.runs], dest, args.baseline)
@@ -301,11 +276,15 @@ def cmd_envs(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``bakeoff`` parser. Light: the subcommands' handlers are named ``"module:function"``
+    where importing them costs (``jobs``, ``quantize``, ``calibrate``) and imported when chosen."""
+    from bakeoff.cli.jobs.args import add_jobs_parser
+    from bakeoff.cli.tools import add_tool_parsers
     import backends
 
-    ap = _Parser(prog="bakeoff", description="Qualify or disqualify LLM inference backends for a model, "
-                 "with captured evidence, and measure the ones that qualify.")
-    sub = ap.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    ap = Parser(prog="bakeoff", description="Qualify or disqualify LLM inference backends for a model, "
+                "with captured evidence, and measure the ones that qualify.")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     q = sub.add_parser("qualify", help="run the evaluations once per backend, then write a report")
     q.add_argument("--backends", help=f"comma-separated, from: {', '.join(backends.names())} "
                    f"(default: {','.join(backends.DEFAULT_QUALIFY)})")
@@ -313,10 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--backend-opt", action="append", default=[], metavar="[BACKEND:]KEY=VALUE",
                    help="an engine option (repeatable); BACKEND: limits it to one backend, e.g. "
                         "vllm:kv_cache_dtype=fp8 (an unknown key is refused with the backend's valid keys)")
-    q.add_argument("--profile", default="quick", help="quick (1-8 sessions, default) | full (1-32 sessions)")
-    q.add_argument("--artifacts", default=DEFAULT_ARTIFACTS, help="folder for runs/ and reports/ "
+    q.add_argument("--profile", default=None, help="quick (1-8 sessions, default) | full (1-32 sessions)")
+    q.add_argument("--artifacts", default=None, help="folder for runs/ and reports/ "
                    "(default: the checkout's artifacts/; installed: ./artifacts)")
-    q.add_argument("--report", default="latest", help="report name under artifacts/reports/")
+    q.add_argument("--report", default=None, help="report name under artifacts/reports/ (default: latest)")
     q.add_argument("--reference-model", default=None, help="the transformers reference's checkpoint "
                    "(default: the model under test, or its unquantized source when known)")
     q.add_argument("--reference-opt", action="append", default=[], metavar="KEY=VALUE",
@@ -329,7 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--matrix", action="append", default=[], metavar="KEY=V1,V2",
                    help="run every combination (repeatable): a backend option or a preset "
                         "(speculative=none,ngram,mtp; prefix_cache=on,off)")
-    q.add_argument("--repeats", type=int, default=1, help="measure each sweep point R times (noise estimate)")
+    q.add_argument("--repeats", type=int, default=None, help="measure each sweep point R times (noise estimate; "
+                   "default 1, at most 100)")
     q.add_argument("--quiet", action="store_true", help="no live table and no pytest output (each run keeps it "
                    "in pytest.log); only the verdicts at the end")
     q.add_argument("--fail-on", action="append", default=[], metavar="STATUS",
@@ -357,27 +337,64 @@ def build_parser() -> argparse.ArgumentParser:
     f.set_defaults(func=cmd_fixture)
     e = sub.add_parser("envs", help="list engine environments")
     e.set_defaults(func=cmd_envs)
-    from bakeoff.cli.jobs.cli import add_jobs_parser; add_jobs_parser(sub)
-    from bakeoff.cli.tools import add_tool_parsers; add_tool_parsers(sub)
+    add_jobs_parser(sub)
+    add_tool_parsers(sub)
     return ap
+
+
+def _handler(func):
+    """A command's handler: a function, or ``"module:function"`` imported now that it is chosen."""
+    if isinstance(func, str):
+        module, _, name = func.partition(":")
+        return getattr(importlib.import_module(module), name)
+    return func
+
+
+def _subparser(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The deepest subcommand parser ``argv`` names (``bakeoff jobs export``), for its error line."""
+    parser = ap
+    for word in argv:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs or word not in subs[0].choices:
+            break
+        parser = subs[0].choices[word]
+    return parser
+
+
+def _check_text(argv: list[str]) -> None:
+    """Every argument is text (a byte sequence that is not UTF-8 reaches Python as lone surrogates,
+    which no file, script or command line bakeoff writes can hold).
+
+    Raises:
+        UserError: naming the argument.
+    """
+    for i, arg in enumerate(argv):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UserError(f"argument {i + 1} ({one_line(arg)[:60]}) is not valid UTF-8 text; pass it as UTF-8") from None
+        if "\0" in arg:
+            raise UserError(f"argument {i + 1} holds a NUL character; remove it")
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         sigterm_as_interrupt()
         argv = list(sys.argv[1:] if argv is None else argv)
-        if argv[:1] == ["calibrate"]:  # its own parser (bakeoff.loadgen.calibrate)
-            from bakeoff.loadgen.calibrate import cli_calibrate
-
-            return cli_calibrate(argv[1:])
+        _check_text(argv)
         ap = build_parser()
-        args = ap.parse_args(argv)
+        args, extra = ap.parse_known_args(argv)
+        if extra:  # named by the subcommand that was given: `bakeoff qualify: error: unrecognized arguments`
+            _subparser(ap, argv).error(f"unrecognized arguments: {' '.join(extra)}")
         if not getattr(args, "func", None):
-            ap.print_help()
+            _subparser(ap, argv).print_help()
             return 0
-        return args.func(args)
+        return _handler(args.func)(args)
     except UserError as exc:
-        print(f"bakeoff: error: {exc}", file=sys.stderr)
+        if isinstance(exc, ArgError):
+            print(f"{exc.prog}: error: {one_line(str(exc))}; see {exc.prog} --help", file=sys.stderr)
+        else:
+            print(f"bakeoff: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("bakeoff: interrupted; runs written so far are kept (`bakeoff qualify --resume RUN_DIR` finishes one)",

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO
 
 from bakeoff.cli.phases import PhaseBoard, Throttle
-from bakeoff.host.artifacts import SWEEP_POINTS_LOG
+from bakeoff.host.artifacts import SWEEP_POINTS_LOG, read_json
 
 STYLE = {"pass": "green", "fail": "bold red", "error": "bold red", "skip": "yellow", "info": "cyan"}
 SWEEP_CHECK = "throughput.sweep"
@@ -61,8 +61,9 @@ def read_checks(run_file: str) -> tuple[Path | None, list[dict]]:
     if run_dir is None:
         return None, []
     try:
-        return run_dir, json.loads((run_dir / "verdict.json").read_text()).get("checks", [])
-    except (OSError, ValueError):  # not written yet
+        checks = read_json(run_dir / "verdict.json").get("checks", [])
+        return run_dir, [c for c in checks if isinstance(c, dict) and "name" in c and "status" in c]
+    except (OSError, ValueError, AttributeError, TypeError):  # not written yet
         return run_dir, []
 
 
@@ -78,7 +79,7 @@ def read_point(run_dir: Path | None) -> dict | None:
         if line.endswith("\n") and line.strip():
             try:
                 point = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 return None
             return point if isinstance(point, dict) else None
     return None
@@ -106,13 +107,14 @@ def point_text(p: dict) -> str:
 def table(rows: dict[str, dict], elapsed_s: dict[str, float], sweeps: dict[str, dict] | None = None):
     """A rich table: one row per check (in the order they landed), one column per backend; a
     backend whose sweep is running shows its latest point in the sweep's row."""
+    from rich.markup import escape
     from rich.table import Table
 
     sweeps = sweeps or {}
     t = Table(title="bakeoff qualify", title_justify="left")
     t.add_column("check")
-    for label in rows:
-        t.add_column(f"{label} ({elapsed_s.get(label, 0):.0f} s)")
+    for label in rows:  # a label holds the user's --matrix values: text, never rich markup
+        t.add_column(escape(f"{label} ({elapsed_s.get(label, 0):.0f} s)"))
     names: list[str] = []
     for checks in rows.values():
         names += [n for n in checks if n not in names]
@@ -126,9 +128,9 @@ def table(rows: dict[str, dict], elapsed_s: dict[str, float], sweeps: dict[str, 
                 sweeping = name == SWEEP_CHECK and sweeps.get(label)
                 cells.append(f"[cyan]{point_text(sweeps[label])}[/]" if sweeping else "")
             else:
-                text = c["status"] + (f" ({c['failure_class']})" if c.get("failure_class") else "")
+                text = escape(str(c["status"]) + (f" ({c['failure_class']})" if c.get("failure_class") else ""))
                 cells.append(f"[{STYLE.get(c['status'], '')}]{text}[/]" if STYLE.get(c["status"]) else text)
-        t.add_row(name, *cells)
+        t.add_row(escape(str(name)), *cells)
     return t
 
 
@@ -263,6 +265,7 @@ class Progress:
 def print_verdicts(runs: list[Path]) -> list[tuple[str, str, str]]:
     """Print the verdict table; returns ``(backend, status, run directory)`` per run."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from bakeoff.reporting.report import load_run
@@ -273,7 +276,8 @@ def print_verdicts(runs: list[Path]) -> list[tuple[str, str, str]]:
     outcomes = []
     for p in runs:
         r = load_run(p)
-        t.add_row(r["backend"], r["model"], r["status"], "\n".join(r["verdict"].get("reasons", []))[:300], p.name)
+        reasons = "\n".join(str(x) for x in r["verdict"].get("reasons") or [])[:300]  # the engines' words: text, not markup
+        t.add_row(*(escape(str(x)) for x in (r["backend"], r["model"], r["status"], reasons, p.name)))
         outcomes.append((r["backend"], r["status"], str(p)))
     Console(width=160).print(t)
     return outcomes

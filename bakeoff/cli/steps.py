@@ -17,13 +17,13 @@ its export and engine start read from the run directory) and prints them as one 
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
 from typing import Callable
 
 from bakeoff.cli.phases import fmt_s
+from bakeoff.host.artifacts import read_json
 
 
 class EnvPrewarm:
@@ -126,15 +126,15 @@ def run_note(run_dir: Path) -> str:
     """``export 13 s (cached), engine start 4 s``: what a run directory says of its start."""
     parts = []
     try:
-        exp = json.loads((run_dir / "engine" / "export.json").read_text())
+        exp = read_json(run_dir / "engine" / "export.json")
         if exp.get("cached"):
             parts.append(f"export cached (first made in {exp.get('duration_s')} s)")
         elif exp.get("duration_s") is not None:
             parts.append(f"export {exp['duration_s']:.0f} s")
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, AttributeError):
         pass
     try:
-        info = json.loads((run_dir / "verdict.json").read_text()).get("backend_info") or {}
+        info = read_json(run_dir / "verdict.json").get("backend_info") or {}
         if info.get("startup_s") is not None:
             parts.append(f"engine start {float(info['startup_s']):.0f} s")
     except (OSError, ValueError, TypeError, AttributeError):

@@ -59,15 +59,96 @@ def cmd_quantize(args) -> int:
     return 0
 
 
-def cmd_calibrate(args) -> int:
-    """Run the load generator against the synthetic SSE server and report its own error."""
-    from bakeoff.loadgen.calibrate import cli_calibrate
+# bounds of `bakeoff calibrate`: beyond them a level would not finish in any useful time
+CALIBRATE_LIMITS = {"--ttft-ms": (0.0, 60_000.0), "--itl-ms": (0.0, 10_000.0), "--ttft-budget-ms": (0.0, 60_000.0)}
+CALIBRATE_COUNTS = {"--output-tokens": 100_000, "--requests-per-session": 1_000, "--processes": 256,
+                    "--server-workers": 64}
+MAX_CONCURRENCY = 100_000
+MAX_LEVEL_S = 3600.0  # one level's planned schedule (requests per session x stream time)
 
-    return cli_calibrate(args.rest)
+
+def _levels(values: list[str]) -> list[int]:
+    """``--concurrency 1,32 --concurrency 256`` -> ``[1, 32, 256]``.
+
+    Raises:
+        UserError: an empty item (``1,,2``), a non-number, a level below 1 or above the bound.
+    """
+    raw = [x.strip() for v in values for x in str(v).split(",")]
+    given = " ".join(values)
+    if any(not x for x in raw):
+        raise UserError(f"--concurrency {given!r} has an empty level; pass whole numbers, e.g. 1,32,256")
+    try:
+        levels = [int(x) for x in raw]
+    except ValueError:
+        raise UserError(f"--concurrency takes whole numbers, e.g. 32 or 1,32,256; got {given}") from None
+    if min(levels) < 1 or max(levels) > MAX_CONCURRENCY:
+        raise UserError(f"--concurrency needs levels of at least 1 stream and at most {MAX_CONCURRENCY:,}, e.g. 1,32,256; "
+                        f"got {given}")
+    return levels
+
+
+def _check_out(out: str | None) -> Path | None:
+    """``--out FILE``: a file (new or to replace) in a folder that exists and can be written.
+
+    Raises:
+        UserError: empty, a folder, or a folder that is missing or not writable.
+    """
+    from bakeoff.host.artifacts import check_creatable
+
+    if out is None:
+        return None
+    path = Path(out).expanduser()
+    if not out.strip() or path.is_dir() or out.endswith("/"):
+        raise UserError(f"--out {out!r} is a folder or empty; pass a file name for the JSON result, e.g. calibration.json")
+    if path.exists() and not path.is_file():
+        raise UserError(f"--out {out} is not a regular file; pass a file name for the JSON result")
+    if not path.resolve().parent.is_dir():
+        raise UserError(f"--out {out}: its folder does not exist; pass a file in an existing folder")
+    check_creatable(path.resolve().parent, "the folder of --out", "pass --out in a folder you can write")
+    return path
+
+
+def cmd_calibrate(args) -> int:
+    """Run the load generator against the synthetic SSE server and report its own error: prints the
+    JSON result; exit 0 when every level is within budget, else 1. Every value is checked first
+    (bounded, finite; ``--out`` writable) so that nothing is measured for a result that cannot
+    be written or a level that would not end."""
+    import math
+    import time
+
+    levels = _levels(args.concurrency)
+    for flag, (low, high) in CALIBRATE_LIMITS.items():
+        v = getattr(args, flag[2:].replace("-", "_"))
+        if not (math.isfinite(v) and low <= v <= high) or (flag == "--ttft-budget-ms" and v <= 0):
+            raise UserError(f"{flag} must be a number of milliseconds from {low:g} to {high:,.0f}"
+                            f"{' (above 0)' if flag == '--ttft-budget-ms' else ''}, got {v}")
+    for flag, high in CALIBRATE_COUNTS.items():
+        v = getattr(args, flag[2:].replace("-", "_"))
+        if not 1 <= v <= high:
+            raise UserError(f"{flag} must be from 1 to {high:,}, got {v}")
+    level_s = args.requests_per_session * (args.ttft_ms + args.itl_ms * (args.output_tokens - 1)) / 1e3
+    if level_s > MAX_LEVEL_S:
+        raise UserError(f"each level would stream for {level_s:,.0f} s (--requests-per-session x (--ttft-ms + --itl-ms x "
+                        f"(--output-tokens - 1))), more than {MAX_LEVEL_S:.0f} s; lower --itl-ms or --output-tokens")
+    out = _check_out(args.out)
+    from bakeoff.host.artifacts import atomic_write_text
+    from bakeoff.loadgen.calibrate import calibrate_sweep
+
+    t0 = time.monotonic()
+    res = calibrate_sweep(levels, stop_at_first_miss=False, ttft_ms=args.ttft_ms, itl_ms=args.itl_ms,
+                          output_tokens=args.output_tokens, requests_per_session=args.requests_per_session,
+                          processes=args.processes, server_workers=args.server_workers,
+                          budget={"ttft_p50_ms": args.ttft_budget_ms})
+    res["elapsed_s"] = round(time.monotonic() - t0, 2)
+    text = json.dumps(res, indent=2)
+    print(text)
+    if out is not None:
+        atomic_write_text(out, text + "\n")
+    return 0 if all(p["within_budget"] for p in res["points"]) else 1
 
 
 def add_tool_parsers(sub) -> None:
-    """Add ``quantize`` and ``calibrate`` to the ``bakeoff`` sub-command parser."""
+    """Add ``quantize`` and ``calibrate`` to the ``bakeoff`` sub-command parser (handlers by name)."""
     q = sub.add_parser("quantize", help="quantize a checkpoint (AWQ W4A16 as compressed-tensors, llm-compressor)")
     q.add_argument("method", choices=["awq"])
     q.add_argument("--model", required=True, help="checkpoint folder or fixture:NAME")
@@ -77,8 +158,17 @@ def add_tool_parsers(sub) -> None:
     q.add_argument("--mtp-as-released", action="store_true",
                    help="leave the BF16 MTP head out of quantization_config.ignore (the released Qwen3.5 INT4 "
                         "layout, which vLLM's MTP refuses until patched)")
-    q.set_defaults(func=cmd_quantize)
+    q.set_defaults(func="bakeoff.cli.tools:cmd_quantize")
     c = sub.add_parser("calibrate", help="measure the load generator's own timing error against a synthetic server",
-                       add_help=False)
-    c.add_argument("rest", nargs="*", help="--concurrency N [--ttft-ms 50 --itl-ms 10 --processes P --out FILE]")
-    c.set_defaults(func=cmd_calibrate)
+                       description="Measure the load generator against the synthetic SSE server's send times; prints "
+                                   "JSON, exit 0 when every level is within budget, else 1.")
+    c.add_argument("--concurrency", action="append", required=True, help="streams per level: 32 or 1,32,256 (repeatable)")
+    c.add_argument("--ttft-ms", type=float, default=50.0, help="the server's time to first token (default 50)")
+    c.add_argument("--itl-ms", type=float, default=10.0, help="the server's inter-token latency (default 10)")
+    c.add_argument("--output-tokens", type=int, default=64)
+    c.add_argument("--requests-per-session", type=int, default=3)
+    c.add_argument("--processes", type=int, default=1, help="client processes")
+    c.add_argument("--server-workers", type=int, default=1, help="synthetic server processes")
+    c.add_argument("--ttft-budget-ms", type=float, default=5.0, help="median TTFT error allowed (default 5)")
+    c.add_argument("--out", default=None, metavar="FILE", help="also write the JSON result here")
+    c.set_defaults(func="bakeoff.cli.tools:cmd_calibrate")

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,6 +29,37 @@ SWEEP_POINTS_LOG = "evidence/throughput.sweep/points.jsonl"
 
 _UMASK = os.umask(0o022)  # read once, at import (os.umask can only be read by setting it)
 os.umask(_UMASK)
+
+
+MAX_JSON_BYTES = 512 * 2**20  # a run's JSON file larger than this is not bakeoff's (a sweep's verdict is a few MB)
+
+
+def read_json(path: Path) -> Any:
+    """The JSON in ``path``, a file of a run directory that anyone may have put there.
+
+    The file is opened without blocking and checked to be a regular file before a byte is read
+    (a FIFO named ``verdict.json`` would otherwise wait for a writer forever; a device would
+    never end); nesting deeper than Python's recursion limit is a ``ValueError``, not a
+    ``RecursionError``.
+
+    Raises:
+        OSError: the file cannot be opened or read.
+        ValueError: not a regular file, too large, not UTF-8, not JSON, or nested too deep.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+                    else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device")
+            raise ValueError(f"{Path(path).name} is {kind}, not a regular file")
+        if st.st_size > MAX_JSON_BYTES:
+            raise ValueError(f"{Path(path).name} holds {st.st_size / 2**20:.0f} MiB, more than bakeoff writes")
+        data = fh.read(MAX_JSON_BYTES + 1)
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError(f"{Path(path).name} nests deeper than any JSON bakeoff writes") from None
 
 
 def atomic_write_text(path: Path, text: str) -> Path:
@@ -140,6 +172,19 @@ def check_writable(root: Path, what: str = "artifacts folder", fix: str = ARTIFA
     return root
 
 
+def plain_name(name: str, flag: str) -> str:
+    """A report name under ``artifacts/reports/``: one plain path component.
+
+    Raises:
+        UserError: empty, a path (``/``, ``..``), hidden, or holding a control character.
+    """
+    if (not name or name != Path(name).name or name in (".", "..") or name.startswith(".") or "\\" in name
+            or not name.isprintable()):
+        raise UserError(f"{flag} {name!r} is not a plain name; reports go to artifacts/reports/NAME: pass a name "
+                        "such as latest or cpu-vs-h200")
+    return name
+
+
 def check_artifacts(root: Path, report: str | None = None) -> Path:
     """Check, creating nothing, that ``root`` (an ``--artifacts`` folder) can hold
     ``runs/`` and, when ``report`` is given, ``reports/<report>/``.
@@ -227,7 +272,7 @@ def list_runs(paths: list[Path]) -> list[Path]:
     found: list[Path] = []
     for p in paths:
         p = Path(p)
-        if (p / "verdict.json").is_file():
+        if (p / "verdict.json").exists():  # any kind of file: reading it says what is wrong with it
             found.append(p)
         elif p.is_dir():
             found.extend(sorted(q.parent for q in p.glob("**/verdict.json")))

@@ -9,7 +9,7 @@ Modules:
     stats: ``per_request``, ``summarize`` (numpy percentiles).
     synth_server / synth_protocol / synth_launch: the synthetic SSE server with a known schedule
         and a record of what it really sent; ``SynthServer`` runs it as a child process.
-    calibrate: ``calibrate``, ``calibrate_sweep``, ``cli_calibrate``: the generator's own error.
+    calibrate: ``calibrate``, ``calibrate_sweep``: the generator's own error.
 """
 
 from __future__ import annotations

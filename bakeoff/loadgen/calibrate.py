@@ -10,14 +10,12 @@ Entry points:
 - :func:`calibrate` ``(concurrency, ...) -> dict``: one load level.
 - :func:`calibrate_sweep` ``(concurrencies, ...) -> dict``: several; ``calibrated_concurrency``
   is the highest level within budget; pass it to ``run_sweep(calibrated_concurrency=...)``.
-- :func:`cli_calibrate` ``(argv) -> int``: what ``bakeoff calibrate --concurrency N [...]``
-  should call (prints JSON; exit status 0 within budget, 1 over budget).
+``bakeoff calibrate --concurrency N [...]`` (``bakeoff/cli/tools.py``) checks its values and calls
+:func:`calibrate_sweep`.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import tempfile
 import time
 from typing import Any
@@ -249,48 +247,3 @@ def calibrate_sweep(concurrencies: list[int], stop_at_first_miss: bool = True, *
             elif stop_at_first_miss:
                 break
     return {"points": points, "calibrated_concurrency": best}
-
-
-def cli_calibrate(argv: list[str] | None = None) -> int:
-    """``bakeoff calibrate``: ``--concurrency N`` (repeatable or comma-separated), ``--ttft-ms``,
-    ``--itl-ms``, ``--output-tokens``, ``--processes``, ``--server-workers``, ``--ttft-budget-ms``,
-    ``--out FILE``. Prints the JSON result; returns 0 when every level is within budget, else 1.
-    """
-    ap = argparse.ArgumentParser(prog="bakeoff calibrate", description=__doc__.splitlines()[0])
-    ap.add_argument("--concurrency", action="append", required=True, help="e.g. 32 or 1,32,256")
-    ap.add_argument("--ttft-ms", type=float, default=50.0)
-    ap.add_argument("--itl-ms", type=float, default=10.0)
-    ap.add_argument("--output-tokens", type=int, default=64)
-    ap.add_argument("--requests-per-session", type=int, default=3)
-    ap.add_argument("--processes", type=int, default=1)
-    ap.add_argument("--server-workers", type=int, default=1)
-    ap.add_argument("--ttft-budget-ms", type=float, default=ErrorBudget().ttft_p50_ms)
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args(argv)
-    from pathlib import Path
-
-    from bakeoff.api.errors import UserError
-
-    try:
-        levels = [int(x) for v in a.concurrency for x in str(v).split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"--concurrency takes whole numbers, e.g. 32 or 1,32,256; got {' '.join(a.concurrency)}") from None
-    if not levels or min(levels) < 1:
-        raise UserError(f"--concurrency needs levels of at least 1 stream, e.g. 1,32,256; got {' '.join(a.concurrency)}")
-    for flag, v in (("--processes", a.processes), ("--server-workers", a.server_workers),
-                    ("--output-tokens", a.output_tokens), ("--requests-per-session", a.requests_per_session)):
-        if v < 1:
-            raise UserError(f"{flag} must be at least 1, got {v}")
-    if a.out and not Path(a.out).resolve().parent.is_dir():
-        raise UserError(f"--out {a.out}: its folder does not exist; pass a file in an existing folder")
-    t0 = time.monotonic()
-    res = calibrate_sweep(levels, stop_at_first_miss=False, ttft_ms=a.ttft_ms, itl_ms=a.itl_ms,
-                          output_tokens=a.output_tokens, requests_per_session=a.requests_per_session,
-                          processes=a.processes, server_workers=a.server_workers,
-                          budget={"ttft_p50_ms": a.ttft_budget_ms})
-    res["elapsed_s"] = round(time.monotonic() - t0, 2)
-    text = json.dumps(res, indent=2)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text)
-    return 0 if all(p["within_budget"] for p in res["points"]) else 1

@@ -6,7 +6,9 @@ Wired into ``bakeoff/cli/main.py`` by ``add_jobs_parser(sub)``. Everything print
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +17,33 @@ from pydantic import ValidationError
 import adapters
 
 from bakeoff.host.artifacts import atomic_write_text, check_creatable
-from bakeoff.api.errors import UserError
+from bakeoff.api.errors import UserError, one_line
 from bakeoff.cli.jobs import render, submit
 from bakeoff.cli.jobs.specs import ExportTask, JobRequest, JobTask, PushTarget, QualifyTask
 from bakeoff.host.redact import redact
 
 REPO = Path(__file__).resolve().parents[3]
+
+
+def _hub_errors(fn):
+    """A command whose Hub call fails (no network, a refused token, an unknown job id: errors of
+    huggingface_hub and its HTTP client) ends in one line naming the cause, not a traceback."""
+    @functools.wraps(fn)
+    def wrapped(args) -> int:
+        try:
+            return fn(args)
+        except UserError:
+            raise
+        except Exception as exc:
+            root = type(exc).__module__.split(".")[0]
+            if root not in ("httpx", "httpx2", "httpcore", "requests", "urllib3", "huggingface_hub") and not isinstance(exc, OSError):
+                raise
+            if type(exc).__name__ == "LocalTokenNotFoundError":
+                raise UserError("no Hugging Face token; log in with `hf auth login` or set HF_TOKEN") from None
+            where = getattr(args, "endpoint", None) or "the Hub"
+            raise UserError(f"{where} did not answer as expected ({type(exc).__name__}: {one_line(redact(str(exc)))[:200]}); "
+                            "check --endpoint, the network, the token and the job id") from None
+    return wrapped
 
 
 def _out(text: str = "") -> None:
@@ -37,16 +60,35 @@ def _kv(items: list[str], flag: str) -> dict[str, str]:
     return out
 
 
-def _check_fixture(flag: str, spec: str | None) -> None:
-    """A ``fixture:NAME`` must name a fixture bakeoff knows (the job builds it: a typo would
-    be found only after the job started)."""
-    if spec and spec.startswith("fixture:"):
+def _check_model(flag: str, spec: str | None, dry_run: bool) -> None:
+    """A job's model: a ``fixture:NAME`` bakeoff knows (the job builds it: a typo would be found
+    only after the job started), a Hub id, or (``--dry-run`` / ``uv run`` here) a local folder."""
+    if spec is None:
+        return
+    if spec.startswith("fixture:"):
         from bakeoff.models import fixtures
 
         name = spec.split(":", 1)[1]
         if name not in fixtures.names():
             raise UserError(f"{flag}: unknown fixture {name!r}; choose one of: "
                             f"{', '.join('fixture:' + n for n in fixtures.names())}")
+        return
+    from bakeoff.models.resolve import is_hub_id
+
+    local = dry_run and Path(spec).expanduser().is_dir()
+    if not local and not is_hub_id(spec):
+        raise UserError(f"{flag} {spec!r} is not a Hub id (org/name: letters, digits, . _ -) nor fixture:NAME"
+                        + ("" if dry_run else "; a job cannot reach a folder on this machine"))
+
+
+def _check_path_in_repo(path: str | None) -> None:
+    """A folder inside the target repository: relative, no ``..``, one printable line."""
+    if not path:
+        return
+    parts = path.split("/")
+    if path.startswith("/") or ".." in parts or not path.isprintable() or "\\" in path:
+        raise UserError(f"--path-in-repo {path!r}: pass a relative folder inside the repository (e.g. runs/a40), "
+                        "without .. or a leading /")
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -88,26 +130,29 @@ def _export_task(args, tag: str, push: PushTarget) -> JobTask:
 
 
 def _qualify_task(args, tag: str, push: PushTarget) -> JobTask:
+    """The job's ``bakeoff qualify``: backends and options checked by the function ``bakeoff
+    qualify`` checks them with (:func:`evaluations.inputs.check_options`), before anything is rendered."""
     import backends
+    from evaluations.inputs import Request, check_options
 
     names = [b.strip() for b in args.backends.split(",") if b.strip()]
     if not names:
         raise UserError("--backends names no backend")
+    if len(set(names)) != len(names):
+        raise UserError(f"--backends names a backend twice ({args.backends}); name each once")
     for n in names:
         backends.validate(n)
-    from bakeoff.api.options import parse_kv, parse_options, split_backend_opts
-
-    per = split_backend_opts(args.backend_opt, names)  # the same checks as `bakeoff qualify`, before anything is rendered
-    for n in names:
-        parse_options(n, backends.resolve(n).Options, parse_kv(per[n]))
+    check_options(Request(entry="qualify", backends=names, backend_opt=args.backend_opt), names)
     q = QualifyTask(backends=names, profile=args.profile, backend_opts=args.backend_opt,
                     reference_model=args.reference_model)
     return JobTask(kind="qualify", tag=tag, model=args.model, qualify=q, push_to=push, path_in_repo=args.path_in_repo or "")
 
 
+@_hub_errors
 def cmd_submit(args) -> int:
     """``bakeoff jobs export|qualify``: render per flavor, then print (--dry-run) or submit."""
-    flavors = [f.strip() for f in (getattr(args, "flavors", None) or args.flavor).split(",") if f.strip()]
+    given = getattr(args, "flavors", None)  # jobs qualify: --flavors (an empty value is no flavor, not the default)
+    flavors = [f.strip() for f in (args.flavor if given is None else given).split(",") if f.strip()]
     if not flavors:
         raise UserError("--flavors names no flavor; e.g. --flavors cpu-xl,a100-large (bakeoff jobs hardware lists them)")
     if args.save_script:
@@ -125,7 +170,8 @@ def cmd_submit(args) -> int:
         raise UserError("name where the output goes: --push-to org/name (a Hub repo), or --push-to none")
     push = PushTarget.parse(args.push_to or "none")
     for flag, spec in (("--model", args.model), ("--reference-model", getattr(args, "reference_model", None))):
-        _check_fixture(flag, spec)
+        _check_model(flag, spec, args.dry_run)
+    _check_path_in_repo(args.path_in_repo)
     if not args.dry_run:
         if render.is_local_spec(args.bakeoff_spec):
             raise UserError(f"--bakeoff-spec {args.bakeoff_spec} is a path on this machine, which a job cannot reach; "
@@ -173,6 +219,7 @@ def cmd_submit(args) -> int:
     return 0
 
 
+@_hub_errors
 def cmd_status(args) -> int:
     api = submit.api_for(args.endpoint)
     for job_id in args.job_ids:
@@ -180,14 +227,21 @@ def cmd_status(args) -> int:
     return 0
 
 
+@_hub_errors
 def cmd_logs(args) -> int:
+    if args.tail is not None and args.tail < 1:
+        raise UserError(f"--tail must be at least 1 line, got {args.tail}")
     api = submit.api_for(args.endpoint)
     for line in submit.logs(api, args.job_id, follow=args.follow, tail=args.tail, namespace=args.namespace):
         _out(line)
     return 0
 
 
+@_hub_errors
 def cmd_wait(args) -> int:
+    for flag, v, low in (("--timeout-s", args.timeout_s, 0.0), ("--poll-s", args.poll_s, 0.01)):
+        if v is not None and not (math.isfinite(v) and low <= v <= 7 * 24 * 3600):
+            raise UserError(f"{flag} must be a number of seconds from {low:g} to a week, got {v}")
     api = submit.api_for(args.endpoint)
     rows = submit.wait(api, args.job_ids, timeout_s=args.timeout_s, poll_s=args.poll_s, namespace=args.namespace)
     for r in rows:
@@ -195,6 +249,7 @@ def cmd_wait(args) -> int:
     return 0 if all(r["stage"] == "COMPLETED" for r in rows) else 1
 
 
+@_hub_errors
 def cmd_cancel(args) -> int:
     api = submit.api_for(args.endpoint)
     for job_id in args.job_ids:
@@ -203,6 +258,7 @@ def cmd_cancel(args) -> int:
     return 0
 
 
+@_hub_errors
 def cmd_fetch(args) -> int:
     artifacts = Path(args.artifacts)
     sources: list[tuple[PushTarget, str]] = []
@@ -229,6 +285,7 @@ def cmd_fetch(args) -> int:
     return 0
 
 
+@_hub_errors
 def cmd_hardware(args) -> int:
     rows = submit.hardware(submit.api_for(args.endpoint))
     if not rows:
@@ -237,92 +294,3 @@ def cmd_hardware(args) -> int:
     for r in rows:
         _out(f"{r['name']:<16} {r['usd_per_hour']:>8} USD/h  {r['cpu']:<10} {r['ram']:<8} {r['accelerator']}")
     return 0
-
-
-def _common(p, artifacts: bool = False) -> None:
-    p.add_argument("--endpoint", default=None, help="Hub endpoint (default: $HF_ENDPOINT or https://huggingface.co)")
-    p.add_argument("--namespace", default=None, help="user or org owning the jobs (default: the token's user)")
-    if artifacts:
-        p.add_argument("--artifacts", default=str(REPO / "artifacts"))
-
-
-def _submission(p) -> None:
-    _common(p, artifacts=True)
-    p.add_argument("--model", default="fixture:tiny-qwen3", help="fixture:NAME or a Hub id (a local path only for uv run here)")
-    p.add_argument("--push-to", default=None, help="org/name, datasets/org/name, file:///abs/path (local runs) or none")
-    p.add_argument("--path-in-repo", default=None, help="folder in the target (default: export at the root, "
-                   "qualify under jobs/<tag>-<flavor>)")
-    p.add_argument("--timeout", default="1h", help="job timeout: 30m, 2h, or seconds (default 1h)")
-    p.add_argument("--secret", action="append", default=[], metavar="NAME", help="secret NAME; its value is read from "
-                   "this environment (HF_TOKEN: or the saved login) and never written (repeatable)")
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="plain environment variable")
-    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--image", default=None, help="Docker image with uv (default: huggingface_hub's uv image)")
-    p.add_argument("--python", default=None, help="Python version for uv run inside the job")
-    p.add_argument("--bakeoff-spec", default=None, help="how the job installs bakeoff: git+https://...@REV, a version, "
-                   "a wheel or the repo folder (paths: local uv run only); default bakeoff==<this version>")
-    p.add_argument("--torch-index", default="auto", help="auto (PyTorch CPU index on cpu-* flavors) | pytorch-cpu | pypi")
-    p.add_argument("--dry-run", action="store_true", help="print the script and the job request; submit nothing")
-    p.add_argument("--save-script", default=None, metavar="PATH", help="also write the script (for uv run PATH)")
-
-
-def add_jobs_parser(sub) -> None:
-    """Add ``jobs`` and its subcommands to bakeoff's subparsers."""
-    j = sub.add_parser("jobs", help="run exports and qualifications as Hugging Face Jobs (see docs/jobs.md)")
-    js = j.add_subparsers(dest="command_jobs", metavar="ACTION", parser_class=type(j))
-    e = js.add_parser("export", help="an adapter pipeline (ort-genai INT4/QMoE export, awq-int4) as a job")
-    e.add_argument("pipeline", choices=adapters.names())
-    _submission(e)
-    e.add_argument("--flavor", default="cpu-xl")
-    # each flag is an adapter Options field of the same name; one the pipeline lacks is refused, and
-    # one left out takes that adapter's default (ort-genai int4, optimum-onnx fp32, openvino fp16)
-    e.add_argument("--precision", default=None, help="ort-genai: fp32|fp16|bf16|int8|int4; optimum-onnx: fp32|int8")
-    e.add_argument("--execution-provider", default=None)
-    e.add_argument("--block-size", type=int, default=None)
-    e.add_argument("--accuracy-level", type=int, default=None)
-    e.add_argument("--int4-algo", default=None)
-    e.add_argument("--moe-quant-type", default=None, help="QMoE expert precision (int4, int8, ...)")
-    e.add_argument("--qmoe-block-size", type=int, default=None)
-    e.add_argument("--extra-option", action="append", default=[], metavar="KEY=VALUE", help="builder --extra_options")
-    e.add_argument("--num-samples", type=int, default=None, help="awq-int4 calibration samples")
-    e.add_argument("--max-seq-length", type=int, default=None, help="awq-int4 calibration tokens per sample")
-    e.add_argument("--opset", type=int, default=None, help="optimum-onnx: ONNX opset")
-    e.add_argument("--weight-format", default=None, help="openvino: fp32|fp16|int8|int4 (NNCF compression)")
-    e.add_argument("--group-size", type=int, default=None, help="openvino: int4 group size (-1: per channel)")
-    e.add_argument("--ratio", type=float, default=None, help="openvino: share of layers in int4, the rest int8")
-    e.add_argument("--sym", action="store_true", default=None, help="openvino: symmetric int4/int8 compression")
-    e.set_defaults(func=cmd_submit)
-    q = js.add_parser("qualify", help="`bakeoff qualify` as one job per flavor")
-    _submission(q)
-    q.add_argument("--flavors", "--flavor", dest="flavors", default="l40sx1", help="comma-separated: one job each")
-    q.add_argument("--backends", required=True)
-    q.add_argument("--profile", default="quick", choices=["quick", "full"])
-    q.add_argument("--backend-opt", action="append", default=[], metavar="[BACKEND:]KEY=VALUE")
-    q.add_argument("--reference-model", default=None)
-    q.set_defaults(func=cmd_submit, flavor="l40sx1")
-    for name, fn, help_ in (("status", cmd_status, "stage of jobs"), ("cancel", cmd_cancel, "cancel jobs")):
-        p = js.add_parser(name, help=help_)
-        p.add_argument("job_ids", nargs="+")
-        _common(p)
-        p.set_defaults(func=fn)
-    lg = js.add_parser("logs", help="a job's logs (--follow: until it ends)")
-    lg.add_argument("job_id")
-    lg.add_argument("--follow", "-f", action="store_true")
-    lg.add_argument("--tail", type=int, default=None)
-    _common(lg)
-    lg.set_defaults(func=cmd_logs)
-    w = js.add_parser("wait", help="block until jobs end; exit 1 unless all COMPLETED")
-    w.add_argument("job_ids", nargs="+")
-    w.add_argument("--timeout-s", type=float, default=None)
-    w.add_argument("--poll-s", type=float, default=5.0)
-    _common(w)
-    w.set_defaults(func=cmd_wait)
-    f = js.add_parser("fetch", help="copy pushed run directories into artifacts/runs/")
-    f.add_argument("job_ids", nargs="*")
-    f.add_argument("--from", dest="from_", default=None, metavar="TARGET", help="org/name, datasets/org/name or file:///path")
-    f.add_argument("--path-in-repo", default=None)
-    _common(f, artifacts=True)
-    f.set_defaults(func=cmd_fetch)
-    h = js.add_parser("hardware", help="job flavors and prices from the Hub")
-    _common(h)
-    h.set_defaults(func=cmd_hardware)
