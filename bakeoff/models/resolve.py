@@ -9,7 +9,15 @@ from pathlib import Path
 
 from bakeoff.api.errors import UserError
 
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+_HUB_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._\-]{0,94}[A-Za-z0-9])?"
+HUB_ID = re.compile(rf"{_HUB_PART}/{_HUB_PART}")  # huggingface_hub's validate_repo_id, ASCII, with an org
+
+
+def is_hub_id(spec: str) -> bool:
+    """Whether ``spec`` is a Hub repository id ``org/name`` as the Hub accepts one: ASCII letters,
+    digits, ``.``, ``_``, ``-``, each part starting and ending with a letter or digit, at most 96
+    characters, no ``--`` or ``..`` (so ``org/..`` and ``a..b/..`` are not ids), not ending ``.git``."""
+    return bool(HUB_ID.fullmatch(spec)) and "--" not in spec and ".." not in spec and not spec.endswith(".git")
 
 
 @dataclass
@@ -114,7 +122,7 @@ def resolve(spec: str, build: bool = True, log=print) -> ResolvedModel:
         # A config.json that is not JSON (or not an object) is not refused here: the engine's
         # reaction to it is evidence (load-failure with the engine's words).
         return ResolvedModel(label=spec, path=str(path.resolve()), local=True)
-    if spec.startswith((".", "/", "~")) or not HUB_ID.match(spec):
+    if spec.startswith((".", "/", "~")) or not is_hub_id(spec):
         raise UserError(f"model path {spec} does not exist; pass a checkpoint folder, a hub id (org/name) or fixture:NAME")
     return ResolvedModel(label=spec, path=spec, local=False)
 

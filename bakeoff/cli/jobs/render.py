@@ -8,8 +8,12 @@ requirements, embeds the :class:`~bakeoff.cli.jobs.specs.JobTask` as a literal, 
 
 from __future__ import annotations
 
+import base64
+import json
 import pprint
+import re
 from pathlib import Path
+from typing import Any
 
 from bakeoff import __version__
 from bakeoff.api.errors import UserError
@@ -74,7 +78,7 @@ def bakeoff_requirement(spec: str | None, extras: str = "") -> tuple[str, dict[s
         return f"bakeoff{extras} @ {path.as_uri()}", {}
     if not (path / "pyproject.toml").is_file():
         raise UserError(f"--bakeoff-spec {spec}: {path} has no pyproject.toml; pass the bakeoff repository folder")
-    return f"bakeoff{extras}", {"bakeoff": f'{{ path = "{path}", editable = true }}'}
+    return f"bakeoff{extras}", {"bakeoff": {"path": str(path), "editable": True}}
 
 
 def is_local_spec(spec: str | None) -> bool:
@@ -98,9 +102,56 @@ def torch_index_for(flavor: str, choice: str = "auto") -> str:
     return "pytorch-cpu" if flavor.startswith("cpu") else "pypi"
 
 
+def _redacted(value: Any) -> Any:
+    """``value`` (JSON data) with every string redacted: secrets are masked in the data, before it
+    becomes source text, so that no redaction of the text can reach into a literal."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {redact(str(k)): _redacted(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redacted(v) for v in value]
+    return value
+
+
+def _toml(text: str) -> str:
+    """A TOML basic string holding ``text`` (a JSON string is one: same escapes; ASCII only, so a
+    newline or any line separator stays an escape and the ``# `` comment line stays one line)."""
+    return json.dumps(text, ensure_ascii=True)
+
+
+def _inline_table(fields: dict[str, str | bool]) -> str:
+    """A TOML inline table, ``{ path = "/x", editable = true }``, its strings escaped."""
+    return "{ " + ", ".join(f"{k} = {_toml(v) if isinstance(v, str) else str(v).lower()}" for k, v in fields.items()) + " }"
+
+
+def _requirement(line: str) -> str:
+    """``line`` checked as one PEP 508 requirement.
+
+    Raises:
+        UserError: not a requirement (a newline, a quote, stray text).
+    """
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        Requirement(line)
+    except InvalidRequirement as exc:
+        raise UserError(f"--bakeoff-spec gives {line!r}, which is not one requirement ({str(exc).splitlines()[0]}); "
+                        "pass a git URL (git+https://...@REV), a version (==0.1.0), a wheel or the repository folder") from None
+    if not line.isprintable():
+        raise UserError(f"--bakeoff-spec gives {line!r}, which holds a control character; pass it on one line")
+    return line
+
+
 def render_script(task: JobTask, bakeoff_spec: str | None = None, torch_index: str = "pypi",
                   requires_python: str = ">=3.11") -> str:
-    """The uv script for ``task`` (redacted text).
+    """The uv script for ``task``.
+
+    Every value a user gave is data in the script: the task is one Python literal (``repr`` of
+    its redacted JSON form), the requirements are TOML strings (JSON escapes) in the PEP 723
+    block, descriptions are comments with escaped values; none is spliced into source. The text
+    is redaction-stable (redacting it again changes nothing), so printing or saving it through
+    :func:`bakeoff.host.redact.redact` keeps it the script that runs.
 
     Args:
         task: what the script does.
@@ -111,39 +162,67 @@ def render_script(task: JobTask, bakeoff_spec: str | None = None, torch_index: s
 
     Returns:
         The script's text, ending with a newline.
+
+    Raises:
+        UserError: a ``--bakeoff-spec`` that is not one requirement, or a value that a secret's
+            value in this environment would mangle.
     """
     extras = "[reference]" if task.kind == "qualify" else ""
     req, sources = bakeoff_requirement(bakeoff_spec, extras)
-    deps = [req, *engine_requirements(task)]
-    meta = ["# /// script", f'# requires-python = "{requires_python}"', "# dependencies = ["]
-    meta += [f'#     "{d}",' for d in deps]
+    deps = [_redacted(_requirement(req)), *engine_requirements(task)]
+    meta = ["# /// script", f"# requires-python = {_toml(requires_python)}", "# dependencies = ["]
+    meta += [f"#     {_toml(d)}," for d in deps]
     meta.append("# ]")
     if torch_index == "pytorch-cpu" and any(d.startswith("torch") for d in deps):
-        meta += ["# [[tool.uv.index]]", '# name = "pytorch-cpu"', f'# url = "{PYTORCH_CPU_INDEX}"', "# explicit = true"]
-        sources = {**sources, **{d: '{ index = "pytorch-cpu" }' for d in ("torch", "torchvision")
+        meta += ["# [[tool.uv.index]]", '# name = "pytorch-cpu"', f"# url = {_toml(PYTORCH_CPU_INDEX)}", "# explicit = true"]
+        sources = {**sources, **{d: {"index": "pytorch-cpu"} for d in ("torch", "torchvision")
                                  if any(x == d or x.startswith(d + "=") for x in deps)}}
     if sources:
         meta.append("# [tool.uv.sources]")
-        meta += [f"# {k} = {v}" for k, v in sources.items()]
+        meta += [f"# {k} = {_inline_table(src)}" for k, src in sources.items()]
     meta.append("# ///")
-    what = (f"{task.export.pipeline} export of {task.model}" if task.kind == "export" and task.export
-            else f"bakeoff qualify --backends {','.join(task.qualify.backends)} on {task.model}" if task.qualify
-            else task.kind)
-    task_literal = pprint.pformat(task.model_dump(mode="json"), sort_dicts=False, width=100)
-    body = f'''"""bakeoff job {task.tag}: {what} (rendered by bakeoff {__version__}).
+    data = _redacted(task.model_dump(mode="json"))
+    head = "\n".join(meta) + "\n"
+    script = head + _body(task, data, readable=True)
+    if redact(script) != script:  # an escaped value the redaction would reach into: the task as base64 JSON
+        script = head + _body(task, data, readable=False)
+    if redact(script) != script:  # a secret's value in this environment matches the script's own text
+        raise UserError("a secret-named environment variable's value occurs in the job script's own text (e.g. a "
+                        "package name); unset it or give it its real value before rendering a job")
+    return script
+
+
+def _body(task: JobTask, data: dict[str, Any], readable: bool) -> str:
+    """The script after its PEP 723 block. ``readable``: ``TASK`` as a Python literal and the job
+    described in comments (escaped values); else ``TASK`` decoded from base64 JSON, whose alphabet
+    no redaction pattern reaches into, and no value in a comment."""
+    if readable:
+        what = (f"{_toml(data['export']['pipeline'])} export of {_toml(data['model'])}" if task.kind == "export" and task.export
+                else f"bakeoff qualify --backends {_toml(','.join(data['qualify']['backends']))} on {_toml(data['model'])}"
+                if task.qualify else task.kind)
+        where = _toml(redact(task.push_to.label())) + (f" under {_toml(data['path_in_repo'])}" if task.path_in_repo else "")
+        about = f"# job:    {what}\n# output: {where}\n"
+        imports = "import sys\n"
+        literal = pprint.pformat(data, sort_dicts=False, width=100)
+    else:
+        about = "# job:    TASK below (base64 JSON: a value holds text the redaction of secrets would change)\n"
+        imports = "import base64\nimport json\nimport sys\n"
+        literal = f"json.loads(base64.b64decode({base64.b64encode(json.dumps(data).encode()).decode()!r}))"
+    return f'''"""bakeoff job {_TAG.sub("_", task.tag)} (rendered by bakeoff {__version__}): what it does is TASK below.
 
 Here:      uv run THIS_FILE.py --out ./job-output        (then see ./job-output/bakeoff-job.json)
 As a job:  bakeoff jobs {task.kind} ... (submits this file with huggingface_hub.run_uv_job)
-Output:    pushed to {task.push_to.label()}{(" under " + task.path_in_repo) if task.path_in_repo else ""}; override with --push-to
+Output:    pushed where TASK["push_to"] says; override with --push-to
 """
-
-import sys
-
+{about}
+{imports}
 from bakeoff.cli.jobs.runtime import run_task
 
-TASK = {task_literal}
+TASK = {literal}
 
 if __name__ == "__main__":
     sys.exit(run_task(TASK, sys.argv[1:]))
 '''
-    return redact("\n".join(meta) + "\n" + body)
+
+
+_TAG = re.compile(r"[^A-Za-z0-9_.:-]")  # the tag is bakeoff's own (submit.new_tag); kept plain in the docstring

@@ -62,12 +62,12 @@ def _export(task: JobTask, out: Path, work: Path) -> dict[str, Any]:
 def _qualify(task: JobTask, out: Path) -> dict[str, Any]:
     assert task.qualify is not None
     q = task.qualify
-    cmd = [sys.executable, "-m", "bakeoff.cli.main", "qualify", "--backends", ",".join(q.backends), "--model", task.model,
-           "--profile", q.profile, "--artifacts", str(out), "--report", task.tag]
-    for o in q.backend_opts:
-        cmd += ["--backend-opt", o]
+    # --flag=value: a value that starts with a dash stays the flag's value, never a flag of its own
+    cmd = [sys.executable, "-m", "bakeoff.cli.main", "qualify", f"--backends={','.join(q.backends)}",
+           f"--model={task.model}", f"--profile={q.profile}", f"--artifacts={out}", f"--report={task.tag}"]
+    cmd += [f"--backend-opt={o}" for o in q.backend_opts]
     if q.reference_model:
-        cmd += ["--reference-model", q.reference_model]
+        cmd.append(f"--reference-model={q.reference_model}")
     _log("$ " + " ".join(cmd))
     rc = subprocess.run(cmd).returncode
     runs = sorted(p.name for p in (out / "runs").glob("*") if p.is_dir()) if (out / "runs").is_dir() else []

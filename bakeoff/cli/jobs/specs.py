@@ -17,6 +17,9 @@ import adapters
 PIPELINES = tuple(adapters.names())  # the adapters registry: a job exports with any of them
 TIMEOUT = re.compile(r"^\d+(\.\d+)?[smhd]?$")
 # Secret-looking names must travel as secrets, never in the job's plain environment.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+PYTHON_REQUEST = re.compile(r"[A-Za-z0-9][A-Za-z0-9@.+_\-]{0,63}")  # uv run --python: 3.12, cpython@3.12, pypy3.10
+IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-/:@]{0,255}")  # [registry/]name[:tag][@digest]
 SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)", re.I)
 
 
@@ -171,6 +174,41 @@ class JobRequest(_Spec):
         bad = [k for k in v if SECRET_NAME.search(k)]
         if bad:
             raise ValueError(f"--env {', '.join(bad)} looks secret: pass it as --secret NAME instead")
+        for k, val in v.items():
+            if not ENV_NAME.fullmatch(k):
+                raise ValueError(f"--env {k!r}: an environment variable name is letters, digits and _ (e.g. MY_FLAG=1)")
+            if "\0" in val:
+                raise ValueError(f"--env {k}: a value cannot hold a NUL character")
+        return v
+
+    @field_validator("secrets")
+    @classmethod
+    def _secrets(cls, v: list[str]) -> list[str]:
+        for k in v:
+            if not ENV_NAME.fullmatch(k):
+                raise ValueError(f"--secret {k!r}: name an environment variable (letters, digits and _, e.g. HF_TOKEN)")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, val in v.items():
+            if not (k + val).isprintable() or not k.strip():
+                raise ValueError(f"--label {k!r}={val!r}: a label is one printable line, KEY=VALUE with a KEY")
+        return v
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str | None) -> str | None:
+        if v is not None and not PYTHON_REQUEST.fullmatch(v):
+            raise ValueError(f"--python {v!r}: pass a Python version such as 3.12 (or cpython@3.12)")
+        return v
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        if v is not None and not IMAGE.fullmatch(v):
+            raise ValueError(f"--image {v!r}: pass a Docker image reference such as ghcr.io/astral-sh/uv:python3.12-bookworm")
         return v
 
 

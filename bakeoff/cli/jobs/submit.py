@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import os
+import shlex
 import shutil
 import tempfile
 import time
@@ -81,7 +82,7 @@ def launch_args(script_text: str, python: str | None = None) -> tuple[str, list[
     The job runs ``uv run sh -c '<decode $BAKEOFF_JOB_SCRIPT_B64 to /tmp/bakeoff_job.py>
     && exec uv run [--python X] /tmp/bakeoff_job.py --out /tmp/bakeoff-job-output'``.
     """
-    py = f"--python {python} " if python else ""
+    py = f"--python {shlex.quote(python)} " if python else ""  # JobRequest checked it; quoted all the same
     cmd = (f'printf %s "${SCRIPT_ENV}" | base64 -d > {REMOTE_SCRIPT} && '
            f"exec uv run {py}{REMOTE_SCRIPT} --out {REMOTE_OUT}")
     return "sh", ["-c", cmd], {SCRIPT_ENV: base64.b64encode(script_text.encode()).decode()}
