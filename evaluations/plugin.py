@@ -266,17 +266,24 @@ def engine_state(request, pytestconfig, settings, run) -> dict:
     """Starts the backend under test once; its start is the ``load`` check."""
     state = pytestconfig.stash[KEY_ENGINE]
     if "backend" not in state:
-        if not is_reference_run(settings):
-            request.getfixturevalue("reference")  # the reference runs first, alone
         cfg = BackendConfig(backend=settings.backend, model=settings.model.path, model_label=settings.model.label,
                             options=settings.options, workdir=str(run.dir.path / "engine"),
                             start_timeout_s=settings.start_timeout_s, progress_timeout_s=settings.progress_timeout_s,
                             memory_limit_gib=settings.memory_limit_gib)
         backend = settings.backend_cls(cfg)
         state["backend"] = backend
+        probe_failure = None
+        try:  # a server that is not there (a dead port) is told at once, before any reference work
+            backend.probe()
+        except Exception as exc:  # noqa: BLE001 - the load check below records it as a start failure
+            probe_failure = exc
+        if probe_failure is None and not is_reference_run(settings):
+            request.getfixturevalue("reference")  # the reference runs first, alone
         with _quiet(run.check("load", "load-failure")) as c:
             try:
                 _preflight(settings, c)
+                if probe_failure is not None:
+                    raise probe_failure
                 info = backend.start()
             except (CheckFailed, CheckSkipped):
                 raise

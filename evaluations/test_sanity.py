@@ -136,7 +136,7 @@ def test_degeneration(run, engine, probes, probe_outputs):
 
 
 @pytest.mark.check("sanity.reference_agreement")
-def test_reference_agreement(run, settings, reference, probe_outputs):
+def test_reference_agreement(run, settings, engine, reference, probe_outputs):
     """Greedy agreement with the reference, tie-aware (vLLM's ``check_logprobs_close`` rule:
     a first divergence where each side's token is in the other's top-5 logprobs is a numerical
     tie), and the accuracy difference decided by the paired McNemar exact test with the
@@ -144,7 +144,8 @@ def test_reference_agreement(run, settings, reference, probe_outputs):
     agreeing. One probe never decides; the verdict line gives the difference, its 95% interval,
     p and the smallest drop the probe count can detect. When the reference answers too few probes
     for that test (a random-weight model), only an all-exact-or-tie comparison passes; otherwise
-    the check skips (:func:`bakeoff.analysis.sanity.agreement_unjudgeable`)."""
+    the check skips (:func:`bakeoff.analysis.sanity.agreement_unjudgeable`). ``engine`` comes
+    before ``reference``: a backend that did not load skips the check without a reference computed."""
     with run.check("sanity.reference_agreement", "accuracy-regression") as c:
         if reference is None:
             c.skip("the backend under test is the transformers reference")
