@@ -1,7 +1,8 @@
 """The Backend interface (docs/design.md "Core contracts").
 
 Four methods, in the spirit of lm-eval's ``LM`` and guidellm's start/validate/shutdown:
-- ``start() -> BackendInfo``: load or launch the engine in a child process.
+- ``start() -> BackendInfo``: load or launch the engine in a child process (``probe()`` first,
+  optional: a cheap check that there is something to start, run before any reference work).
 - ``stream(request) -> AsyncIterator[TokenEvent]``: one generation.
 - ``metrics() -> dict``: engine-side counters, where the engine exposes them.
 - ``stop()``: always safe, also after a crash; leaves no process behind.
@@ -70,6 +71,16 @@ class Backend(abc.ABC):
         self.config = config
         self.options = parse_options(self.name, self.Options, config.options)
         self.info: BackendInfo | None = None
+
+    def probe(self) -> None:
+        """A cheap check, before any reference work, that ``start()`` has something to start:
+        the evaluations call it first, so that a server that is not there (the ``openai``
+        backend's dead port) is told in seconds, not after minutes of reference outputs.
+        Default: nothing (a backend that launches its engine learns by launching it).
+
+        Raises:
+            EngineFailure: as :meth:`start` would for the same cause.
+        """
 
     @abc.abstractmethod
     def start(self) -> BackendInfo:

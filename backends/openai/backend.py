@@ -1,8 +1,10 @@
 """``openai`` backend: any running OpenAI-compatible (or Anthropic Messages) server, by URL.
 
-Nothing is launched and nothing is stopped: ``start()`` only checks that the server answers
-(``GET /health``, else ``GET /v1/models``) and learns the served model name; ``stop()`` leaves
-the remote server alone. Streaming goes through :class:`bakeoff.loadgen.client.OpenAIClient`
+Nothing is launched and nothing is stopped: ``probe()`` checks that the server answers as an
+OpenAI-compatible API (``GET /health``, else ``GET /v1/models``; an HTML page is not one),
+``start()`` learns the served model name; ``stop()`` leaves the remote server alone. Every
+request (generations, ``/v1/models``, ``/health``, ``/tokenize``, ``/metrics``) honours
+``read_timeout_s``: a stall is ``hang`` with the elapsed time. Streaming goes through :class:`bakeoff.loadgen.client.OpenAIClient`
 (per-event arrival stamps, reasoning/thinking deltas counted apart from text).
 
 The API key is read from the environment variable *named* by ``api_key_env`` at request
@@ -16,6 +18,7 @@ import os
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Literal
 
 from pydantic import Field, field_validator
@@ -26,7 +29,7 @@ from bakeoff.loadgen.accounting import TokenCounter
 from bakeoff.loadgen.client import OpenAIClient
 from bakeoff.api.specs import BackendInfo, GenerationRequest, Spec, TokenEvent
 from backends._server import parse_prometheus
-from backends._tokenize import server_tokenize
+from backends._tokenize import server_tokenize, timed_out
 
 
 class OpenAIOptions(Spec):
@@ -86,19 +89,30 @@ class OpenAIBackend(Backend):
         # the client-side token count of --backend-opt tokenizer=DIR (bakeoff/loadgen/accounting.py)
         self.count_tokens: Callable[[str], int] | None = None
         self.api = self.options.api
+        self._probed: tuple[Answer, Answer] | None = None  # (GET /health, GET /v1/models) of probe()
+        self._metrics_hung: EngineFailure | None = None  # GET /metrics got no byte within the read timeout
         self.base_url = self.options.base_url.rstrip("/")
         if self.base_url.endswith("/v1"):
             self.base_url = self.base_url[:-3]
 
-    def _get(self, path: str, timeout_s: float = 10.0) -> tuple[int, str, dict[str, str]]:
+    def _get(self, path: str, timeout_s: float | None = None) -> Answer:
+        """GET ``path`` with no longer than ``read_timeout_s`` (``timeout_s`` only shortens it)."""
+        timeout_s = min(timeout_s or self.options.read_timeout_s, self.options.read_timeout_s)
         req = urllib.request.Request(self.base_url + path, headers=self._auth())
+        t0 = time.monotonic()
         try:
             with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-                return resp.status, resp.read().decode("utf-8", "replace"), dict(resp.headers)
+                return Answer(path, resp.status, resp.read().decode("utf-8", "replace"), dict(resp.headers),
+                              time.monotonic() - t0)
         except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode("utf-8", "replace")[:2000], dict(exc.headers or {})
+            try:
+                body = exc.read().decode("utf-8", "replace")[:2000]
+            except (OSError, TimeoutError):
+                body = ""
+            return Answer(path, exc.code, body, dict(exc.headers or {}), time.monotonic() - t0)
         except (urllib.error.URLError, OSError, TimeoutError) as exc:
-            return 0, f"{type(exc).__name__}: {exc}", {}
+            return Answer(path, 0, f"{type(exc).__name__}: {getattr(exc, 'reason', None) or exc}", {},
+                          time.monotonic() - t0, timed_out(exc), timeout_s)
 
     def _auth(self) -> dict[str, str]:
         key = os.environ.get(self.options.api_key_env) if self.options.api_key_env else None
@@ -107,27 +121,60 @@ class OpenAIBackend(Backend):
         return {"x-api-key": key, "anthropic-version": "2023-06-01"} if self.options.api == "messages" \
             else {"Authorization": f"Bearer {key}"}
 
-    def start(self) -> BackendInfo:
-        """Check the server answers and learn its model name.
+    def probe(self) -> None:
+        """Whether a server answers at ``base_url`` as an OpenAI-compatible one: ``GET /health``
+        and ``GET /v1/models``, each within ``read_timeout_s`` (at most 10 s), retried until
+        one answers 200 or the start deadline passes. Cheap: the evaluations run it before any
+        reference work, so that a dead port is told at once.
 
         Raises:
-            EngineFailure: ``load-failure`` when neither ``/health`` nor ``/v1/models``
-                answers 200 within the start deadline; ``config-rejected`` when no model
-                name is given and ``/v1/models`` lists none.
+            EngineFailure: ``load-failure`` when nothing listens (connection refused for 2 s)
+                or when the server answers HTML, not JSON (a login page, a web application on
+                the port; the first bytes in ``probe.txt``); ``hang`` when it accepts connections
+                but sends no byte on either route within the read timeout; ``load-failure``
+                when neither answers 200 before the start deadline.
         """
         t0 = time.monotonic()
         deadline = t0 + self.config.start_timeout_s
         while True:
-            h_status, h_body, headers = self._get("/health", 5)
-            m_status, m_body, m_headers = self._get("/v1/models", 5)
-            if h_status == 200 or m_status == 200:
-                break
-            refused = h_status == 0 and m_status == 0  # nothing listens: an attached server should
-            if time.monotonic() > deadline or (refused and time.monotonic() - t0 > 2):
+            health, models = self._get("/health", 10), self._get("/v1/models", 10)
+            evidence = {"probe.txt": f"{health.describe()}\n\n{models.describe()}"}
+            models_json = models.status == 200 and not models.is_html()
+            html = models if models.is_html() else (health if health.is_html() and not models_json else None)
+            if html is not None:
+                raise EngineFailure("load-failure", f"the server at {self.base_url} answered HTML, not JSON (Content-Type "
+                                    f"{html.content_type() or 'none'}) on GET {html.path}: {html.first_bytes(80)!r}; "
+                                    "it is not an OpenAI-compatible API (a login page or a web application?): "
+                                    "check --backend-opt base_url", evidence)
+            if health.status == 200 or models.status == 200:
+                self._probed = (health, models)
+                return
+            if health.timed_out and models.timed_out:
+                raise EngineFailure("hang", f"the server at {self.base_url} accepts connections but sent no byte on "
+                                    f"GET /health nor GET /v1/models within {health.timeout_s:g} s (read_timeout_s); "
+                                    f"probed for {time.monotonic() - t0:.1f} s", evidence)
+            refused = health.status == 0 and models.status == 0  # nothing listens: an attached server should
+            if refused and time.monotonic() - t0 > 2:
+                raise EngineFailure("load-failure", f"nothing answers at {self.base_url}: the server does not answer "
+                                    f"GET /health nor GET /v1/models ({health.body}) for 2 s; start it, or fix "
+                                    "--backend-opt base_url", evidence)
+            if time.monotonic() > deadline:
                 raise EngineFailure("load-failure", f"server at {self.base_url} does not answer: /health "
-                                    f"{h_status or h_body}, /v1/models {m_status or m_body}",
-                                    {"probe.txt": f"/health {h_status}: {h_body}\n/v1/models {m_status}: {m_body}"})
+                                    f"{health.status or health.body}, /v1/models {models.status or models.body}", evidence)
             time.sleep(0.5)
+
+    def start(self) -> BackendInfo:
+        """Check the server answers (:meth:`probe`, unless done) and learn its model name.
+
+        Raises:
+            EngineFailure: what :meth:`probe` raises; ``config-rejected`` when no model name
+                is given and ``/v1/models`` lists none.
+        """
+        t0 = time.monotonic()
+        if self._probed is None:
+            self.probe()
+        health, models = self._probed
+        m_status, m_body = models.status, models.body
         listed: list[str] = []
         owned_by = None
         if m_status == 200:
@@ -145,26 +192,34 @@ class OpenAIBackend(Backend):
             self.count_tokens = load_token_counter(self.options.tokenizer)
         self.client = OpenAIClient(self.base_url, model, api=self.options.api, api_key_env=self.options.api_key_env,
                                    extra_body=self.options.extra_body, read_timeout_s=self.options.read_timeout_s)
-        v_status, v_body, _ = self._get("/version", 5)
+        version_answer = self._get("/version", 5)  # optional: a server without it (or stalling on it) has no version
         version = None
-        if v_status == 200:
+        if version_answer.status == 200:
             try:
-                version = json.loads(v_body).get("version")
+                version = json.loads(version_answer.body).get("version")
             except (ValueError, AttributeError):
                 pass
-        server = (headers or m_headers).get("server") or (headers or m_headers).get("Server")
+        headers = health.headers if health.status == 200 else models.headers
+        server = headers.get("server") or headers.get("Server")
         self.info = BackendInfo(
             backend=self.name, engine=owned_by or "openai-compatible", engine_version=version, device="remote",
             base_url=self.base_url, served_model=model, startup_s=round(time.monotonic() - t0, 3),
             notes={k: v for k, v in {"api": self.options.api, "server_header": server,
                                      "listed_models": ",".join(listed[:10]),
-                                     "api_key_env": self.options.api_key_env}.items() if v})
+                                     "api_key_env": self.options.api_key_env,
+                                     "version": None if version_answer.status != 0 else
+                                     f"GET /version: {version_answer.body[:120]}"}.items() if v})
         return self.info
 
     def stream(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-        """The client's own event stream (no extra generator layer on the per-event path)."""
+        """The client's own event stream (no extra generator layer on the per-event path).
+        Once a stream got no byte within ``read_timeout_s``, later requests fail at once as
+        ``hang`` naming it (the server is wedged: each would wait the timeout again)."""
         if self.client is None:
-            return _not_started()
+            return _failing(EngineFailure("load-failure", "openai backend is not started"))
+        if self.client.hung is not None:
+            return _failing(EngineFailure("hang", f"engine hung earlier: {self.client.hung.message}",
+                                          dict(self.client.hung.evidence)))
         return self.client.stream(request)
 
     async def aclose(self) -> None:
@@ -172,12 +227,23 @@ class OpenAIBackend(Backend):
             await self.client.aclose()
 
     def metrics(self) -> dict[str, Any]:
-        """Prometheus counters from ``GET /metrics`` where the server exposes them."""
-        status, body, _ = self._get("/metrics", 10)
-        if status != 200:
-            return {}
+        """Prometheus counters from ``GET /metrics`` where the server exposes them.
 
-        return parse_prometheus(body)
+        Raises:
+            EngineFailure: ``hang`` when the server sends no byte within ``read_timeout_s``, and
+                at once when it did so before on ``/metrics`` or on a generation.
+        """
+        earlier = self._metrics_hung or (self.client.hung if self.client is not None else None)
+        if earlier is not None:  # a wedged server: each read would wait the timeout again
+            raise EngineFailure("hang", f"engine hung earlier: {earlier.message}", dict(earlier.evidence))
+        answer = self._get("/metrics")
+        if answer.timed_out:
+            self._metrics_hung = EngineFailure(
+                "hang", f"GET {self.base_url}/metrics: no byte for {answer.timeout_s:g} s (read_timeout_s); the request "
+                f"was open {answer.elapsed_s:.1f} s", {"hang.json": json.dumps({
+                    "request": "GET /metrics", "elapsed_s": round(answer.elapsed_s, 3), "read_timeout_s": answer.timeout_s})})
+            raise self._metrics_hung
+        return parse_prometheus(answer.body) if answer.status == 200 else {}
 
     def tokenize(self, texts: list[str], chat: bool = False) -> list[list[int]] | None:
         """The server's own ids through its ``/tokenize`` route where it has one in vLLM's or
@@ -186,16 +252,48 @@ class OpenAIBackend(Backend):
         other shape)."""
 
         model = self.info.served_model if self.info is not None else self.options.model
-        ids, self.tokenize_note = server_tokenize(self.base_url, texts, chat=chat, model=model, headers=self._auth())
+        ids, self.tokenize_note = server_tokenize(self.base_url, texts, chat=chat, model=model, headers=self._auth(),
+                                                  timeout_s=self.options.read_timeout_s)
         return ids
 
     def stop(self) -> None:
         """Nothing to stop: the server is not ours (connections close with their event loop)."""
 
 
-async def _not_started() -> AsyncIterator[TokenEvent]:
-    raise EngineFailure("load-failure", "openai backend is not started")
+async def _failing(exc: EngineFailure) -> AsyncIterator[TokenEvent]:
+    raise exc
     yield  # pragma: no cover - makes this an async generator
+
+
+@dataclass
+class Answer:
+    """One GET of the server: ``status`` 0 when it could not be read (``timed_out``: no byte
+    within ``timeout_s``), ``elapsed_s`` how long it took."""
+
+    path: str
+    status: int
+    body: str
+    headers: dict[str, str]
+    elapsed_s: float
+    timed_out: bool = False
+    timeout_s: float | None = None
+
+    def content_type(self) -> str:
+        return next((v for k, v in self.headers.items() if k.lower() == "content-type"), "").split(";")[0].strip()
+
+    def first_bytes(self, n: int) -> str:
+        return self.body[:n]
+
+    def is_html(self) -> bool:
+        """An HTML page where JSON (or an empty ``/health``) was asked for."""
+        ctype = self.content_type().lower()
+        return ctype in ("text/html", "application/xhtml+xml") or (
+            not ctype.endswith("json") and self.body.lstrip()[:15].lower().startswith(("<!doctype html", "<html")))
+
+    def describe(self) -> str:
+        state = (f"no byte within {self.timeout_s:g} s" if self.timed_out else f"status {self.status}")
+        return (f"GET {self.path}: {state} after {self.elapsed_s:.2f} s, Content-Type {self.content_type() or 'none'}\n"
+                f"first bytes: {self.body[:500]!r}")
 
 
 def load_token_counter(path: str) -> TokenCounter:

@@ -1,0 +1,80 @@
+"""Servers broken on purpose for the ``openai`` backend's timeouts and probe (``tests/test_openai_stalls.py``).
+
+Each is a FAKE; none is a backend of bakeoff:
+
+- ``stall``: answers ``GET /health`` (200) and ``GET /v1/models`` (one model) like an
+  OpenAI-compatible server, and never answers anything else: completions, chat, messages,
+  ``/tokenize``, ``/v1/tokenize``, ``/metrics``, ``/version`` accept the request and send no
+  byte (an engine wedged behind a live HTTP front end).
+- ``stall-all``: the same, ``/health`` and ``/v1/models`` included (a process that accepts
+  connections and never answers).
+- ``html``: every route answers 200 with an HTML login page (``Content-Type: text/html``), as a
+  web application or a sign-in proxy on the port does.
+
+Every request's ``METHOD path`` is appended to ``app[SEEN]``. Run as
+``python -m tests.fakes.stalling_servers KIND --port P``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+KINDS = ("stall", "stall-all", "html")
+LOGIN_PAGE = ("<!DOCTYPE html>\n<html><head><title>Sign in</title></head>\n<body><form method=\"post\" "
+              "action=\"/login\"><input name=\"user\"><input name=\"password\" type=\"password\"></form></body></html>\n")
+
+
+def _keys():
+    from aiohttp import web
+
+    return web.AppKey("seen", list), web.AppKey("stop", asyncio.Event)
+
+
+SEEN, STOP = _keys()
+
+
+def stalling_app(kind: str):
+    """The FAKE server of ``kind`` (module docstring) as an aiohttp application."""
+    from aiohttp import web
+
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; one of {KINDS}")
+    app = web.Application()
+    app[SEEN] = []
+
+    async def startup(_):
+        app[STOP] = asyncio.Event()
+
+    async def shutdown(_):  # the stalled handlers end when the server does (else cleanup waits for them)
+        app[STOP].set()
+
+    async def handle(request):
+        app[SEEN].append(f"{request.method} {request.path}")
+        if kind == "html":
+            return web.Response(text=LOGIN_PAGE, content_type="text/html")
+        if kind == "stall" and request.method == "GET" and request.path == "/health":
+            return web.json_response({"status": "ok"})
+        if kind == "stall" and request.method == "GET" and request.path == "/v1/models":
+            return web.json_response({"object": "list", "data": [{"id": "fake-stall", "object": "model"}]})
+        await app[STOP].wait()  # never answers while serving: no status line, no byte
+        return web.Response(status=503)
+
+    app.on_startup.append(startup)
+    app.on_shutdown.append(shutdown)
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    from aiohttp import web
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("kind", choices=KINDS)
+    ap.add_argument("--port", type=int, required=True)
+    a = ap.parse_args(argv)
+    web.run_app(stalling_app(a.kind), host="127.0.0.1", port=a.port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()
