@@ -84,8 +84,8 @@ class OpenAIClient:
     def _hang(self, what: str, nbytes: int, t_send_ns: int) -> EngineFailure:
         """A request that got no byte within the read timeout, with how long it was open."""
         elapsed_s = (time.monotonic_ns() - t_send_ns) / 1e9
-        return EngineFailure("hang", f"{what} on {self.base_url}: no byte for {self.read_timeout_s:g} s "
-                             f"(read_timeout_s) after {nbytes} bytes; the request was open {elapsed_s:.1f} s",
+        return EngineFailure("hang", f"{what} on {self.base_url}: no byte for {self.read_timeout_s:g} s (the read "
+                             f"timeout) after {nbytes} bytes; the request was open {elapsed_s:.1f} s",
                              {"hang.json": json.dumps({"request": what, "bytes": nbytes, "elapsed_s": round(elapsed_s, 3),
                                                        "read_timeout_s": self.read_timeout_s})})
 
