@@ -272,16 +272,18 @@ def engine_state(request, pytestconfig, settings, run) -> dict:
                             memory_limit_gib=settings.memory_limit_gib)
         backend = settings.backend_cls(cfg)
         state["backend"] = backend
-        probe_failure = None
+        probe_failure, prediction = None, None
         try:  # a server that is not there (a dead port) is told at once, before any reference work
             backend.probe()
+            prediction = _predict(settings)  # so is a refusal the pre-flight predicts
         except Exception as exc:  # noqa: BLE001 - the load check below records it as a start failure
             probe_failure = exc
-        if probe_failure is None and not is_reference_run(settings):
+        refused = prediction is not None and prediction.accepted is False and settings.preflight
+        if probe_failure is None and not refused and not is_reference_run(settings):
             request.getfixturevalue("reference")  # the reference runs first, alone
         with _quiet(run.check("load", "load-failure")) as c:
             try:
-                _preflight(settings, c)
+                _preflight(settings, c, prediction)
                 if probe_failure is not None:
                     raise probe_failure
                 info = backend.start()
@@ -342,16 +344,22 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
-def _preflight(settings: Settings, scope) -> None:
+def _predict(settings: Settings):
+    """The pre-flight's prediction for a local checkpoint (None for a hub id)."""
+    return preflight(settings.model.path, settings.backend, options=settings.options) if settings.model.local else None
+
+
+def _preflight(settings: Settings, scope, result=None) -> None:
     """Predict from config.json whether the engine's loader accepts this checkpoint
     (bakeoff.analysis.preflight, rules cite the engine's documented support). A predicted refusal ends
-    the load check before minutes are spent launching; ``--no-preflight`` lets the engine decide
-    (the prediction is still recorded as evidence)."""
+    the load check before minutes are spent launching (and before the reference is computed:
+    ``result`` is the prediction made then); ``--no-preflight`` lets the engine decide (the
+    prediction is still recorded as evidence)."""
     if not settings.model.local:
         return
     if settings.patched is not None:  # the source's finding and the patches, beside the patched copy's prediction
         patching.record(scope, settings.source_model, settings.patched, settings.backend, settings.options)
-    result = preflight(settings.model.path, settings.backend, options=settings.options)
+    result = result or _predict(settings)
     scope.values["preflight"] = {"accepted": result.accepted, "reason": result.reason, "enforced": settings.preflight,
                                  "warnings": result.warnings, "suggested_patches": result.suggested_patches}
     scope.evidence("preflight.json", result.model_dump())

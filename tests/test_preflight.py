@@ -111,3 +111,25 @@ def test_unknown_inputs_are_not_predicted(tmp_path):
     odd = _ckpt(tmp_path, {"quant_method": "hqq", "nbits": 4}, name="hqq")
     assert preflight(odd, "vllm", cuda=True).accepted is None
     assert preflight(odd, "trtllm", cuda=True).accepted is False
+
+
+def test_a_predicted_refusal_ends_the_load_before_any_reference_work(tmp_path):
+    """``pytest evaluations/`` on a checkpoint the backend's rule refuses: the load check fails as
+    the rule says, and no transformers reference was started first (its engine folder would be)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    d = _ckpt(tmp_path, W4A16)
+    art = tmp_path / "art"
+    proc = subprocess.run([sys.executable, "-m", "pytest", str(repo / "evaluations"), "-q", "-p", "no:cacheprovider",
+                           "-k", "test_load", "--backend", "ort-genai", f"--model={d}", f"--artifacts={art}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(repo)})
+    [run] = list((art / "runs").iterdir())
+    load = json.loads((run / "checks" / "load.json").read_text())
+    assert load["status"] == "fail" and load["failure_class"] == "config-rejected", proc.stdout[-2000:]
+    assert load["summary"].startswith("preflight: the builder's compressed-tensors loader reads NVFP4 and FP8 only")
+    assert not (run / "engine" / "reference").exists(), "the reference was started before the predicted refusal"
