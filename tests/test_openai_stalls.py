@@ -104,6 +104,13 @@ def test_an_html_login_page_is_not_an_openai_server(tmp_path, model):
     assert "first bytes: '<!DOCTYPE html>" in exc.evidence["probe.txt"]
 
 
+def test_an_html_404_beside_a_json_health_is_still_an_api(tmp_path):
+    with serving(stalling_app("html-404")) as url:
+        assert make(tmp_path, url, model="named").start().served_model == "named"
+        exc, _ = timed(make(tmp_path, url).start)
+    assert isinstance(exc, EngineFailure) and exc.failure_class == "config-rejected" and "lists none" in exc.message
+
+
 def test_a_dead_port_is_told_in_seconds(tmp_path):
     exc, took = timed(make(tmp_path, f"http://127.0.0.1:{free_port()}").probe)
     assert isinstance(exc, EngineFailure) and exc.failure_class == "load-failure" and "nothing answers at" in exc.message

@@ -139,9 +139,10 @@ class OpenAIBackend(Backend):
         while True:
             health, models = self._get("/health", 10), self._get("/v1/models", 10)
             evidence = {"probe.txt": f"{health.describe()}\n\n{models.describe()}"}
-            models_json = models.status == 200 and not models.is_html()
-            html = models if models.is_html() else (health if health.is_html() and not models_json else None)
-            if html is not None:
+            # HTML where JSON was asked, and no route answered 200 in anything else (a server whose
+            # /v1/models is a proxy's HTML 404 beside a JSON /health is still an API)
+            html = next((a for a in (models, health) if a.is_html()), None)
+            if html is not None and not any(a.status == 200 and not a.is_html() for a in (health, models)):
                 raise EngineFailure("load-failure", f"the server at {self.base_url} answered HTML, not JSON (Content-Type "
                                     f"{html.content_type() or 'none'}) on GET {html.path}: {html.first_bytes(80)!r}; "
                                     "it is not an OpenAI-compatible API (a login page or a web application?): "

@@ -10,6 +10,8 @@ Each is a FAKE; none is a backend of bakeoff:
   connections and never answers).
 - ``html``: every route answers 200 with an HTML login page (``Content-Type: text/html``), as a
   web application or a sign-in proxy on the port does.
+- ``html-404``: ``GET /health`` answers JSON (200); every other route a proxy's HTML 404 page (an
+  API whose ``/v1/models`` is not routed: still an API, the model name must be given).
 
 Every request's ``METHOD path`` is appended to ``app[SEEN]``. Run as
 ``python -m tests.fakes.stalling_servers KIND --port P``.
@@ -20,7 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-KINDS = ("stall", "stall-all", "html")
+KINDS = ("stall", "stall-all", "html", "html-404")
 LOGIN_PAGE = ("<!DOCTYPE html>\n<html><head><title>Sign in</title></head>\n<body><form method=\"post\" "
               "action=\"/login\"><input name=\"user\"><input name=\"password\" type=\"password\"></form></body></html>\n")
 
@@ -53,6 +55,10 @@ def stalling_app(kind: str):
         app[SEEN].append(f"{request.method} {request.path}")
         if kind == "html":
             return web.Response(text=LOGIN_PAGE, content_type="text/html")
+        if kind == "html-404":
+            if request.path == "/health":
+                return web.json_response({"status": "ok"})
+            return web.Response(status=404, text="<html><body><h1>404 Not Found</h1></body></html>", content_type="text/html")
         if kind == "stall" and request.method == "GET" and request.path == "/health":
             return web.json_response({"status": "ok"})
         if kind == "stall" and request.method == "GET" and request.path == "/v1/models":
