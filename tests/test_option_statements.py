@@ -233,7 +233,7 @@ def test_qualify_matrix_runs_the_auto_cell_first_and_passes_it_on(tmp_path, monk
 
     monkeypatch.setattr(subprocess, "Popen", fake_pytest)
     monkeypatch.setattr("bakeoff.reporting.report.write_report", lambda runs, dest: dest)
-    monkeypatch.setattr(cli, "_print_summary", lambda runs: [])
+    monkeypatch.setattr("bakeoff.cli.progress.print_verdicts", lambda runs: [])  # imported by qualify when it runs
     assert cli.main(["qualify", "--backends", "vllm", "--matrix", "kv_cache_dtype=fp8,auto",
                      "--artifacts", str(tmp_path / "art")]) == 0
     assert [next(a for a in c if a.startswith("--backend-opt=kv")) for c in calls] == [
