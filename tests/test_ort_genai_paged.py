@@ -87,15 +87,16 @@ def test_builder_refuses_paged_attention_on_cpu(tiny, ort_python):
 
 
 def test_paged_cuda_export_is_inspected_on_a_cpu_host(paged, tiny):
-    """A paged CUDA export built here passes what can run here, and is recognised as paged."""
+    """A paged CUDA export built on any host passes what can run there, and is recognised as paged."""
     g = paged.graph
     n_layers = json.loads((tiny / "config.json").read_text())["num_hidden_layers"]
     assert g.op_counts.get("com.microsoft.PagedAttention") == n_layers and "com.microsoft.GroupQueryAttention" not in g.op_counts
     assert g.paged_attention and g.dynamic_batching and g.dynamic_batching["block_size"] >= 16
     assert g.input_shapes["input_ids"] == ["num_tokens"] and "attention_mask" not in g.input_shapes
     assert g.checker_ok and g.shape_inference_ok and not g.problems
-    assert g.forward_ok is None and g.og_load_ok is None  # no CUDA here: not run, and said so
-    assert any("forward step not run" in w for w in g.warnings) and any("og stage not run" in w for w in g.warnings)
+    if not envs.has_cuda():  # not run, and said so (on CUDA: test_cuda_paged_export_runs_forward_and_og_engine)
+        assert g.forward_ok is None and g.og_load_ok is None
+        assert any("forward step not run" in w for w in g.warnings) and any("og stage not run" in w for w in g.warnings)
     assert "-paged-" in Path(paged.output_dir).parent.name
     assert paged.notes()["export_paged_attention"].startswith("true: PagedAttention graph")
 

@@ -167,3 +167,55 @@ def rank_problems(inputs: list, lay: dict[str, Any], paged_nodes: int) -> list[s
         out.append(f"the graph has {paged_nodes} PagedAttention node(s) but genai_config.json has no "
                    "engine.dynamic_batching section: og.Engine would feed it as a static batch")
     return out
+
+
+def kv_pairs(genai_config: dict[str, Any] | None, input_names: set[str], output_names: set[str]) -> dict[str, str]:
+    """``{present output: past input}`` per layer, from ``genai_config.json``'s name patterns
+    (``past_key_values.%d.key`` / ``present.%d.key`` and the value ones)."""
+    decoder = ((genai_config or {}).get("model") or {}).get("decoder") or {}
+    ins, outs = decoder.get("inputs") or {}, decoder.get("outputs") or {}
+    pairs: dict[str, str] = {}
+    for past_key, present_key in (("past_key_names", "present_key_names"), ("past_value_names", "present_value_names")):
+        past_pat, present_pat = ins.get(past_key), outs.get(present_key)
+        if past_pat and present_pat:
+            for layer in range(int(decoder.get("num_hidden_layers") or 0)):
+                if past_pat % layer in input_names and present_pat % layer in output_names:
+                    pairs[present_pat % layer] = past_pat % layer
+    return pairs
+
+
+def run_in_place(sess, ort, feeds: dict[str, Any], logits: str, pairs: dict[str, str], device: str,
+                 caches: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+    """One step of a paged graph, its KV caches updated in place.
+
+    ``PagedAttention`` writes the step's keys and values into the cache it is given and
+    requires the ``present.*`` output to be that same buffer ("key_cache and key_cache_out
+    must be the same buffer", onnxruntime 1.31 CUDA): each cache is an ``OrtValue`` on the
+    device, bound as both the past input and the present output (``IOBinding``); the other
+    inputs are bound from host memory.
+
+    Args:
+        sess: the ``InferenceSession``; ort: onnxruntime.
+        feeds: :func:`step_feeds`'s arrays (its zero caches are used when ``caches`` is None).
+        logits: the logits output's name.
+        pairs: :func:`kv_pairs`.
+        device: ``cuda`` or ``cpu`` (where the caches live).
+        caches: ``{past input: OrtValue}`` from the previous step, or None.
+
+    Returns:
+        ``(logits as a host array, caches for the next step)``.
+    """
+    binding = sess.io_binding()
+    caches = dict(caches or {})
+    for name, arr in feeds.items():
+        if name in pairs.values():
+            if name not in caches:
+                caches[name] = ort.OrtValue.ortvalue_from_numpy(arr, device, 0)
+            binding.bind_ortvalue_input(name, caches[name])
+        else:
+            binding.bind_cpu_input(name, arr)
+    binding.bind_output(logits, "cpu")  # bound first: get_outputs()[0]
+    for present, past in pairs.items():
+        binding.bind_ortvalue_output(present, caches[past])
+    sess.run_with_iobinding(binding)
+    return binding.get_outputs()[0].numpy(), caches

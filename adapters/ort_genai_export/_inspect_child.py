@@ -306,7 +306,13 @@ def inspect(export_dir: str, expect: dict[str, Any]) -> dict[str, Any]:
         rep["problems"].append(_problem("export-defect" if invalid else "load-failure", "session", exc, ops_by_node))
     if sess is not None:
         try:
-            out = sess.run(["logits"], _feeds(sess, np, named))[0]
+            if lay["paged"]:  # PagedAttention updates its caches in place: bound as input and output
+                pairs = _graph_io.kv_pairs(genai_config, {i.name for i in sess.get_inputs()},
+                                           {o.name for o in sess.get_outputs()})
+                device = "cuda" if "CUDAExecutionProvider" in sess.get_providers() else "cpu"
+                out = _graph_io.run_in_place(sess, ort, _feeds(sess, np, named), "logits", pairs, device)[0]
+            else:
+                out = sess.run(["logits"], _feeds(sess, np, named))[0]
             rep["logits_shape"] = [int(x) for x in out.shape]
             if not np.isfinite(out).all():
                 raise ValueError(f"logits contain non-finite values ({int((~np.isfinite(out)).sum())} of {out.size})")

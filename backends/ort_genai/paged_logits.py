@@ -6,8 +6,9 @@
 such an export therefore runs, alone, through the same ONNX file in an
 ``onnxruntime.InferenceSession`` on the export's execution provider: one prefill step, then one
 step per token, each fed what the graph declares
-(:func:`adapters.ort_genai_export._graph_io.step_feeds`: one sequence in its own blocks, the
-step's ``present.*`` caches fed back as the next step's ``past_key_values.*``). Probes use it,
+(:func:`adapters.ort_genai_export._graph_io.step_feeds`: one sequence in its own blocks; the
+paged caches live on the device, bound as both ``past_key_values.*`` input and ``present.*``
+output, since ``PagedAttention`` updates them in place, :func:`~adapters.ort_genai_export._graph_io.run_in_place`). Probes use it,
 never the timed path. The loop is layout-agnostic: on a standard export it matches
 ``og.Generator``'s tokens and logprobs (``tests/test_ort_genai.py``), which is how it is
 checked on a host without CUDA, where no ``PagedAttention`` kernel exists.
@@ -59,19 +60,11 @@ class GraphSession:
         self.sess = ort.InferenceSession(os.path.join(model_dir, decoder.get("filename", "model.onnx")), opts,
                                          providers=providers)
         self.inputs = self.sess.get_inputs()
-        names_in = {i.name for i in self.inputs}
-        names_out = {o.name for o in self.sess.get_outputs()}
-        ins, outs = decoder.get("inputs") or {}, decoder.get("outputs") or {}
-        self.kv: dict[str, str] = {}  # present output -> past input
-        for past_key, present_key in (("past_key_names", "present_key_names"), ("past_value_names", "present_value_names")):
-            past_pat, present_pat = ins.get(past_key), outs.get(present_key)
-            if not past_pat or not present_pat:
-                continue
-            for layer in range(int(decoder.get("num_hidden_layers") or 0)):
-                if past_pat % layer in names_in and present_pat % layer in names_out:
-                    self.kv[present_pat % layer] = past_pat % layer
-        self.logits = outs.get("logits", "logits")
+        self.ort = ort
+        self.kv = _graph_io.kv_pairs(cfg, {i.name for i in self.inputs}, {o.name for o in self.sess.get_outputs()})
+        self.logits = (decoder.get("outputs") or {}).get("logits", "logits")
         self.head_size = decoder.get("head_size")
+        self.device = "cuda" if "CUDAExecutionProvider" in self.sess.get_providers() else "cpu"
 
     def named(self, total_tokens: int) -> dict[str, int]:
         """Sizes of named dimensions for one sequence of ``total_tokens``."""
@@ -83,11 +76,15 @@ class GraphSession:
         """One step: ``(last position's logits as float64, the caches for the next step)``."""
         np = self.np
         feeds = _graph_io.step_feeds(self.inputs, np, tokens, past, named, caches)
-        names = [self.logits, *self.kv]
-        got = self.sess.run(names, feeds)
-        row = np.asarray(got[0], dtype=np.float64)
-        row = row.reshape(-1, row.shape[-1])[-1]
-        return row, {self.kv[n]: v for n, v in zip(names[1:], got[1:])}
+        if self.layout["paged"]:  # caches stay on the device, updated in place by PagedAttention
+            logits, caches = _graph_io.run_in_place(self.sess, self.ort, feeds, self.logits, self.kv, self.device,
+                                                    caches)
+        else:  # a standard graph's present is the past grown by the step
+            names = [self.logits, *self.kv]
+            got = self.sess.run(names, feeds)
+            logits, caches = got[0], {self.kv[n]: v for n, v in zip(names[1:], got[1:])}
+        row = np.asarray(logits, dtype=np.float64)
+        return row.reshape(-1, row.shape[-1])[-1], caches
 
 
 def choose(np, row, body: dict[str, Any], rng, forbid: set[int]) -> int:
