@@ -18,7 +18,8 @@ one of two shapes:
 
 Figures: output tok/s = output tokens / wall time from the first request's start to the last
 one's end (bakeoff's sweep point definition, ``bakeoff/loadgen/stats.py`` ``summarize``), TTFT
-p50 from each request's start to its first token (an ``og.Generator`` batch: its first step).
+p50 from each request's start to its first token (an ``og.Generator`` batch: its first step),
+TPOT p50 from the first token to the last, per token after the first.
 The tokenizer is ``og.Tokenizer`` (the engine's own), else the export's ``tokenizer.json``.
 
 Usage:
@@ -71,7 +72,7 @@ clock = time.perf_counter
 def generator(prompts, max_tokens, sessions, rounds):
     if paged:
         return {"error": "og.Generator cannot feed a PagedAttention export (1-D input_ids); use the engine kind"}
-    n_out, ttfts, t0 = 0, [], clock()
+    n_out, ttfts, tpots, t0 = 0, [], [], clock()
     for turn in range(rounds):
         ids = [encode(prompts[s][turn]) for s in range(sessions)]
         width = max(len(x) for x in ids)
@@ -86,13 +87,16 @@ def generator(prompts, max_tokens, sessions, rounds):
             gen.generate_next_token()
             steps += 1
             if steps == 1:
-                ttfts += [(clock() - t_req) * 1e3] * sessions
+                t_first = clock()
+                ttfts += [(t_first - t_req) * 1e3] * sessions
+        if steps > 1:
+            tpots += [(clock() - t_first) * 1e3 / (steps - 1)] * sessions
         n_out += steps * sessions
         del gen
-    return {"output_tokens": n_out, "wall_s": clock() - t0, "ttft_ms": ttfts}
+    return {"output_tokens": n_out, "wall_s": clock() - t0, "ttft_ms": ttfts, "tpot_ms": tpots}
 
 def engine_loop(prompts, max_tokens, sessions, rounds):
-    live, n_out, ttfts, t0 = {}, 0, [], clock()
+    live, n_out, ttfts, tpots, t0 = {}, 0, [], [], clock()
     def begin(s, turn):
         ids = encode(prompts[s][turn])
         ro = og.RequestOptions()
@@ -101,7 +105,7 @@ def engine_loop(prompts, max_tokens, sessions, rounds):
         to = og.TurnOptions(req)
         to.set_do_sample(False); to.set_max_generated_tokens(max_tokens); to.set_min_generated_tokens(max_tokens)
         req.begin_turn(np.asarray(ids, dtype=np.int32), to)
-        live[id(req)] = [req, s, turn, clock(), None]
+        live[id(req)] = [req, s, turn, clock(), None, 0]
     for s in range(sessions):
         begin(s, 0)
     while live:
@@ -114,15 +118,18 @@ def engine_loop(prompts, max_tokens, sessions, rounds):
                 return {"error": f"og.Engine request failed: error_code={ev.error_code}"}
             if flags & TOKEN:
                 n_out += 1
+                e[5] += 1
                 if e[4] is None:
                     e[4] = clock()
                     ttfts.append((e[4] - e[3]) * 1e3)
             if ev.finish_reason != og.FinishReason.NONE:
                 del live[id(ev.request)]
                 e[0].close()
+                if e[5] > 1:
+                    tpots.append((clock() - e[4]) * 1e3 / (e[5] - 1))
                 if e[2] + 1 < rounds:
                     begin(e[1], e[2] + 1)
-    return {"output_tokens": n_out, "wall_s": clock() - t0, "ttft_ms": ttfts,
+    return {"output_tokens": n_out, "wall_s": clock() - t0, "ttft_ms": ttfts, "tpot_ms": tpots,
             "configured_max_batch_size": engine.get_capabilities().configured_max_batch_size}
 
 print(json.dumps({"ready": True, "paged": paged, "version": og.__version__}), flush=True)
@@ -173,7 +180,8 @@ class BareOrtGenai:
             rounds: requests per session.
 
         Returns:
-            ``output_tokens``, ``wall_s``, ``output_tokens_per_s``, ``ttft_p50_ms`` (or ``error``).
+            ``output_tokens``, ``wall_s``, ``output_tokens_per_s``, ``ttft_p50_ms``, ``tpot_p50_ms``
+            (or ``error``).
         """
         self.proc.stdin.write(json.dumps({"kind": kind, "prompts": prompts, "max_tokens": max_tokens,
                                           "sessions": sessions, "rounds": rounds}) + "\n")
@@ -183,7 +191,9 @@ class BareOrtGenai:
             import numpy as np
 
             out["output_tokens_per_s"] = out["output_tokens"] / out["wall_s"]
-            out["ttft_p50_ms"] = float(np.percentile(out.pop("ttft_ms"), 50)) if out.get("ttft_ms") else None
+            for key in ("ttft", "tpot"):
+                vals = out.pop(f"{key}_ms", None)
+                out[f"{key}_p50_ms"] = float(np.percentile(vals, 50)) if vals else None
         return {"kind": kind, "sessions": sessions, **out}
 
     def close(self) -> None:
