@@ -25,7 +25,12 @@ The figure, on both sides: **aggregate output tokens/s = output tokens of the ti
 seconds from the first timed request's send to the last one's end** (bakeoff's sweep point,
 ``bakeoff/loadgen/stats.py``; ``vllm bench serve``'s ``output_throughput``, whose duration runs
 from its first request after the warm-ups to the last end). TTFT p50 and TPOT p50 ((end -
-first token) / (tokens - 1)) beside it, in ms.
+first token) / (tokens - 1)) beside it, in ms. And CPU microseconds per output token of each
+process (``/proc``): bakeoff's client and the backend's processes over a whole run (warm-ups
+included, their tokens counted); the tool's process (bare loops: the timed part; ``vllm bench
+serve``: its whole run) and, for vLLM, the server's processes. On a loaded host CPU time per
+token moves far less than tokens/s: it is how a request field's cost is told apart
+(``--vllm-bodies``).
 
 Drift: a shared host drifts by tens of percent over minutes, little within seconds. Each session
 count runs ``tool, bakeoff, tool, bakeoff, ..., tool`` (``--pairs`` bakeoff runs, after one
@@ -58,7 +63,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.fidelity_tools import TOOLS, ToolSide, make_tool  # noqa: E402
+from benchmarks.fidelity_tools import TOOLS, ToolSide, cpu_per_token, engine_cpu_s, make_tool  # noqa: E402
 
 ENGINES = ("vllm", "ort-genai", "openvino", "optimum-ort", "transformers")
 COLUMNS = ("engine", "sessions", "bakeoff tok/s", "tool tok/s", "ratio (range)", "TTFT p50 ms b/t", "TPOT p50 ms b/t")
@@ -88,7 +93,14 @@ def summarize_row(engine: str, variant: str, sessions: int, tool_name: str, b_ru
             "tool_ttft_p50_ms": _median([r.get("ttft_p50_ms") for r in t_runs]),
             "bakeoff_tpot_p50_ms": _median([r.get("tpot_p50_ms") for r in b_runs]),
             "tool_tpot_p50_ms": _median([r.get("tpot_p50_ms") for r in t_runs]),
+            "bakeoff_cpu_us_per_token": _median_cpu(b_runs), "tool_cpu_us_per_token": _median_cpu(t_runs),
             "bakeoff_runs": b_runs, "tool_runs": t_runs}
+
+
+def _median_cpu(runs: list[dict]) -> dict[str, float]:
+    """Median CPU us per output token of each process over runs."""
+    keys = dict.fromkeys(k for r in runs for k in (r.get("cpu_us_per_token") or {}))
+    return {k: _median([(r.get("cpu_us_per_token") or {}).get(k) for r in runs]) for k in keys}
 
 
 class BakeoffSide:
@@ -114,11 +126,21 @@ class BakeoffSide:
                                      prompt=throughput_prompt(session, turn, self.fixture), ignore_eos=True)
 
         plan = SweepPlan([sessions], a.requests_per_session, a.warmup, a.max_tokens)
-        p = ThroughputSweep(self.engine, make, plan, self.count_tokens).run().points[0]
+        before, c0 = engine_cpu_s(self.engine), time.process_time()
+        res = ThroughputSweep(self.engine, make, plan, self.count_tokens).run()
+        client_s, after = time.process_time() - c0, engine_cpu_s(self.engine)
+        p = res.points[0]
         if not p["ok"]:
             raise RuntimeError(f"bakeoff's point failed: {p['errors_by_class']}")
-        return {k: p.get(k) for k in ("output_tokens_per_s", "output_tokens", "wall_s", "ttft_p50_ms", "tpot_p50_ms",
-                                      "requests", "ok", "accounting_mismatches", "accounting_disputed")}
+        out = {k: p.get(k) for k in ("output_tokens_per_s", "output_tokens", "wall_s", "ttft_p50_ms", "tpot_p50_ms",
+                                     "requests", "ok", "accounting_mismatches", "accounting_disputed")}
+        out["transport"] = {k: res.transport.get(k) for k in ("distorted", "first_cluster_events_p50",
+                                                              "events_per_cluster_p50", "cluster_period_p50_ms")}
+        out["output_tokens_sources"] = res.sources()
+        tokens = p["output_tokens"] + (res.warmup or {}).get("output_tokens", 0)  # CPU counts the warm-up too
+        out["cpu_us_per_token"] = {"client": round(client_s / tokens * 1e6, 1),
+                                   **{f"engine:{k}": v for k, v in cpu_per_token(before, after, tokens).items()}}
+        return out
 
 
 def alternate(bake: BakeoffSide, tool: ToolSide, sessions: int, pairs: int, log) -> tuple[list[dict], list[dict]]:
@@ -162,6 +184,7 @@ def measure_engine(name: str, model_path: str, fixture: bool, args, log) -> tupl
                 finally:
                     tool.close()
         except (RuntimeError, OSError, EngineFailure) as exc:
+            log(f"  {name}: {type(exc).__name__}: {exc}")
             return rows, f"{type(exc).__name__}: {str(exc)[:300]}"
         finally:
             engine.stop()

