@@ -58,6 +58,10 @@ class Backend(abc.ABC):
     env_python: Any = None
     proc: Any = None
     count_tokens: Any = None
+    # True: start() attaches to a server it does not launch (openai). Nothing of bakeoff's takes
+    # the device then, so the transformers reference need not run before the start, alone: it
+    # is computed when a check first asks for it (evaluations/plugin.py engine_state).
+    attaches: ClassVar[bool] = False
 
     @classmethod
     def env_specs(cls) -> list:

@@ -279,7 +279,7 @@ def engine_state(request, pytestconfig, settings, run) -> dict:
         except Exception as exc:  # noqa: BLE001 - the load check below records it as a start failure
             probe_failure = exc
         refused = prediction is not None and prediction.accepted is False and settings.preflight
-        if probe_failure is None and not refused and not is_reference_run(settings):
+        if probe_failure is None and not refused and not backend.attaches and not is_reference_run(settings):
             request.getfixturevalue("reference")  # the reference runs first, alone
         with _quiet(run.check("load", "load-failure")) as c:
             try:

@@ -79,9 +79,15 @@ def _model_stamp(model: ResolvedModel) -> list:
 def reference(settings, run, probes):
     """Greedy outputs (with top-k logprobs) of the transformers reference on the probes
     (cached), or None when the backend under test is the reference. Runs before the engine
-    starts, then stops, so the two never hold the device at once."""
+    starts, then stops, so the two never hold the device at once (a backend that attaches to a
+    running server asks for it later, at the first check that needs it). Not computed (``ok``
+    False, the reason in ``error``) once a check failed as ``hang``."""
     if is_reference_run(settings):
         return None
+    hung = next((c for c in run.verdict.checks if c.failure_class == "hang"), None)
+    if hung is not None:  # nothing the engine answers can be compared: no minutes spent on a reference
+        return {"ok": False, "error": f"not computed: the engine under test hung ({hung.name}: {hung.summary[:200]})",
+                "log_tail": ""}
 
     items, _ = probes
     key = hashlib.sha256(json.dumps([REFERENCE_CACHE_VERSION, settings.reference_model.path,

@@ -149,14 +149,14 @@ def test_reference_agreement(run, settings, engine, reference, probe_outputs):
     with run.check("sanity.reference_agreement", "accuracy-regression") as c:
         if reference is None:
             c.skip("the backend under test is the transformers reference")
+        errors = [o for o in probe_outputs if o["status"] != "ok"]
+        if errors:  # the backend's failure, whatever the reference did
+            c.fail(f"{len(errors)}/{len(probe_outputs)} probe requests failed: {errors[0]['error']}",
+                   errors[0].get("error_class") or "runtime-crash")
         if not reference.get("ok"):
             c.evidence("reference_error.txt", reference.get("error", "") + "\n\n" + reference.get("log_tail", ""))
             c.skip(f"the transformers reference could not run: {reference.get('error')}")
         ref_outs = reference["outputs"]
-        errors = [o for o in probe_outputs if o["status"] != "ok"]
-        if errors:
-            c.fail(f"{len(errors)}/{len(probe_outputs)} probe requests failed: {errors[0]['error']}",
-                   errors[0].get("error_class") or "runtime-crash")
         agr = agreement(probe_outputs, ref_outs)
         c.evidence("agreement.json", agr)
         ties = [r["outcome"] == "tie" for r in agr["rows"]]

@@ -51,13 +51,18 @@ def test_tokenizer(run, settings, engine, probes):
     """
     items, source = probes
     with run.check("sanity.tokenizer", "accuracy-regression") as c:
+        texts = sanity_prompts(items)
+        notes = engine_tokenizer(engine.info)
+        forms = ["text"] + (["chat"] if uses_chat(engine) else [])
+        # the engine is asked first: its failure (a hang, a crash) is named before anything is loaded
+        engine_ids, engine_notes = {}, {}
+        for form in forms:
+            engine_ids[form] = engine.tokenize(texts, chat=form == "chat")
+            engine_notes[form] = engine.tokenize_note  # why None, said by the call itself
         ref_path = settings.reference_model.path
         tok, why = reference_tokenizer(ref_path, bool(settings.reference_options.get("trust_remote_code", False)))
         if tok is None:
             c.skip(why)
-        texts = sanity_prompts(items)
-        notes = engine_tokenizer(engine.info)
-        forms = ["text"] + (["chat"] if uses_chat(engine) else [])
         c.values.update({"prompts": len(texts), "probe_source": source, "forms": forms,
                          "reference_tokenizer": f"{type(tok).__name__} ({ref_path})", "engine_tokenizer_notes": notes,
                          "reference_adds_special_ids": added_special_ids(tok)})
@@ -67,9 +72,9 @@ def test_tokenizer(run, settings, engine, probes):
         compared: dict[str, int] = {}
         not_compared: dict[str, str] = {}
         for form in forms:
-            got = engine.tokenize(texts, chat=form == "chat")
+            got = engine_ids[form]
             if got is None or got is NotImplemented:
-                not_compared[form] = engine.tokenize_note or f"the {settings.backend} backend cannot report token ids"
+                not_compared[form] = engine_notes[form] or f"the {settings.backend} backend cannot report token ids"
                 continue
             want, why = reference_ids(tok, texts, form == "chat")
             if want is None:

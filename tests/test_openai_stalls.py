@@ -154,8 +154,8 @@ def suite(tmp_path: Path, url: str, timeout_s: float = 240) -> tuple[subprocess.
 def test_the_suite_against_a_stalling_server_ends_in_bounded_time_as_hang(tmp_path):
     """``pytest evaluations/ --backend openai ... read_timeout_s=1`` against a server that
     answers ``/health`` and ``/v1/models`` and nothing else: done well within a minute, the
-    checks that sent requests failed as ``hang`` (none as ``runtime-crash``), the verdict
-    disqualified."""
+    checks that sent requests failed as ``hang`` (none as ``runtime-crash``), no reference
+    computed, the verdict disqualified."""
     with serving(stalling_app("stall")) as url:
         proc, took, run = suite(tmp_path, url)
     verdict = json.loads((run / "verdict.json").read_text())
@@ -166,6 +166,8 @@ def test_the_suite_against_a_stalling_server_ends_in_bounded_time_as_hang(tmp_pa
     assert "sanity.tokenizer" in failed and "sanity.known_answers" in failed, sorted(failed)
     assert {c["failure_class"] for c in failed.values()} == {"hang"}, {n: c["failure_class"] for n, c in failed.items()}
     assert "the request was open" in failed["sanity.tokenizer"]["summary"]
+    # an attached server's reference is computed when first asked for, and not once the engine hung
+    assert not (run / "engine" / "reference").exists(), "a reference was computed for a hung engine"
     assert verdict["status"] == "disqualified" and any(r.startswith("sanity.tokenizer: hang:") for r in verdict["reasons"])
 
 

@@ -82,6 +82,7 @@ class OpenAIBackend(Backend):
 
     name = "openai"
     Options = OpenAIOptions
+    attaches = True  # nothing launched: the reference is computed when a check asks for it
 
     def __init__(self, config):
         super().__init__(config)
