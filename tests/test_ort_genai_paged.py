@@ -48,7 +48,8 @@ def paged(tiny, ort_python):
 def test_options_choose_paged_attention_where_the_builder_builds_it():
     """Unset, ``paged_attention`` is true on CUDA (fp16/bf16/int4/int8 keep fp16 activations),
     false on CPU with the builder's refusal as the reason, false with batching=generator; it is
-    in the export's options (so in its cache key and builder command), and --matrix can vary it."""
+    in the export's options (so in its cache key and builder command), and --matrix can vary it.
+    ``cuda_graph`` follows a paged CUDA export."""
     from adapters.ort_genai_export.cache import cache_key
     from adapters.ort_genai_export.export import builder_command
     from backends.ort_genai.backend import PAGED_REFUSAL_CPU, OrtGenaiOptions, paged_default
@@ -66,12 +67,18 @@ def test_options_choose_paged_attention_where_the_builder_builds_it():
         OrtGenaiOptions(paged_attention=True, batching="generator")
     on, off = (OrtGenaiOptions(execution_provider="cuda", precision="fp16", paged_attention=v).export_options()
                for v in (True, False))
+    assert on.paged_attention and not off.paged_attention
     assert cache_key("h", on, "0.18.0") != cache_key("h", off, "0.18.0")
     cmd = builder_command("python", Path("/m"), Path("/o/model"), on)
-    assert cmd[cmd.index("--extra_options") + 1:] == ["use_paged_attention=true"]
+    assert cmd[cmd.index("--extra_options") + 1:] == ["use_paged_attention=true", "enable_cuda_graph=true"]
     assert "--extra_options" not in builder_command("python", Path("/m"), Path("/o/model"), off)
     cells, dropped = cells_for(parse_matrix(["paged_attention=true,false"]), OrtGenaiOptions.model_fields.__contains__)
     assert not dropped and [c.options for c in cells] == [{"paged_attention": True}, {"paged_attention": False}]
+    # CUDA graphs come with a paged CUDA export (og.Engine replays decode steps), off elsewhere
+    assert on.cuda_graph and not off.cuda_graph and not cpu.export_options().cuda_graph
+    assert not OrtGenaiOptions(execution_provider="cuda", precision="fp16", cuda_graph=False).export_options().cuda_graph
+    assert "enable_cuda_graph=true" in cmd and cache_key("h", on, "0.18.0") != cache_key(
+        "h", on.model_copy(update={"cuda_graph": False}), "0.18.0")
 
 
 def test_builder_refuses_paged_attention_on_cpu(tiny, ort_python):
@@ -221,8 +228,8 @@ def test_cuda_paged_export_runs_forward_and_og_engine(paged, tiny):
 
 @needs_cuda
 def test_cuda_backend_defaults_to_paged_continuous_batching(tiny, ort_python, tmp_path):
-    """Unset options on CUDA give a paged export served by og.Engine's continuous path, said in
-    the notes; concurrent greedy streams; a logprobs request answers through the graph session,
+    """Unset options on CUDA give a paged export with CUDA graphs served by og.Engine's continuous
+    path, said in the notes; concurrent greedy streams; a logprobs request answers through the graph session,
     its tokens agreeing with og.Engine's greedy ones (tie-aware: a differing token must be in the
     other's top-k there, then the comparison stops)."""
     import asyncio
@@ -244,6 +251,7 @@ def test_cuda_backend_defaults_to_paged_continuous_batching(tiny, ort_python, tm
         info = b.start()
         assert info.notes["paged_attention"].startswith("true") and info.notes["export_paged_attention"].startswith("true")
         assert info.notes["og_engine"].startswith("continuous batching") and info.concurrent_requests == 100
+        assert info.notes["cuda_graph"].startswith("true")
 
         async def run():
             prompts = ["abc ab", "count: 1 2 3", "copy: ab =>", "kv a=1 b=2"]

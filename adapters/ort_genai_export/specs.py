@@ -39,6 +39,10 @@ class ExportOptions(_Spec):
             fp16 ("PagedAttention (use_paged_attention=true) requires CUDA with FP16/BF16 or
             WebGPU with FP16, not (cpu, FLOAT).", ``onnxruntime_genai/models/builders/base.py``
             ``make_attention_init``); default false, as the builder's.
+        cuda_graph: CUDA graph capture (builder ``enable_cuda_graph=true``: the CUDA provider
+            option ``enable_cuda_graph`` in ``genai_config.json``); ``og.Engine``'s paged path
+            captures pure decode steps and runs prefill eagerly (``docs/paged_attention_engine.md``
+            "CUDA graph capture", onnxruntime-genai). Default false, as the builder's.
         extra_options: further builder ``--extra_options`` keys, passed verbatim.
     """
 
@@ -51,6 +55,7 @@ class ExportOptions(_Spec):
     moe_quant_type: Literal["int2", "int4", "int8", "mxfp4", "nvfp4"] | None = None
     qmoe_block_size: int | None = None
     paged_attention: bool = False
+    cuda_graph: bool = False
     extra_options: dict[str, str] = Field(default_factory=dict)
 
     def builder_extra_options(self) -> dict[str, str]:
@@ -68,6 +73,8 @@ class ExportOptions(_Spec):
             out["qmoe_block_size"] = str(self.qmoe_block_size)
         if self.paged_attention:
             out["use_paged_attention"] = "true"
+        if self.cuda_graph:
+            out["enable_cuda_graph"] = "true"
         out.update(self.extra_options)
         return out
 

@@ -14,9 +14,9 @@
 #     bash examples/h200/device.sh recv a01 ... a07
 #     runs-20261203b.sh a                install set a, queue the jobs; then `device.sh status` / `collect`
 #
-# Seen 2026-12-03 (a helper's session, by hand, same commands): worker / bare og.Engine on the paged
-# export 1.03 / 1.16 / 1.10 (ort_genai_fidelity.py, medians of 3 alternations); bakeoff's full sweep
-# 188 / 1,042 / 3,995 tok/s at 1 / 8 / 32 sessions (was 116 / 258 / 923 without PagedAttention).
+# Seen 2026-12-03 (a helper's session, by hand, same commands; docs/gpu.md): with the default (paged
+# + CUDA graphs) the worker made 384 / 2,672 / 7,788 tok/s at 1 / 8 / 32 sessions, 1.00 / 0.95 /
+# 0.88 of a bare og.Engine loop on its export (was 116 / 258 / 923 without PagedAttention).
 set -euo pipefail
 D=examples/h200/device.sh
 M17=/tmp/models/qwen3-1.7b-random
@@ -45,6 +45,8 @@ case "${1:-}" in
       --sessions 1,8,32 --max-tokens 128 --cycles 3
     bash $D job j22-worker-static -- python3 benchmarks/ort_genai_fidelity.py --model $M17 "${CUDA[@]}" \
       --backend-opt paged_attention=false --sessions 1,8,32 --max-tokens 128 --cycles 3
+    bash $D job j23-worker-no-graph -- python3 benchmarks/ort_genai_fidelity.py --model $M17 "${CUDA[@]}" \
+      --backend-opt cuda_graph=false --sessions 1,8,32 --max-tokens 128 --cycles 3
     # the verdict and the sweep with the new default, then both exports as one matrix
     bash $D job j30-qualify -- $Q --model $M17 --backends ort-genai "${CUDA[@]}" "${REF[@]}" --profile full \
       --artifacts /tmp/art/big
