@@ -12,7 +12,7 @@ MODEL ?= fixture:tiny-qwen3
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[reference]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[reference,test]'
 	touch $(STAMP)
 
 install: $(STAMP)
