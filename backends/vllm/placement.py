@@ -1,0 +1,119 @@
+"""Where vLLM CPU's processes run when its worker decodes on a single core (a 2-core host).
+
+vLLM CPU (0.32.0) starts three processes: the API server (HTTP, detokenization, streaming),
+the engine core (scheduler) and the worker (the model). It binds the worker's OpenMP threads
+to the NUMA node's cores less ``reserve_cpu_num`` (``vllm/utils/ompmultiprocessing.py``: one
+core on x86, "for scheduler proc"), states it in its log (``local_rank=0, core ids=[0]``,
+``reserved_cpus=[1]``) and pins nothing else. The engine core and the worker wait for each
+other through a shared-memory queue whose reader spins (``sched_yield``) for a second after each
+read (``vllm/distributed/device_communicators/shm_broadcast.py`` ``SpinCondition``), so during
+decoding the engine core keeps a core busy while the worker computes.
+
+On a 2-core host that left the engine core spinning on the API server's core: the frontend
+(and bakeoff's client) got the crumbs, and streams arrived in bursts, whole streams at once
+(TPOT p50 0.01 ms, ``throughput.transport`` DISTORTED). Measured on this project's 2-core host
+(2026-12-03, one vLLM server re-pinned live between placements, 4 rounds of bakeoff's sweep at
+1 and 8 sessions, ``benchmarks`` notes in the issue 28 report): vLLM's own placement gave bursty
+streams in 5 of 16 sweeps (median events per arrival cluster 14 and 10, the first token held
+with 14 and 7 more); the engine core on the worker's core, the API server and bakeoff's client
+on the other, in 0 of 16 (1.1-1.4 events per cluster, first token alone), and the engine core's
+CPU per run fell about 4x (its spin yields to the worker, which is what it waits for). The
+engine core beside the API server instead (what ``reserve_cpu_num`` suggests) was the worst:
+bursty in 8 of 16.
+
+:func:`place` applies that placement when the worker decodes on exactly one core and vLLM
+reserved others; elsewhere (a worker on several cores, where the engine core would take a core
+from a parallel region, or a log without the binding lines) it changes nothing and says why.
+The client (the calling process, every thread) moves to the frontend's cores too, and
+:func:`restore` gives it its cores back at stop.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+BIND_LINE = re.compile(r"local_rank=0, core ids=\[([\d, ]*)\]")
+RESERVED_LINE = re.compile(r"reserved_cpus=\[([\d, ]*)\]")
+ENGINE_CORE, WORKER = "VLLM::EngineCor", "VLLM::Worker"  # /proc/PID/comm (15 characters)
+
+
+def _ids(text: str) -> set[int]:
+    return {int(x) for x in text.replace(" ", "").split(",") if x}
+
+
+def plan(log: str) -> tuple[set[int], set[int]] | str:
+    """``(decode cores, frontend cores)`` from vLLM's binding lines (the last start wins), or why
+    no placement applies."""
+    binds, reserved = BIND_LINE.findall(log), RESERVED_LINE.findall(log)
+    if not binds or not reserved:
+        return "vLLM stated no OpenMP binding (no 'core ids=[...]' / 'reserved_cpus=[...]' line)"
+    decode, front = _ids(binds[-1]), _ids(reserved[-1])
+    if len(decode) != 1 or not front:
+        return (f"the worker decodes on {len(decode)} cores {sorted(decode)} with {sorted(front)} reserved: "
+                "vLLM's own placement kept (the engine core would take a core from a parallel region)")
+    return decode, front
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def _pin(pid: int, cores: set[int]) -> int:
+    """Every thread of ``pid`` onto ``cores`` (``sched_setaffinity`` of a pid moves one thread)."""
+    n = 0
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return 0
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cores)
+            n += 1
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return n
+
+
+def place(members: list[int], api_pid: int, log: str) -> dict[str, Any]:
+    """Pin the engine core with the worker and the API server with the client (module docstring).
+
+    Args:
+        members: PIDs of the engine's process group.
+        api_pid: the API server's PID (the group leader).
+        log: the engine log so far (its binding lines).
+
+    Returns:
+        ``{"placement": words for the run's notes, "client_cores": the calling process's cores
+        before, to :func:`restore`}``; ``client_cores`` None when nothing was changed.
+    """
+    p = plan(log)
+    if isinstance(p, str):
+        return {"placement": f"vLLM's own ({p})", "client_cores": None}
+    decode, front = p
+    roles = {pid: _comm(pid) for pid in members}
+    cores = sorted(decode)[0], sorted(front)
+    if not any(c == ENGINE_CORE for c in roles.values()):
+        return {"placement": "vLLM's own (no engine core process found)", "client_cores": None}
+    for pid, comm in roles.items():
+        if comm in (ENGINE_CORE, WORKER):
+            _pin(pid, decode)
+        elif pid == api_pid:
+            _pin(pid, front)
+    before = os.sched_getaffinity(0)
+    _pin(os.getpid(), front)
+    return {"placement": (f"engine core with the worker on core {cores[0]} (the worker's OpenMP binding), API server "
+                          f"and bakeoff's client on {cores[1]} (vLLM's reserved cores): on one decode core the engine "
+                          "core's spin-wait otherwise starves the frontend (backends/vllm/placement.py)"),
+            "client_cores": sorted(before)}
+
+
+def restore(client_cores: list[int] | None) -> None:
+    """Give the calling process (every thread) its cores back."""
+    if client_cores:
+        _pin(os.getpid(), set(client_cores))

@@ -1,0 +1,101 @@
+"""vLLM CPU's process placement on a host whose worker decodes on one core (backends/vllm/placement.py):
+the engine core beside the worker, the API server and bakeoff's client on the reserved core, and
+vLLM's own placement kept wherever the rule does not apply."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from backends.vllm import placement
+
+TWO_CORE_LOG = ("(EngineCore pid=1) INFO [ompmultiprocessing.py:185] OpenMP thread binding info: \n"
+                "\tVLLM_CPU_OMP_THREADS_BIND='auto', auto_setup=True, skip_setup=False\n"
+                "\tlocal_world_size=1, reserve_cpu_num=1\n\tlocal_rank=0, core ids=[0]\n\treserved_cpus=[1]\n")
+needs_two = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0),
+                               reason="needs cores 0 and 1")
+
+
+def test_plan_reads_vllms_binding_lines():
+    assert placement.plan(TWO_CORE_LOG) == ({0}, {1})
+    many = TWO_CORE_LOG.replace("core ids=[0]", "core ids=[0, 1, 2]").replace("reserved_cpus=[1]", "reserved_cpus=[3]")
+    assert "decodes on 3 cores" in placement.plan(many)
+    assert "no OpenMP binding" in placement.plan("INFO nothing here")
+    restarted = TWO_CORE_LOG + TWO_CORE_LOG.replace("[0]", "[2]").replace("[1]", "[3]")
+    assert placement.plan(restarted) == ({2}, {3})  # the last start's lines
+
+
+def _named(name: str) -> subprocess.Popen:
+    """A sleeping child whose /proc comm is ``name`` (as vLLM names its processes), with a second thread."""
+    code = (f"import threading, time; open('/proc/self/comm', 'w').write({name!r}); "
+            "threading.Thread(target=time.sleep, args=(60,), daemon=True).start(); print('ok', flush=True); time.sleep(60)")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ok"
+    return p
+
+
+def _cores(pid: int) -> set[frozenset]:
+    return {frozenset(os.sched_getaffinity(int(t))) for t in os.listdir(f"/proc/{pid}/task")}
+
+
+@needs_two
+def test_engine_core_joins_the_worker_and_the_frontend_gets_the_rest():
+    api, core, worker = _named("python"), _named(placement.ENGINE_CORE), _named(placement.WORKER)
+    mine = os.sched_getaffinity(0)
+    try:
+        done = placement.place([api.pid, core.pid, worker.pid], api.pid, TWO_CORE_LOG)
+        assert _cores(core.pid) == {frozenset({0})} and _cores(worker.pid) == {frozenset({0})}
+        assert _cores(api.pid) == {frozenset({1})}
+        assert _cores(os.getpid()) == {frozenset({1})}  # bakeoff's client: every thread
+        assert "engine core with the worker on core 0" in done["placement"] and done["client_cores"] == sorted(mine)
+        placement.restore(done["client_cores"])
+        assert _cores(os.getpid()) == {frozenset(mine)}
+    finally:
+        os.sched_setaffinity(0, mine)
+        for p in (api, core, worker):
+            p.kill()
+            p.wait()
+
+
+@needs_two
+def test_a_worker_on_several_cores_keeps_vllms_placement():
+    core = _named(placement.ENGINE_CORE)
+    try:
+        before = _cores(core.pid)
+        done = placement.place([core.pid], core.pid, TWO_CORE_LOG.replace("core ids=[0]", "core ids=[0, 1]"))
+        assert done["client_cores"] is None and done["placement"].startswith("vLLM's own")
+        assert _cores(core.pid) == before
+    finally:
+        core.kill()
+        core.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.engine("vllm")
+@needs_two
+def test_real_vllm_cpu_is_placed_and_the_client_restored(tmp_path):
+    import backends
+    from bakeoff.host import envs
+    from bakeoff.api.specs import BackendConfig
+    from bakeoff.models import fixtures
+
+    if envs.has_cuda() or len(os.sched_getaffinity(0)) != 2:
+        pytest.skip("the rule applies where vLLM CPU binds its worker to one of two cores")
+    mine = os.sched_getaffinity(0)
+    v = backends.resolve("vllm")(BackendConfig(backend="vllm", model=str(fixtures.build("tiny-qwen3-untrained")),
+                                               workdir=str(tmp_path), options={"kv_cache_space_gib": 1}))
+    v.start()
+    try:
+        roles = {placement._comm(p): p for p in v.proc.members()}
+        decode, front = placement.plan(v.log_path.read_text())
+        assert _cores(roles[placement.ENGINE_CORE]) == {frozenset(decode)} == _cores(roles[placement.WORKER])
+        assert _cores(v.proc.pid) == {frozenset(front)} and _cores(os.getpid()) == {frozenset(front)}
+        assert "engine core with the worker" in v.info.notes["cpu_placement"]
+    finally:
+        v.stop()
+    time.sleep(0.1)
+    assert _cores(os.getpid()) == {frozenset(mine)}
