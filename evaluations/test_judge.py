@@ -9,7 +9,8 @@
 
 Runs last: the engine under test is stopped first, so the reference and the engine never
 hold the device at once. It reads what the sanity checks wrote, so it also judges a resumed
-run, and a run whose engine died after its sanity checks.
+run, and a run whose engine died after its sanity checks. The reference's answers are kept on
+disk (:mod:`evaluations.judging`): it starts only for a question no earlier run asked.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ import pytest
 
 import backends
 from bakeoff.api.errors import EngineFailure
+from bakeoff.host.run import CheckSkipped
 from bakeoff.analysis.judge import NLL_GAP_NATS, divergence, nll_verdict, pooled_nll
 from bakeoff.analysis.sanity import PROBE_LOGPROBS
 from bakeoff.api.specs import GenerationRequest
+from evaluations.judging import ReferenceAnswers
 from evaluations.measuring import send
-from evaluations.reference import is_reference_run, reference_config
+from evaluations.reference import _model_stamp, is_reference_run, reference_config
 from evaluations.test_sanity import OPEN_ENDED_TOKENS
 from evaluations.session import KEY_ENGINE
 
@@ -48,26 +51,31 @@ def _read(run, rel: str):
         return None
 
 
-def _judge(scorer, opened: list[dict], probe_outs: list[dict]) -> tuple[list, list, list, list]:
+def _generate(scorer, prompts: list[tuple[str, str, int]]) -> list[dict]:
+    recs = send(scorer, [GenerationRequest(request_id=f"judge-{i}", prompt=p, max_tokens=n) for i, p, n in prompts])
+    return [{"status": r.status, "output_token_ids": r.output_token_ids, "output_text": r.output_text} for r in recs]
+
+
+def _judge(ref: ReferenceAnswers, opened: list[dict], probe_outs: list[dict]) -> tuple[list, list, list, list]:
     """The reference's greedy outputs on the open-ended prompts, teacher-forced scores of both
     sides' outputs, and its top-k on the backend's probe outputs: ``(table, backend logprobs,
     reference logprobs, [(reference tops, backend logprobs)] per probe)``."""
-    refs = send(scorer, [GenerationRequest(request_id=f"judge-{i}", prompt=r["prompt"], max_tokens=OPEN_ENDED_TOKENS)
-                         for i, r in enumerate(opened)])
+    refs = ref.generate([(str(i), r["prompt"], OPEN_ENDED_TOKENS) for i, r in enumerate(opened)])
     table, backend_lps, reference_lps = [], [], []
-    for r, ref in zip(opened, refs):
-        mine = _score(scorer.base_url, r["prompt"], r.get("token_ids"), r.get("text", ""))
-        own = _score(scorer.base_url, r["prompt"], ref.output_token_ids, ref.output_text) if ref.status == "ok" else None
+    for r, own_out in zip(opened, refs):
+        mine = ref.score(r["prompt"], r.get("token_ids"), r.get("text", ""))
+        own = (ref.score(r["prompt"], own_out["output_token_ids"], own_out["output_text"])
+               if own_out["status"] == "ok" else None)
         backend_lps.append(mine["logprobs"])
         reference_lps.append(own["logprobs"] if own else [])
         b_nll, b_n = pooled_nll([mine["logprobs"]])
         r_nll, r_n = pooled_nll([own["logprobs"]] if own else [])
-        table.append({"prompt": r["prompt"], "backend_output": r.get("text"), "reference_output": ref.output_text,
+        table.append({"prompt": r["prompt"], "backend_output": r.get("text"), "reference_output": own_out["output_text"],
                       "backend_nll_per_token": None if b_nll is None else round(b_nll, 4), "backend_tokens": b_n,
                       "reference_nll_per_token": None if r_nll is None else round(r_nll, 4), "reference_tokens": r_n})
     kl_rows = []
     for o in probe_outs:
-        sc = _score(scorer.base_url, o["prompt"], o["token_ids"], o["text"], top_k=PROBE_LOGPROBS)
+        sc = ref.score(o["prompt"], o["token_ids"], o["text"], top_k=PROBE_LOGPROBS)
         kl_rows.append((sc["top_logprobs"], o["logprobs"][:len(o["token_ids"])]))
     return table, backend_lps, reference_lps, kl_rows
 
@@ -104,21 +112,31 @@ def test_nll_judge(run, settings, pytestconfig):
         if state.get("backend") is not None:  # the engine is done: free its device for the judge
             state["backend"].stop()
             state["stopped"] = "the judge stopped the engine to free its device (sanity.nll_judge runs last)"
-        scorer = backends.resolve("transformers")(reference_config(settings, run.dir.path / "engine" / "judge", scoring=True))
-        try:
+        config = reference_config(settings, run.dir.path / "engine" / "judge", scoring=True)
+        scorer = backends.resolve("transformers")(config)
+
+        def start():
             try:
                 scorer.start()
             except EngineFailure as exc:
                 c.evidence("reference.log.tail", scorer.log_tail(80))
                 c.skip(f"the reference could not start to judge: {exc.failure_class}: {exc.message}")
+            return scorer
+
+        ref = ReferenceAnswers([settings.reference_model.path, _model_stamp(settings.reference_model), config.options],
+                               start, _score, _generate)
+        try:
             try:
-                scored = _judge(scorer, opened, probe_outs)
+                scored = _judge(ref, opened, probe_outs)
+            except CheckSkipped:  # the reference could not start (start() above)
+                raise
             except Exception as exc:  # the judge failed, not the backend: no verdict from it
                 c.evidence("reference.log.tail", scorer.log_tail(80))
                 c.skip(f"the reference could not score the outputs: {type(exc).__name__}: {str(exc)[:200]}")
         finally:
             scorer.stop()
         table, backend_lps, reference_lps, kl_rows = scored
+        c.values["reference_answers"] = {"asked": ref.asked, "from_cache": ref.cached, "reference_started": ref.backend is not None}
         c.evidence("nll.json", table)
         b_nll, b_n = pooled_nll(backend_lps)
         r_nll, r_n = pooled_nll(reference_lps)
