@@ -1,6 +1,7 @@
 # The two set-up commands of the README. Each creates .venv and installs what it needs.
 # Engine environments (vLLM, ONNX Runtime GenAI, ...) are created by bakeoff itself on first
-# use under ~/.cache/bakeoff/envs and reused.
+# use under ~/.cache/bakeoff/envs (from their lock files, bakeoff/host/locks/) and reused; the
+# fixture models ship trained (bakeoff/models/fixtures/shipped/) and are copied there once.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -24,8 +25,8 @@ test: $(STAMP) chromium
 	$(VENV)/bin/python -m pytest tests/ -q -ra --durations=15
 
 # `make test` from an empty cache: BAKEOFF_CACHE is a temporary folder (removed at the end); the
-# engine environments are created, then the fixtures built, then the tests run; each phase is
-# timed (.ci/test-fresh). Takes long: the environments and the fixture training alone take minutes.
+# engine environments are created (uv, from their lock files), then the shipped fixtures verified
+# and copied, then the tests run; each phase is timed (.ci/test-fresh).
 test-fresh: $(STAMP) chromium
 	VENV=$(VENV) bash .ci/test-fresh
 
