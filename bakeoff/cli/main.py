@@ -333,7 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fixture", help="build or list bakeoff's fixture models")
     f.add_argument("action", choices=["build", "list"])
     f.add_argument("name", nargs="*")
-    f.add_argument("--force", action="store_true")
+    f.add_argument("--rebuild", "--force", dest="force", action="store_true",
+                   help="train (or derive) it here, even where its weights ship with bakeoff or are cached")
     f.set_defaults(func=cmd_fixture)
     e = sub.add_parser("envs", help="list engine environments")
     e.set_defaults(func=cmd_envs)
