@@ -213,7 +213,6 @@ def check_options(req: Request, names: list[str]) -> tuple[list[Run], dict[str, 
         if all(axis in left_out[n] for n in names):
             raise UserError(f"--matrix {axis} is an option of none of {', '.join(names)}; "
                             "check its spelling (a preset: speculative, prefix_cache) or drop the axis")
-    runs.sort(key=lambda r: names.index(r.backend))
     for r in runs:
         parse_options(r.backend, backends.resolve(r.backend).Options, r.options)
     if req.reference_options is not None:

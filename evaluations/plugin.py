@@ -89,10 +89,8 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     try:
         if config.option.collectonly:  # bad input is refused while collecting too; nothing is built or written
-            if config.getoption("--resume") is not None:
-                resume_request(request_from(config))
-            else:
-                check_request(request_from(config))
+            request = request_from(config)
+            check_request(resume_request(request)[0] if config.getoption("--resume") is not None else request)
             return
         if config.getoption("--resume") is not None:
             rundir, verdict, s = load_resume(config)

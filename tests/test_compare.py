@@ -104,7 +104,7 @@ def test_kv_dtype_with_unchanged_capacity_is_ineffective(tmp_path):
     a = make_run(tmp_path, "vllm", {"kv_cache_dtype": "auto"}, 1.0, 0.05, seed=1)
     b = make_run(tmp_path, "vllm", {"kv_cache_dtype": "fp8"}, 1.0, 0.05, seed=2)
     md = write_compare([a, b], tmp_path / "r")["markdown"].read_text()
-    assert "**ineffective-option**: same KV capacity" in md
+    assert "ineffective-option: same KV capacity" in md
 
 
 def test_columns_get_fingerprint_and_distinct_labels(tmp_path):

@@ -228,7 +228,7 @@ def test_qualify_prints_phase_lines_in_plain_mode_and_none_when_quiet(cache, tmp
     calls: list = []
     monkeypatch.setattr(envs, "_run", fake_pip(0.05, calls))
     monkeypatch.setattr(steps, "prepare", _fake_prepare())
-    monkeypatch.setattr(cli_main, "_one_run", lambda *a: None)  # no evaluation: "no run was written"
+    monkeypatch.setattr("bakeoff.cli.qualify._one_run", lambda *a: None)  # no evaluation: "no run was written"
     code = cli_main.main(["qualify", "--backends", "transformers", "--artifacts", str(tmp_path / "art")]
                          + (["--quiet"] if quiet else []))
     out, err = capsys.readouterr()

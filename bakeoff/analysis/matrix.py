@@ -34,6 +34,7 @@ from bakeoff.analysis.kv_layout import (INEFFECTIVE_BAND, KV_DTYPE_BYTES, RATIO_
 from bakeoff.api.errors import UserError
 from bakeoff.api.options import parse_value
 from bakeoff.api.specs import Spec
+from bakeoff.api.verdict import Verdict
 from bakeoff.host.artifacts import read_json
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
@@ -232,13 +233,14 @@ def load_baseline(path: Path) -> dict[str, Any]:
     """
     try:
         v = read_json(Path(path) / "verdict.json")
+        Verdict.model_validate(v)  # bakeoff's verdict, or a ValueError naming the field
         out = {"run_id": v["run_id"], "path": str(Path(path).resolve()), "backend": v["backend"],
                "options": v.get("options") or {}, "backend_info": v.get("backend_info") or {}}
         if not all(isinstance(out[k], t) for k, t in (("run_id", str), ("backend", str), ("options", dict),
                                                      ("backend_info", dict))):
             raise TypeError("its run_id, backend, options or backend_info is not of bakeoff's type")
         return out
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise UserError(f"--baseline-run {path}: not a readable run directory ({exc.__class__.__name__}: "
                         f"{' '.join(str(exc).split())[:100]}); pass a "
                         "folder under artifacts/runs/ that holds verdict.json") from None

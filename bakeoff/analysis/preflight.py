@@ -40,6 +40,7 @@ from pydantic import Field
 from bakeoff.analysis.checkpoint_layout import mtp_requested
 from bakeoff.api.errors import EngineFailure
 from bakeoff.api.specs import Spec
+from bakeoff.host.artifacts import read_json
 
 # (accepted, reason, rule source[, failure class when refused: default config-rejected])
 Rule = tuple
@@ -82,7 +83,7 @@ def read_config(model_path: str | Path) -> dict[str, Any]:
     """``config.json`` of a local checkpoint folder; ``{}`` for a hub id, an unreadable file or
     one that does not hold a JSON object (the engine's reaction to it is the evidence)."""
     try:
-        cfg = json.loads((Path(model_path) / "config.json").read_text())
+        cfg = read_json(Path(model_path) / "config.json")  # a FIFO or 200,000-deep nesting: a ValueError
     except (OSError, ValueError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return {}
     return cfg if isinstance(cfg, dict) else {}
@@ -90,7 +91,7 @@ def read_config(model_path: str | Path) -> dict[str, Any]:
 
 def _modelopt_file(model_path: str | Path) -> dict[str, Any] | None:
     try:
-        cfg = json.loads((Path(model_path) / "hf_quant_config.json").read_text())
+        cfg = read_json(Path(model_path) / "hf_quant_config.json")
     except (OSError, ValueError):
         return None
     return cfg if isinstance(cfg, dict) else None

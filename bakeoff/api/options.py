@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import types
+import typing
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -76,6 +78,14 @@ def _non_finite(value: Any) -> bool:
     return False
 
 
+def _takes_bool(annotation: Any) -> bool:
+    """Whether a field's type admits a bool (``bool``, ``bool | None``, ``Any``, a dict or list of anything)."""
+    if annotation is bool or annotation is Any:
+        return True
+    args = typing.get_args(annotation)
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and any(_takes_bool(a) for a in args)
+
+
 def parse_options(backend: str, model: type[BaseModel], options: dict[str, Any]) -> BaseModel:
     """Validate options against a backend's ``Options`` model.
 
@@ -94,6 +104,11 @@ def parse_options(backend: str, model: type[BaseModel], options: dict[str, Any])
         raise UserError(f"bad value for option {key!r} of backend {backend}: {err.get('msg')}; valid options: {valid}") from None
     except RecursionError:
         raise UserError(f"an option of backend {backend} is nested too deep; pass plain values") from None
+    for key, value in options.items():  # pydantic's lax mode reads true as 1: a flag is no number
+        if isinstance(value, bool) and key in model.model_fields and not _takes_bool(model.model_fields[key].annotation):
+            valid = ", ".join(sorted(model.model_fields))
+            raise UserError(f"bad value for option {key!r} of backend {backend}: {str(value).lower()} is not a number or "
+                            f"text; valid options: {valid}")
     for key in parsed.model_fields_set:
         if _non_finite(getattr(parsed, key)):
             raise UserError(f"bad value for option {key!r} of backend {backend}: not a finite number; pass a finite value")

@@ -10,37 +10,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 from bakeoff.api.errors import UserError, one_line
-from bakeoff.cli.gating import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NO_RUN, GATE_STATUSES, gate, parse_fail_on
+from bakeoff.cli.gating import EXIT_BAD_INPUT, EXIT_INTERRUPTED, GATE_STATUSES
 from bakeoff.host.procs import sigterm_as_interrupt
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKOUT = (REPO / "pyproject.toml").is_file()  # else an installed wheel: REPO is site-packages
 DEFAULT_MODEL = "fixture:tiny-qwen3"  # evaluations/inputs.py DEFAULTS (the one table; named here for --help)
 DEFAULT_ARTIFACTS = str(REPO / "artifacts") if CHECKOUT else "artifacts"  # installed: under the current folder
-
-
-def _pytest_cmd(*opts: str) -> tuple[list[str], str]:
-    """``python -m pytest`` on the evaluations suite, and the folder it runs in.
-
-    From a checkout: its ``evaluations/`` with the checkout as rootdir and folder. Installed:
-    the package's folder, from the current folder, with no ini file (``-c`` the null device: a
-    ``pytest.ini`` or ``addopts`` of the user's project does not apply) and no conftest above
-    the package. The plugin is named with ``-p`` (as its pytest11 entry point names it, so it is
-    registered once) so that ``PYTEST_DISABLE_PLUGIN_AUTOLOAD`` does not lose it."""
-    ev = REPO / "evaluations"
-    cmd = [sys.executable, "-m", "pytest", str(ev), "-p", "evaluations.plugin", "-p", "evaluations.reference",
-           "-p", "no:cacheprovider", "-q", "-o", "console_output_style=classic"]
-    if CHECKOUT:
-        return cmd + ["--rootdir", str(REPO), *opts], str(REPO)
-    return cmd + ["-c", os.devnull, "--rootdir", str(ev), "--confcutdir", str(ev), *opts], os.getcwd()
 
 
 class ArgError(UserError):
@@ -57,145 +37,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:
         raise ArgError(self.prog, message)
-
-
-def _request(args):
-    """``bakeoff qualify``'s flags as an :class:`evaluations.inputs.Request` (None: not given)."""
-    from evaluations.inputs import Request
-
-    return Request(entry="qualify", backends=None if args.backends is None else args.backends.split(","), model=args.model,
-                   backend_opt=args.backend_opt, matrix=args.matrix, profile=args.profile, artifacts=args.artifacts,
-                   report=args.report, reference_model=args.reference_model, reference_opt=args.reference_opt,
-                   patch=args.patch, no_preflight=args.no_preflight, repeats=args.repeats, resume=args.resume)
-
-
-def cmd_qualify(args) -> int:
-    """Check everything (:func:`evaluations.inputs.check_request`, the function ``pytest
-    evaluations/`` calls too), then run each backend x matrix cell and write the report."""
-    from evaluations.inputs import check_request
-
-    fail_on = parse_fail_on(args.fail_on)
-    if args.resume is not None:
-        return _resume(_request(args), fail_on)
-    checked = check_request(_request(args))
-    return _qualify(checked, args.quiet, fail_on)
-
-
-def _qualify(c, quiet: bool, fail_on: frozenset[str]) -> int:
-    """The checked request ``c`` (:class:`evaluations.inputs.Checked`): environments and fixture,
-    one evaluation per run, the report."""
-    import backends
-    from bakeoff.cli import steps
-    from bakeoff.cli.progress import Progress, choose_mode
-    from bakeoff.cli.progress import print_verdicts as _print_summary
-    from bakeoff.host.artifacts import check_writable
-    from bakeoff.models.resolve import resolve
-    from bakeoff.reporting.report import write_report
-
-    if c.reference_model and not c.reference_model.startswith("fixture:"):
-        ref = resolve(c.reference_model, build=False)  # absolute: the evaluation runs in the repository
-        c.reference_model = ref.path if ref.local else c.reference_model
-    clock = steps.StepClock()  # engine environments are made while the fixture trains, on one live view
-    with Progress(choose_mode(quiet)) as progress:
-        model = steps.prepare(c.model, [spec for n in c.backends for spec in backends.resolve(n).env_specs()],
-                              progress.phases, clock)
-        if model.local and not c.model.startswith("fixture:"):
-            c.model = model.path  # absolute: the evaluation runs with the repository as its folder
-        artifacts = check_writable(c.artifacts).resolve()
-        runs: list[Path] = []
-        missing: list[tuple[str, str, str]] = []  # (label, "incomplete", why) of runs that were not written
-        cell_runs: dict[tuple[str, str], Path] = {}  # (backend, cell label) -> its run, for --baseline-run
-        progress.say(f"qualifying {', '.join(c.backends)} on {c.model} ({c.profile} profile)")
-        for n in c.backends:
-            if c.left_out[n]:
-                print(f"{n}: --matrix {', '.join(c.left_out[n])} not varied (no such option of {n})", flush=True)
-        for run in c.runs:  # each matrix cell is its own run
-            t_run, before = time.monotonic(), len(runs)
-            _one_run(c, run, artifacts, progress, runs, cell_runs, missing)
-            clock.add_run(run.backend + (f" [{run.cell.label}]" if run.cell.label else ""), time.monotonic() - t_run,
-                          runs[-1] if len(runs) > before else None)
-    if not runs:
-        print("bakeoff: error: no run was written; see the errors above", file=sys.stderr)
-        return EXIT_NO_RUN
-    report = write_report(runs, artifacts / "reports" / c.report)
-    outcomes = _print_summary(runs)
-    if progress.mode != "quiet":
-        clock.print()
-    print(f"\nreport: {report}")
-    return _exit_code(outcomes + missing, fail_on)
-
-
-def _one_run(c, run, artifacts: Path, progress, runs: list[Path], cell_runs: dict, missing: list) -> None:
-    """One backend x matrix cell: its pytest subprocess; appends to ``runs`` or ``missing``."""
-    from bakeoff.analysis.matrix import baseline_cell
-    from bakeoff.api.options import format_kv
-
-    n, cell, t0 = run.backend, run.cell, time.monotonic()
-    with tempfile.NamedTemporaryFile("r", suffix=".run", delete=False) as fh:
-        run_file = fh.name
-    # --opt=value: pytest's first parse does not know the plugin's options yet and would take a
-    # separate value naming a folder for a test path, importing any conftest.py in it
-    cmd, cwd = _pytest_cmd(f"--backend={n}", f"--model={c.model}", f"--artifacts={artifacts}",
-                           f"--profile={c.profile}", f"--repeats={c.repeats}")
-    cmd += [f"--backend-opt={format_kv(k, v)}" for k, v in run.options.items()]  # the one KEY=VALUE form: for the child
-    if c.reference_model:
-        cmd.append(f"--reference-model={c.reference_model}")
-    cmd += [f"--reference-opt={format_kv(k, v)}" for k, v in c.reference_options.items()]
-    if not c.preflight:
-        cmd.append("--no-preflight")
-    cmd += [f"--patch={p}" for p in c.patches]
-    base = baseline_cell(cell, [r.cell for r in c.runs if r.backend == n])
-    if base is not None and (n, base.label) in cell_runs:
-        cmd.append(f"--baseline-run={cell_runs[(n, base.label)]}")
-    elif base is not None:
-        print(f"{n} [{cell.label}]: its baseline cell [{base.label}] wrote no run; its KV ratio is not judged", flush=True)
-    env = dict(os.environ, BAKEOFF_RUN_FILE=run_file)
-    label = n + (f" [{cell.label}]" if cell.label else "")
-    progress.announce(label, cmd)
-    try:
-        code, run_dir = progress.run(label, cmd, env, cwd, run_file)
-    finally:
-        os.unlink(run_file)
-    if code in (3, 4) or run_dir is None:
-        print(f"{n}: the evaluation did not start (pytest exit {code})", file=sys.stderr)
-        missing.append((label, "incomplete", f"no run written: pytest exit {code}"))
-        return
-    runs.append(run_dir)
-    cell_runs[(n, cell.label)] = run_dir
-    if progress.mode != "quiet":
-        print(f"--- {n}: {time.monotonic() - t0:.0f} s, pytest exit {code} -> {run_dir}", flush=True)
-
-
-def _exit_code(outcomes: list[tuple[str, str, str]], fail_on: frozenset[str]) -> int:
-    code, failing = gate(outcomes, fail_on)
-    for line in failing:
-        print(f"bakeoff: --fail-on {','.join(sorted(fail_on))}: {line}", file=sys.stderr)
-    return code
-
-
-def _resume(req, fail_on: frozenset[str]) -> int:
-    """``bakeoff qualify --resume RUN_DIR``: finish a cut-off run (completed checks are kept),
-    then re-write the report. The run's own backend, model and options apply: the resumed
-    request is checked here as the evaluation will check it, before it starts."""
-    from bakeoff.cli.progress import print_verdicts as _print_summary
-    from bakeoff.host.artifacts import check_creatable
-    from bakeoff.reporting.report import write_report
-    from evaluations.inputs import check_request, resume_request
-
-    run_req, _meta, _verdict = resume_request(req)
-    c = check_request(run_req)
-    run_dir = Path(run_req.resume).resolve()
-    check_creatable(run_dir.parent.parent / "reports" / c.report, "report folder",
-                    "make the run's artifacts folder writable, or copy the run into one that is")
-    cmd, cwd = _pytest_cmd(f"--resume={run_dir}", f"--repeats={c.repeats}")
-    print(f"resuming {run_dir.name}\n$ {' '.join(cmd)}", flush=True)
-    proc = subprocess.run(cmd, cwd=cwd)
-    if proc.returncode in (3, 4):
-        raise UserError(f"could not resume {run_dir.name} (pytest exit {proc.returncode}; see the error above)")
-    report = write_report([run_dir], run_dir.parent.parent / "reports" / c.report)
-    outcomes = _print_summary([run_dir])
-    print(f"\nreport: {report}")
-    return _exit_code(outcomes, fail_on)
 
 
 def _report_dest(args) -> Path:
@@ -248,6 +89,8 @@ def cmd_fixture(args) -> int:
     from bakeoff.models import fixtures
 
     if args.action == "list":
+        if args.name or args.force:
+            raise UserError("bakeoff fixture list takes no name nor --force; to build: bakeoff fixture build NAME")
         for n in fixtures.names():
             print(f"{n}\t{'built' if fixtures.is_built(n) else 'not built'}")
         return 0
@@ -318,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--resume", default=None, metavar="RUN_DIR",
                    help="finish a cut-off run (its verdict says incomplete): completed checks are kept, then the report "
                         "is re-written; the run's own backend, model and options apply")
-    q.set_defaults(func=cmd_qualify)
+    q.set_defaults(func="bakeoff.cli.qualify:cmd_qualify")
     c = sub.add_parser("compare", help="compare runs side by side (Markdown + HTML + plots)")
     c.add_argument("runs", nargs="+", help="run directories or folders of them")
     c.add_argument("--baseline", default=None, help="run id, column label or 1-based column number (default: first)")

@@ -8,6 +8,9 @@ from pathlib import Path
 from bakeoff.api.errors import EngineFailure, UserError
 
 
+MAX_NUM_SAMPLES = 100_000  # calibration texts for AWQ: llm-compressor's recipes use hundreds
+
+
 def cmd_quantize(args) -> int:
     """Quantize a checkpoint (``bakeoff quantize awq --model M --out DIR``)."""
     from adapters.awq_int4 import quantize_awq
@@ -18,8 +21,8 @@ def cmd_quantize(args) -> int:
 
     # everything is checked before the fixture build (minutes) and llm-compressor's
     # environment (minutes), and nothing is written until then (issue 15)
-    if args.num_samples < 1:
-        raise UserError(f"--num-samples must be at least 1, got {args.num_samples}")
+    if not 1 <= args.num_samples <= MAX_NUM_SAMPLES:
+        raise UserError(f"--num-samples must be from 1 to {MAX_NUM_SAMPLES:,}, got {args.num_samples}")
     if args.dataset is not None and not Path(args.dataset).is_file():
         raise UserError(f"--dataset {args.dataset} is not a file; pass a .jsonl with a text field, or one text per line")
     out = Path(args.out).expanduser()
@@ -40,6 +43,16 @@ def cmd_quantize(args) -> int:
         source = resolve(args.model, build=False)
         if not source.local:
             raise UserError(f"quantize needs a local checkpoint folder; {args.model} is not one (download it first)")
+        from bakeoff.host.artifacts import read_json
+
+        try:  # llm-compressor reads it minutes later, after its environment is made: read it now
+            config = read_json(Path(source.path) / "config.json")
+        except (OSError, ValueError) as exc:
+            config = exc
+        if not isinstance(config, dict):
+            why = f"{type(config).__name__}: {' '.join(str(config).split())[:80]}" if isinstance(config, Exception) else \
+                f"a JSON {type(config).__name__}, not an object"
+            raise UserError(f"{args.model}/config.json is not a checkpoint config ({why}); pass a Hugging Face checkpoint folder")
         existing = describe_quantization(source.path)
         if existing.get("quantized"):  # quantize_awq's own check, made before its environment is created
             raise UserError(f"{args.model} is already quantized ({existing.get('method')} {existing.get('scheme')}); "

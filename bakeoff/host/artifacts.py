@@ -44,20 +44,22 @@ def read_json(path: Path) -> Any:
 
     Raises:
         OSError: the file cannot be opened or read.
-        ValueError: not a regular file, too large, not UTF-8, not JSON, or nested too deep.
+        ValueError: not a regular file, too large, not UTF-8 (a BOM or UTF-16 included), not JSON, or
+            nested too deep.
     """
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = ("a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+                else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device")
+        raise ValueError(f"{Path(path).name} is {kind}, not a regular file")
     with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = ("a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
-                    else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device")
-            raise ValueError(f"{Path(path).name} is {kind}, not a regular file")
         if st.st_size > MAX_JSON_BYTES:
             raise ValueError(f"{Path(path).name} holds {st.st_size / 2**20:.0f} MiB, more than bakeoff writes")
         data = fh.read(MAX_JSON_BYTES + 1)
     try:
-        return json.loads(data)
+        return json.loads(data.decode("utf-8"))  # what bakeoff writes; UTF-16 or a BOM is not its file
     except RecursionError:
         raise ValueError(f"{Path(path).name} nests deeper than any JSON bakeoff writes") from None
 

@@ -350,11 +350,11 @@ def render_markdown(data: dict[str, Any], out_dir: Path, images: dict[str, str])
              "called *real* only when the 95% bootstrap interval of the difference (over `--repeats`) excludes 0; "
              "otherwise *within noise*; with 1 repeat the noise is unknown.\n",
              "## Recommendation per objective\n\n| objective | run | why |\n|---|---|---|"]
-    parts += [f"| {r['objective']} | {_md_cell(cell(r['run'], r.get('href')), out_dir)} | {md_escape(r['why'])} |"
+    parts += [f"| {md_escape(r['objective'])} | {_md_cell(cell(r['run'], r.get('href')), out_dir)} | {md_escape(r['why'])} |"
               for r in data["recommendations"]]
-    if data["findings"]:
+    if data["findings"]:  # built from labels, options and run ids: every one escaped
         parts.append("\n## Option effects (runs one option apart)\n")
-        parts += [f"- {f}" for f in data["findings"]] + [""]
+        parts += [f"- {md_escape(f)}" for f in data["findings"]] + [""]
     parts.append("\n## Machines and configs\n\n" + md_table(data["fingerprint"], out_dir))
     parts.append("## Verdicts\n\n" + md_table(data["verdicts"], out_dir))
     if data["words"]:

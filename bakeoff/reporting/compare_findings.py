@@ -124,7 +124,7 @@ def findings(cols: list[Column]) -> list[str]:
                 ka, kb = a.info.get("kv_cache_tokens"), b.info.get("kv_cache_tokens")
                 if ka and kb:
                     ratio = kb / ka
-                    verdict = "**ineffective-option**: same KV capacity" if abs(ratio - 1) < 0.01 else f"{ratio:.2f}x the KV tokens"
+                    verdict = "ineffective-option: same KV capacity" if abs(ratio - 1) < 0.01 else f"{ratio:.2f}x the KV tokens"
                     out.append(f"kv_cache_dtype {a.options.get(key, 'auto')} -> {b.options.get(key, 'auto')}: "
                                f"{ka:,} -> {kb:,} KV tokens ({verdict}) [{a.run_id} vs {b.run_id}]")
             elif key == "speculative_config":

@@ -39,7 +39,7 @@ with 1 repeat the noise is unknown.</p>
 {% for r in data.recommendations %}<tr><td>{{ r.objective }}</td><td>{% if r.href %}<a href="{{ rel(r.href) }}">{{ r.run }}</a>{% else %}{{ r.run }}{% endif %}</td><td>{{ r.why }}</td></tr>
 {% endfor %}</table>
 {% if data.findings %}<h2>Option effects (runs one option apart)</h2>
-<ul id="findings">{% for f in data.findings %}<li>{{ f|replace("**", "") }}</li>{% endfor %}</ul>{% endif %}
+<ul id="findings">{% for f in data.findings %}<li>{{ f }}</li>{% endfor %}</ul>{% endif %}
 {% macro table(t, id) %}<h3>{{ t.title }}</h3>
 <table id="{{ id }}"><tr>{% for h in t.header %}<th>{{ h }}</th>{% endfor %}</tr>
 {% for row in t.rows %}<tr>{% for c in row %}<td class="{{ c.cls }}"{% if c.title %} title="{{ c.title }}"{% endif %}>{% if c.href %}<a href="{{ rel(c.href) }}">{{ c.text }}</a>{% else %}{{ c.text }}{% endif %}</td>{% endfor %}</tr>

@@ -20,7 +20,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from bakeoff.analysis.failures import LOG_PREFIX
-from bakeoff.reporting.report import clip, fmt, summary_text
+from bakeoff.reporting.report import clip, fmt, md_escape, summary_text  # noqa: F401 - md_escape: compare's
 
 if TYPE_CHECKING:
     from bakeoff.reporting.compare import Column
@@ -30,7 +30,6 @@ MAX_POSITIONS = 16  # position columns at most (vLLM drafts a handful of tokens;
 WORDS_CHARS = 160  # the words of one failed check, at most
 _LOG_PREFIX_ANYWHERE = re.compile(LOG_PREFIX.pattern.lstrip("^"))
 _POSITION = re.compile(r"[0-9]+")  # a draft position: a non-negative integer, ASCII digits
-_MD_SPECIAL = re.compile(r"([\\`*\[\]<>|])|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
 
 
 _ALL_FAILED = re.compile(r"^(\d+)/\1 [\w -]*requests failed")  # the checks' "9/9 needle requests failed: ..."
@@ -52,14 +51,6 @@ def all_failed(check: dict[str, Any] | None) -> bool:
 
 def _cell(text: str, href: str | None = None, cls: str = "") -> dict[str, Any]:
     return {"text": text, "href": href, "cls": cls}
-
-
-def md_escape(text: str) -> str:
-    """``text`` as literal Markdown on one line: newlines become spaces; backslashes, backticks,
-    ``*``, brackets, angle brackets, pipes and word-edge underscores are backslash-escaped (an
-    engine's ``kernel[grid](...)`` is no link, an ``a | b`` no table cell)."""
-    text = " ".join(str(text).split())
-    return _MD_SPECIAL.sub(lambda m: "\\" + m.group(0), text)
 
 
 def engine_words(summary: Any) -> str:
@@ -176,9 +167,14 @@ def spec_decode_table(cols: list[Column]) -> dict[str, Any] | None:
                      "vLLM's counters over the check's workload)", "header": header, "rows": rows}
 
 
+def _code(name: str) -> str:
+    """A check name as a code span when it is a plain name (``throughput.sweep``), else escaped text."""
+    return f"`{name}`" if re.fullmatch(r"[A-Za-z0-9_.\-]+", str(name)) else md_escape(name)
+
+
 def words_markdown(words: list[dict[str, str]]) -> str:
     """The "what the engines said" list in Markdown (label, check, class, words; all escaped)."""
     lines = ["### What the engines said (each failed check's own words)", ""]
-    lines += [f"- **{md_escape(w['run'])}** · `{w['check']}` · {md_escape(w['class'])}: {md_escape(w['words'])}"
+    lines += [f"- **{md_escape(w['run'])}** · {_code(w['check'])} · {md_escape(w['class'])}: {md_escape(w['words'])}"
               for w in words]
     return "\n".join(lines) + "\n"

@@ -5,13 +5,14 @@ Everything shown is recomputed from the run directories (docs/design.md "Artifac
 
 from __future__ import annotations
 
-import json
+import math
+import re
 from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment
 
-from bakeoff.host.artifacts import atomic_write_text, list_runs
+from bakeoff.host.artifacts import atomic_write_text, list_runs, read_json
 from bakeoff.api.errors import UserError
 
 TEMPLATE = """# bakeoff report
@@ -23,7 +24,7 @@ TEMPLATE = """# bakeoff report
 | backend | model | options | status | failed checks (class: evidence) | run |
 |---|---|---|---|---|---|
 {% for r in runs -%}
-| {{ r.backend }} | {{ r.model }} | {{ r.options or "" }} | **{{ r.status }}** | {{ r.failures or "" }} | `{{ r.run_id }}` |
+| {{ r.backend }} | {{ r.model }} | {{ r.options or "" }} | **{{ r.status }}** | {% for f in r.failures %}{{ f }}{% if not loop.last %}<br>{% endif %}{% endfor %} | {{ r.run_id }} |
 {% endfor %}
 ## Engines
 
@@ -75,10 +76,24 @@ def summary_text(check: dict[str, Any] | None, default: str = "") -> str:
     return default if s is None else s if isinstance(s, str) else str(s)
 
 
+_MD_SPECIAL = re.compile(r"([\\`*\[\]<|])|^>|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")  # a ">" inside text is no quote
+STATUSES = ("qualified", "disqualified", "unavailable", "incomplete")  # bakeoff/api/verdict.py's
+
+
+def md_escape(text: Any) -> str:
+    """``text`` as literal Markdown on one line: newlines become spaces; backslashes, backticks,
+    ``*``, brackets, ``<``, a leading ``>``, pipes and word-edge underscores are backslash-escaped
+    (an engine's ``kernel[grid](...)`` is no link, an ``a | b`` no table cell, a ``<script>`` in a
+    model name no HTML, ``auto -> fp8`` stays readable)."""
+    text = " ".join(str(text).split())
+    return _MD_SPECIAL.sub(lambda m: "\\" + m.group(0), text)
+
+
 def fmt(value: Any, digits: int = 1) -> str:
-    if value is None:
+    """A figure as shown: ``1,234.5``; none, NaN or an infinity as ``–``; anything else as text."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "–"
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         return f"{value:,.{digits}f}"
     return str(value)
 
@@ -88,10 +103,13 @@ def _recomputed(v: dict[str, Any]) -> tuple[str, list[str]]:
     shows from the run directory; a run written under older rules is judged by the current ones)."""
     from bakeoff.api.verdict import Check, decide
 
+    recorded = v.get("status")
+    if recorded is not None and recorded not in STATUSES:  # damage shown as it is, not judged into a status
+        return f"unknown status {str(recorded)[:40]!r}", [f"verdict.json says status {str(recorded)[:40]!r}, not a verdict status"]
     try:
         checks = [Check.model_validate(c) for c in v.get("checks", [])]
-    except ValueError:
-        return v.get("status"), v.get("reasons", [])
+    except (ValueError, RecursionError):
+        return str(recorded), [r for r in (v.get("reasons") or []) if isinstance(r, str)] if isinstance(v.get("reasons"), list) else []
     return decide(checks, finished=v.get("finished_at") is not None)
 
 
@@ -102,7 +120,7 @@ def _require_verdict_shape(v: Any, path: Path) -> None:
         UserError: naming the first field that is not what bakeoff writes.
     """
     def bad(what: str) -> UserError:
-        return UserError(f"cannot read run directory {path}: verdict.json {what}; pass folders that hold a "
+        return UserError(f"cannot read run directory {path}: verdict.json{'' if what.startswith(chr(39)) else ' '}{what}; pass folders that hold a "
                          "verdict.json written by bakeoff")
     if not isinstance(v, dict):
         raise bad(f"holds a {type(v).__name__}, not an object")
@@ -119,6 +137,22 @@ def _require_verdict_shape(v: Any, path: Path) -> None:
     for key in ("backend", "model"):
         if not isinstance(v.get(key), str):
             raise bad(f"has no {key}")
+    from pydantic import ValidationError
+
+    from bakeoff.api.verdict import Verdict
+
+    # the contract bakeoff writes; shown as they are, not refused: an unknown status (_recomputed) and
+    # a check summary of another type (summary_text)
+    probe = {**v, "status": v.get("status") if v.get("status") in STATUSES else "incomplete",
+             "checks": [{**c, "summary": summary_text(c)} for c in v.get("checks", [])]}
+    try:
+        Verdict.model_validate(probe)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err.get("loc", ())) or "?"
+        raise bad(f"'s {where} is {repr(err.get('input'))[:60]}, not bakeoff's ({err.get('msg')})") from None
+    except RecursionError:
+        raise bad("nests deeper than bakeoff writes") from None
 
 
 def load_run(path: Path) -> dict[str, Any]:
@@ -128,9 +162,9 @@ def load_run(path: Path) -> dict[str, Any]:
         UserError: when the directory has no readable ``verdict.json``.
     """
     try:
-        v = json.loads((path / "verdict.json").read_text())
+        v = read_json(path / "verdict.json")  # a FIFO, a device or JSON nested 200,000 deep: a ValueError
     except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError
-        raise UserError(f"cannot read run directory {path}: {exc.__class__.__name__}: {str(exc)[:120]}; "
+        raise UserError(f"cannot read run directory {path}: {exc.__class__.__name__}: {' '.join(str(exc).split())[:120]}; "
                         "pass folders that hold a verdict.json written by bakeoff") from None
     _require_verdict_shape(v, path)
     checks = {c["name"]: c for c in v.get("checks", [])}
@@ -149,7 +183,7 @@ def load_run(path: Path) -> dict[str, Any]:
     return {
         "path": str(path), "run_id": v.get("run_id"), "backend": v.get("backend"), "model": v.get("model"),
         "options": ", ".join(f"{k}={val}" for k, val in (v.get("options") or {}).items()),
-        "status": v.get("status"), "failures": "<br>".join(f.replace("|", "\\|") for f in fails),
+        "status": v.get("status"), "failures": fails,
         "info": v.get("backend_info") or {}, "points": sweep.get("points") or [], "warmup": sweep.get("warmup"),
         "sanity": {"accuracy": pct(ka.get("values", {}).get("accuracy")) if ka else "–",
                    "flagged": (f"{dg['values'].get('flagged')}/{dg['values'].get('outputs')}" if dg.get("values") else "–"),
@@ -157,8 +191,8 @@ def load_run(path: Path) -> dict[str, Any]:
                    "ref": (f"{pct(ra['values'].get('accuracy'))} vs {pct(ra['values'].get('reference_accuracy'))}"
                            if ra.get("values", {}).get("reference_accuracy") is not None else "–")},
         "verdict": v,
-        "distorted": clip(summary_text(tr) or "distorted", 300).replace("|", "\\|") if tr.get("status") == "fail" else None,
-        "disputed": clip(summary_text(acc) or "disputed", 300).replace("|", "\\|") if acc.get("status") == "fail" else None,
+        "distorted": clip(summary_text(tr) or "distorted", 300) if tr.get("status") == "fail" else None,
+        "disputed": clip(summary_text(acc) or "disputed", 300) if acc.get("status") == "fail" else None,
     }
 
 
@@ -171,7 +205,8 @@ def write_report(run_paths: list[Path], out_dir: Path) -> Path:
     runs = [load_run(p) for p in list_runs(run_paths)]
     if not runs:
         raise UserError(f"no run directory (with verdict.json) under {', '.join(map(str, run_paths))}")
-    env = Environment(trim_blocks=False, lstrip_blocks=False, keep_trailing_newline=True)
+    # every value a run gives is escaped as it is written (finalize): a model name "<img onerror=...>" is text
+    env = Environment(trim_blocks=False, lstrip_blocks=False, keep_trailing_newline=True, finalize=md_escape)
     text = env.from_string(TEMPLATE).render(runs=runs, fmt=fmt)
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "report.md", text)

@@ -152,9 +152,11 @@ def _qualify_task(args, tag: str, push: PushTarget) -> JobTask:
 def cmd_submit(args) -> int:
     """``bakeoff jobs export|qualify``: render per flavor, then print (--dry-run) or submit."""
     given = getattr(args, "flavors", None)  # jobs qualify: --flavors (an empty value is no flavor, not the default)
-    flavors = [f.strip() for f in (args.flavor if given is None else given).split(",") if f.strip()]
-    if not flavors:
+    flavors = [f.strip() for f in (args.flavor if given is None else given).split(",")]
+    if not any(flavors):
         raise UserError("--flavors names no flavor; e.g. --flavors cpu-xl,a100-large (bakeoff jobs hardware lists them)")
+    if not all(flavors) or len(set(flavors)) != len(flavors):
+        raise UserError(f"--flavors {','.join(flavors)!r} has an empty or repeated flavor; name each once, e.g. cpu-xl,a100-large")
     if args.save_script:
         targets = [Path(args.save_script)] if len(flavors) == 1 else [
             Path(args.save_script).with_name(f"{Path(args.save_script).stem}-{f}{Path(args.save_script).suffix}") for f in flavors]

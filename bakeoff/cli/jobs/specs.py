@@ -61,7 +61,9 @@ class PushTarget(_Spec):
         for prefix, kind in (("datasets/", "dataset"), ("models/", "model")):
             if text.startswith(prefix):
                 text, repo_type = text[len(prefix):], kind
-        if not re.fullmatch(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+", text):
+        from bakeoff.models.resolve import is_hub_id
+
+        if not is_hub_id(text):
             raise UserError(f"--push-to {text!r}: name a Hub repository (org/name or datasets/org/name), "
                             "a local folder file:///abs/path, or none")
         return cls(kind="hub", repo_id=text, repo_type=repo_type)
@@ -164,7 +166,7 @@ class JobRequest(_Spec):
     @field_validator("timeout")
     @classmethod
     def _timeout(cls, v: str) -> str:
-        if not TIMEOUT.match(v):
+        if not TIMEOUT.fullmatch(v):
             raise ValueError(f"timeout {v!r}: use digits with an optional unit s, m, h or d (e.g. 30m, 2h)")
         return v
 

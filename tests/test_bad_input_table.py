@@ -1,0 +1,229 @@
+"""Bad input, one row per input (issue 29): the exit code, the single line it prints, and nothing written.
+
+``bakeoff`` runs in-process (``main(argv)``, fast); ``pytest evaluations/`` runs as the user runs it
+(a subprocess: exit 4, ``ERROR: ...``). Every row runs with a fresh, empty ``BAKEOFF_CACHE`` and
+an ``--artifacts`` folder that must stay absent or empty, and nothing under the test's folder
+may change but what the row's set-up made. Placeholders: ``{art}`` the artifacts folder,
+``{tmp}`` the test's folder, ``{<kind>}`` a run directory or model folder made by :func:`place`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bakeoff.cli.main import main
+
+REPO = Path(__file__).resolve().parent.parent
+LINE = r"^bakeoff(?: [a-z-]+)*: error: "
+RUN = {"run_id": "r", "backend": "transformers", "model": "fixture:tiny-qwen3", "options": {}, "profile": "quick"}
+
+
+def place(tmp: Path, kind: str) -> Path:
+    """A run directory or model folder a user (or an attacker) might pass."""
+    d = tmp / kind
+    d.mkdir()
+    if kind in ("deep", "fifo", "fifo-run", "dir-verdict", "device", "deep-run", "run"):
+        (d / "run.json").write_text(json.dumps(RUN))
+        (d / "verdict.json").write_text(json.dumps({**RUN, "checks": []}))
+    if kind == "deep":
+        (d / "verdict.json").write_text("[" * 200_000 + "]" * 200_000)
+    elif kind == "deep-run":
+        (d / "run.json").write_text('{"a":' * 200_000 + "1" + "}" * 200_000)
+    elif kind == "fifo":
+        (d / "verdict.json").unlink()
+        os.mkfifo(d / "verdict.json")
+    elif kind == "fifo-run":
+        (d / "run.json").unlink()
+        os.mkfifo(d / "run.json")
+    elif kind == "dir-verdict":
+        (d / "verdict.json").unlink()
+        (d / "verdict.json").mkdir()
+    elif kind == "device":
+        (d / "verdict.json").unlink()
+        (d / "verdict.json").symlink_to("/dev/zero")
+    elif kind == "model":
+        (d / "config.json").write_text(json.dumps({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}))
+    elif kind == "badconfig":
+        (d / "config.json").write_text("this is not JSON {")
+    return d
+
+
+# (argv, exit code, the line's pattern after "bakeoff[ cmd]: error: ")
+BAKEOFF_ROWS = [
+    (["qualify", "--resume", ""], 2, r"--resume is empty"),
+    (["qualify", "--resume", " "], 2, r"--resume is empty"),
+    (["qualify", "--resume", "{deep}"], 2, r"cannot resume .*nests deeper than any JSON bakeoff writes"),
+    (["qualify", "--resume", "{deep-run}"], 2, r"cannot resume .*run\.json nests deeper"),
+    (["qualify", "--resume", "{fifo}"], 2, r"cannot resume .*verdict\.json is a FIFO, not a regular file"),
+    (["qualify", "--resume", "{fifo-run}"], 2, r"cannot resume .*run\.json is a FIFO"),
+    (["qualify", "--resume", "{device}"], 2, r"cannot resume .*verdict\.json is a device"),
+    (["qualify", "--resume", "{run}", "--profile", "quick"], 2, r"--resume continues a run with its own settings; drop --profile"),
+    (["qualify", "--resume", "{run}", "--artifacts", "{art}"], 2, r"drop --artifacts"),
+    (["qualify", "--repeats", "1000000000"], 2, r"--repeats must be at least 1 and at most 100"),
+    (["qualify", "--repeats", "-1"], 2, r"--repeats must be at least 1"),
+    (["qualify", "--repeats", "x"], 2, r"argument --repeats: invalid int value: 'x'; see bakeoff qualify --help"),
+    (["qualify", "--backends", "transformers", "--backend-opt", "gpu_headroom_gib=Infinity"], 2,
+     r"--backend-opt gpu_headroom_gib='Infinity': Infinity is not a number; pass a finite value"),
+    (["qualify", "--backends", "transformers", "--backend-opt", "gpu_headroom_gib=NaN"], 2, r"NaN is not a number"),
+    (["qualify", "--backends", "transformers", "--backend-opt", "gpu_headroom_gib=inf"], 2,
+     r"bad value for option 'gpu_headroom_gib' of backend transformers: not a finite number"),
+    (["qualify", "--backends", "vllm", "--backend-opt", "speculative_config={\"x\": -Infinity}"], 2, r"-Infinity is not a number"),
+    (["qualify", "--backends", "vllm", "--matrix", "max_num_seqs=NaN,4"], 2, r"--matrix max_num_seqs='NaN': NaN is not a number"),
+    (["qualify", "--backends", "transformers", "--model", "org/.."], 2, r"model path org/\.\. does not exist"),
+    (["qualify", "--backends", "transformers", "--model", "a..b/.."], 2, r"model path a\.\.b/\.\. does not exist"),
+    (["qualify", "--backends", "transformers", "--model", "org/x.git"], 2, r"does not exist; pass a checkpoint folder, a hub id"),
+    (["qualify", "--backends", "transformers", "--model", "{model}", "--artifacts", "{model}/art"], 2,
+     r"--artifacts .*/model/art is inside the model folder .*/model; runs are never written into a checkpoint"),
+    (["qualify", "--backends", "transformers", "--model", "{model}", "--artifacts", "{model}"], 2, r"is inside the model folder"),
+    (["qualify", "--backends", "transformers", "--model", "a\nb"], 2, r"model path a\\nb does not exist"),
+    (["qualify", "--backends", "transformers", "--model", "a\x00b"], 2, r"argument 5 holds a NUL character"),
+    (["qualify", "--backends", "transformers", "--model", "a\udcffb"], 2, r"argument 5 \(a\\udcffb\) is not valid UTF-8"),
+    (["qualify", "--backends", "transformers", "--report", "a\nb"], 2, r"--report 'a\\nb' is not a plain name"),
+    (["qualify", "--backends", "transformers", "--report", ""], 2, r"--report '' is not a plain name"),
+    (["qualify", "--backends", "transformers", "--report", "a\\b"], 2, r"is not a plain name"),
+    (["qualify", "--backends", "transformers", "--profile", ""], 2, r"unknown profile ''"),
+    (["qualify", "--backends", "transformers", "--reference-model", ""], 2, r"--reference-model is empty"),
+    (["qualify", "--backends", "transformers", "--artifacts", ""], 2, r"--artifacts is empty"),
+    (["qualify", "--backends", "transformers", "--fail-on", ""], 2, r"--fail-on '' is not a verdict status"),
+    (["qualify", "--backends", "transformers", "--backend-opt", "vllm:max_model_len=1"], 2,
+     r"names backend 'vllm', which is not among --backends transformers"),
+    (["qualify", "--backends", "transformers", "--frobnicate"], 2,
+     r"unrecognized arguments: --frobnicate; see bakeoff qualify --help"),
+    (["qualify", "--backends", "transformers", "--start-timeout", "5"], 2, r"unrecognized arguments: --start-timeout"),
+    (["compare", "{deep}", "--artifacts", "{art}"], 2, r"cannot read run directory .*nests deeper"),
+    (["compare", "{fifo}", "--artifacts", "{art}"], 2, r"cannot read run directory .*verdict\.json is a FIFO"),
+    (["compare", "{dir-verdict}", "--artifacts", "{art}"], 2, r"verdict\.json is a folder, not a regular file"),
+    (["compare", "{device}", "--artifacts", "{art}"], 2, r"verdict\.json is a device"),
+    (["report", "{deep}", "--artifacts", "{art}"], 2, r"cannot read run directory .*nests deeper"),
+    (["report", "{fifo}", "--artifacts", "{art}"], 2, r"verdict\.json is a FIFO"),
+    (["compare", "{run}", "--baseline", "", "--artifacts", "{art}"], 2, r"--baseline is empty"),
+    (["compare", "{run}", "--artifacts", ""], 2, r"--artifacts is empty"),
+    (["compare", "{run}", "--name", "a\tb", "--artifacts", "{art}"], 2, r"--name 'a\\tb' is not a plain name"),
+    (["compare"], 2, r"the following arguments are required: runs; see bakeoff compare --help"),
+    (["calibrate"], 2, r"the following arguments are required: --concurrency; see bakeoff calibrate --help"),
+    (["calibrate", "--concurrency", "1", "--frob"], 2, r"unrecognized arguments: --frob; see bakeoff calibrate --help"),
+    (["calibrate", "--concurrency", "1,,2"], 2, r"--concurrency '1,,2' has an empty level"),
+    (["calibrate", "--concurrency", ","], 2, r"has an empty level"),
+    (["calibrate", "--concurrency", "1000000"], 2, r"at most 100,000"),
+    (["calibrate", "--concurrency", "1", "--ttft-ms", "nan"], 2, r"--ttft-ms must be a number of milliseconds from 0 to 60,000, got nan"),
+    (["calibrate", "--concurrency", "1", "--ttft-ms", "-50"], 2, r"--ttft-ms must be .* got -50"),
+    (["calibrate", "--concurrency", "1", "--itl-ms", "1e9"], 2, r"--itl-ms must be a number of milliseconds from 0 to 10,000"),
+    (["calibrate", "--concurrency", "1", "--itl-ms", "inf"], 2, r"--itl-ms must be"),
+    (["calibrate", "--concurrency", "1", "--itl-ms", "9000", "--output-tokens", "1000"], 2, r"each level would stream for"),
+    (["calibrate", "--concurrency", "1", "--ttft-budget-ms", "0"], 2, r"--ttft-budget-ms must be"),
+    (["calibrate", "--concurrency", "1", "--processes", "0"], 2, r"--processes must be from 1 to 256"),
+    (["calibrate", "--concurrency", "1", "--out", "{tmp}"], 2, r"--out '.*' is a folder or empty"),
+    (["calibrate", "--concurrency", "1", "--out", ""], 2, r"--out '' is a folder or empty"),
+    (["calibrate", "--concurrency", "1", "--out", "{tmp}/no/such/x.json"], 2, r"its folder does not exist"),
+    (["quantize", "awq", "--model", "{badconfig}", "--out", "{tmp}/q"], 2,
+     r"/badconfig/config\.json is not a checkpoint config \(JSONDecodeError"),
+    (["quantize", "awq", "--model", "{model}", "--out", "{tmp}/q", "--num-samples", "1000000000"], 2,
+     r"--num-samples must be from 1 to 100,000"),
+    (["quantize", "awq", "--out", "{tmp}/q"], 2, r"the following arguments are required: --model; see bakeoff quantize --help"),
+    (["quantize", "gptq", "--model", "{model}", "--out", "{tmp}/q"], 2, r"argument method: invalid choice: 'gptq'"),
+    (["fixture", "build", ""], 2, r"unknown fixture ''"),
+    (["fixture", "build"], 2, r"name a fixture to build"),
+    (["fixture", "frob"], 2, r"argument action: invalid choice: 'frob' .*; see bakeoff fixture --help$"),
+    (["frobnicate"], 2, r"invalid choice: 'frobnicate'"),
+    (["jobs", "qualify", "--backends", "vllm", "--flavors", "", "--dry-run"], 2, r"--flavors names no flavor"),
+    (["jobs", "qualify", "--backends", "vllm,vllm", "--dry-run"], 2, r"--backends names a backend twice"),
+    (["jobs", "export", "ort-genai", "--model", 'a/b"""; import os; os.system("id"); """', "--dry-run"], 2,
+     r"--model 'a/b\"\"\"; import os; os.system\(\"id\"\); \"\"\"' is not a Hub id"),
+    (["jobs", "qualify", "--backends", "vllm", "--model", "org/m", "--reference-model", "a\nb", "--dry-run"], 2,
+     r"--reference-model 'a\\nb' is not a Hub id"),
+    (["jobs", "export", "ort-genai", "--model", "org/m", "--python", "3.12; id", "--dry-run"], 2, r"--python '3\.12; id'"),
+    (["jobs", "export", "ort-genai", "--model", "org/m", "--image", "x y", "--dry-run"], 2, r"--image 'x y'"),
+    (["jobs", "export", "ort-genai", "--model", "org/m", "--env", "A B=1", "--dry-run"], 2, r"--env 'A B'"),
+    (["jobs", "export", "ort-genai", "--model", "org/m", "--secret", "$(id)", "--dry-run"], 2, r"--secret '\$\(id\)'"),
+    (["jobs", "export", "ort-genai", "--model", "org/m", "--label", "k=a\nb", "--dry-run"], 2, r"--label"),
+    (["jobs", "export", "ort-genai", "--model", "org/m", "--path-in-repo", "../x", "--dry-run"], 2, r"--path-in-repo '\.\./x'"),
+    (["jobs", "export", "ort-genai", "--model", "org/m", "--bakeoff-spec", "git+https://x/y\n# ///", "--dry-run"], 2,
+     r"--bakeoff-spec gives .* which is not one requirement"),
+    (["jobs", "wait", "j1", "--poll-s", "nan"], 2, r"--poll-s must be a number of seconds"),
+    (["jobs", "logs", "j1", "--tail", "0"], 2, r"--tail must be at least 1 line"),
+    (["jobs", "export", "ort-genai", "--frob"], 2, r"unrecognized arguments: --frob; see bakeoff jobs export --help"),
+]
+
+# pytest evaluations/ as a user runs it: exit 4 and `ERROR: <line>`
+PYTEST_ROWS = [
+    (["--backend", "no-such-engine", "--collect-only"], r"unknown backend 'no-such-engine'"),
+    (["--resume", ""], r"--resume is empty"),
+    (["--resume", "{deep}"], r"cannot resume .*nests deeper"),
+    (["--resume", "{fifo}"], r"cannot resume .*FIFO"),
+    (["--resume", "{run}", "--profile=quick"], r"drop --profile"),
+    (["--repeats", "1000000000"], r"--repeats must be at least 1 and at most 100"),
+    (["--start-timeout", "inf"], r"--start-timeout must be a positive number of seconds"),
+    (["--memory-limit-gib", "nan"], r"--memory-limit-gib must be a positive number of GiB"),
+    (["--backend-opt", "gpu_headroom_gib=Infinity"], r"Infinity is not a number"),
+    (["--backend", "transformers", "--model", "{model}", "--artifacts", "{model}/runs"], r"is inside the model folder"),
+]
+
+
+def _fill(argv: list[str], tmp: Path, art: Path) -> list[str]:
+    out = []
+    for a in argv:
+        for kind in re.findall(r"\{([a-z-]+)\}", a):
+            if kind in ("art", "tmp"):
+                continue
+            if not (tmp / kind).exists():
+                place(tmp, kind)
+        out.append(re.sub(r"\{([a-z-]+)\}", lambda m: str(art if m.group(1) == "art" else tmp if m.group(1) == "tmp"
+                                                              else tmp / m.group(1)), a))
+    return out
+
+
+def _snapshot(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.lstat().st_mtime_ns for p in root.rglob("*")}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    c = tmp_path / "cache"
+    c.mkdir()
+    monkeypatch.setenv("BAKEOFF_CACHE", str(c))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    return c
+
+
+@pytest.mark.parametrize("argv, code, pattern", BAKEOFF_ROWS, ids=[" ".join(r[0])[:60] for r in BAKEOFF_ROWS])
+def test_bakeoff_bad_input(tmp_path, cache, capsys, argv, code, pattern):
+    art, work = tmp_path / "art", tmp_path / "work"
+    work.mkdir()
+    full = _fill(argv, work, art)
+    if argv[0] == "qualify" and "--artifacts" not in argv and "--resume" not in argv:
+        full += ["--artifacts", str(art)]
+    before = _snapshot(work)
+    assert main(full) == code
+    out, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert re.match(LINE, lines[0]) and re.search(pattern, lines[0]), lines[0]
+    assert "Traceback" not in out + err
+    assert not art.exists() or not any(art.rglob("*")), sorted(art.rglob("*"))
+    assert not any(cache.iterdir()), sorted(cache.rglob("*"))
+    assert _snapshot(work) == before  # nothing made, changed or removed beside the inputs
+
+
+@pytest.mark.parametrize("argv, pattern", PYTEST_ROWS, ids=[" ".join(r[0])[:60] for r in PYTEST_ROWS])
+def test_pytest_evaluations_bad_input(tmp_path, cache, argv, pattern):
+    art, work = tmp_path / "art", tmp_path / "work"
+    work.mkdir()
+    full = _fill(argv, work, art)
+    if "--artifacts" not in argv and "--resume" not in argv:
+        full += ["--artifacts", str(art)]
+    before = _snapshot(work)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "evaluations/", "-p", "no:cacheprovider", *full],
+                          capture_output=True, text=True, cwd=REPO, timeout=120, env={**os.environ, "BAKEOFF_CACHE": str(cache)})
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 4 and len(lines) == 1, proc.stdout[-1500:] + proc.stderr
+    assert lines[0].startswith("ERROR: ") and re.search(pattern, lines[0]), lines[0]
+    assert "INTERNALERROR" not in proc.stdout + proc.stderr
+    assert not art.exists() or not any(art.rglob("*"))
+    assert not any(cache.iterdir()) and _snapshot(work) == before
