@@ -165,9 +165,8 @@ class VllmOptions(Spec):
         extra_args: more engine CLI arguments, as one shell-quoted string. Its flags count as
             options set by the user (``load.options_effective`` checks them too).
         cpu_placement: CPU only: ``auto`` puts vLLM's engine core beside its worker and the API
-            server and bakeoff's client on the other cores when the worker decodes on one core
-            (a 2-core host: :mod:`backends.vllm.placement`, stated in the run's notes); ``vllm``
-            keeps vLLM's own placement.
+            server on the other cores when the worker decodes on one core (a 2-core host:
+            :mod:`backends.vllm.placement`, stated in the run's notes); ``vllm`` keeps vLLM's own.
 
     ``swap_space`` is not offered: vLLM 0.32 has no ``--swap-space``.
     """
@@ -272,18 +271,9 @@ class VllmBackend(ChildServerBackend):
         """The template's start, then (vLLM CPU) the process placement of :mod:`backends.vllm.placement`."""
         info = super().start()
         if not self.cuda and self.proc is not None:
-            if self.options.cpu_placement == "auto":
-                done = placement.place(self.proc.members(), self.proc.pid, read_log(self.log_path))
-            else:
-                done = {"placement": "vLLM's own (cpu_placement=vllm)", "client_cores": None}
-            self.client_cores = done["client_cores"]
-            info.notes["cpu_placement"] = done["placement"]
+            info.notes["cpu_placement"] = (placement.place(self.proc.members(), self.proc.pid, read_log(self.log_path))
+                                           if self.options.cpu_placement == "auto" else "vLLM's own (cpu_placement=vllm)")
         return info
-
-    def stop(self) -> None:
-        placement.restore(getattr(self, "client_cores", None))
-        self.client_cores = None
-        super().stop()
 
     def extra_body(self) -> dict[str, Any]:
         return {"return_token_ids": True, "return_tokens_as_token_ids": True}

@@ -9,30 +9,32 @@ other through a shared-memory queue whose reader spins (``sched_yield``) for a s
 read (``vllm/distributed/device_communicators/shm_broadcast.py`` ``SpinCondition``), so during
 decoding the engine core keeps a core busy while the worker computes.
 
-On a 2-core host that left the engine core spinning on the API server's core: the frontend
-(and bakeoff's client) got the crumbs, and streams arrived in bursts, whole streams at once
-(TPOT p50 0.01 ms, ``throughput.transport`` DISTORTED). Measured on this project's 2-core host
-(2026-12-03, one vLLM server re-pinned live between placements, 4 rounds of bakeoff's sweep at
-1 and 8 sessions, ``benchmarks`` notes in the issue 28 report): vLLM's own placement gave bursty
-streams in 5 of 16 sweeps (median events per arrival cluster 14 and 10, the first token held
-with 14 and 7 more); the engine core on the worker's core, the API server and bakeoff's client
-on the other, in 0 of 16 (1.1-1.4 events per cluster, first token alone), and the engine core's
-CPU per run fell about 4x (its spin yields to the worker, which is what it waits for). The
-engine core beside the API server instead (what ``reserve_cpu_num`` suggests) was the worst:
-bursty in 8 of 16.
+On a 2-core host that left the engine core spinning beside the API server and bakeoff's client:
+streams arrived in bursts, whole streams at once (TPOT p50 0.01 ms, ``throughput.transport``
+DISTORTED). Measured on this project's 2-core host (2026-12-03, AVX-512; one vLLM server
+re-pinned live between placements, four runs of 3-4 rounds of bakeoff's sweep at 1 and 8
+sessions, 64 tokens x 4 requests per session, other agents' work sharing the cores at load
+averages 7-15; issue 28's report): vLLM's own placement gave bursty streams in 14 of 30 sweeps
+(median events per arrival cluster up to 45, the first token held with up to 37 more); the engine
+core on the worker's core and the API server on the other in 5 of 30 (4 of them in the run at
+load average 15, where every placement was bursty; otherwise 1.1-1.3 events per cluster, the
+first token alone), aggregate tokens/s at 8 sessions 14-37% higher in each run (at 1 session
+-15% to +56%), and the engine core's CPU per run about 4x lower (its spin yields to the worker,
+which is what it waits for). The engine core beside the API server (what ``reserve_cpu_num``
+suggests) was the worst. With its own core the frontend sends paced events of 1.4-2 tokens each
+(its output collector merges the steps it has not sent yet); bakeoff's sweep reads token ids, so
+its counts stay exact. Pinning bakeoff's client to the frontend's core as well changed nothing
+worth moving the caller's process for, so the client stays where it is.
 
 :func:`place` applies that placement when the worker decodes on exactly one core and vLLM
 reserved others; elsewhere (a worker on several cores, where the engine core would take a core
 from a parallel region, or a log without the binding lines) it changes nothing and says why.
-The client (the calling process, every thread) moves to the frontend's cores too, and
-:func:`restore` gives it its cores back at stop.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import Any
 
 BIND_LINE = re.compile(r"local_rank=0, core ids=\[([\d, ]*)\]")
 RESERVED_LINE = re.compile(r"reserved_cpus=\[([\d, ]*)\]")
@@ -80,8 +82,8 @@ def _pin(pid: int, cores: set[int]) -> int:
     return n
 
 
-def place(members: list[int], api_pid: int, log: str) -> dict[str, Any]:
-    """Pin the engine core with the worker and the API server with the client (module docstring).
+def place(members: list[int], api_pid: int, log: str) -> str:
+    """Pin the engine core with the worker and the API server on the reserved cores (module docstring).
 
     Args:
         members: PIDs of the engine's process group.
@@ -89,31 +91,20 @@ def place(members: list[int], api_pid: int, log: str) -> dict[str, Any]:
         log: the engine log so far (its binding lines).
 
     Returns:
-        ``{"placement": words for the run's notes, "client_cores": the calling process's cores
-        before, to :func:`restore`}``; ``client_cores`` None when nothing was changed.
+        The placement in words, for the run's notes.
     """
     p = plan(log)
     if isinstance(p, str):
-        return {"placement": f"vLLM's own ({p})", "client_cores": None}
+        return f"vLLM's own ({p})"
     decode, front = p
     roles = {pid: _comm(pid) for pid in members}
-    cores = sorted(decode)[0], sorted(front)
     if not any(c == ENGINE_CORE for c in roles.values()):
-        return {"placement": "vLLM's own (no engine core process found)", "client_cores": None}
+        return "vLLM's own (no engine core process found)"
     for pid, comm in roles.items():
         if comm in (ENGINE_CORE, WORKER):
             _pin(pid, decode)
         elif pid == api_pid:
             _pin(pid, front)
-    before = os.sched_getaffinity(0)
-    _pin(os.getpid(), front)
-    return {"placement": (f"engine core with the worker on core {cores[0]} (the worker's OpenMP binding), API server "
-                          f"and bakeoff's client on {cores[1]} (vLLM's reserved cores): on one decode core the engine "
-                          "core's spin-wait otherwise starves the frontend (backends/vllm/placement.py)"),
-            "client_cores": sorted(before)}
-
-
-def restore(client_cores: list[int] | None) -> None:
-    """Give the calling process (every thread) its cores back."""
-    if client_cores:
-        _pin(os.getpid(), set(client_cores))
+    return (f"engine core with the worker on core {sorted(decode)[0]} (the worker's OpenMP binding), API server on "
+            f"{sorted(front)} (vLLM's reserved cores): on one decode core the engine core's spin-wait otherwise "
+            "starves the frontend (backends/vllm/placement.py)")
