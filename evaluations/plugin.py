@@ -4,6 +4,7 @@ the verdict). The session's state and validation live in ``evaluations/session.p
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -384,8 +385,8 @@ class _quiet:
 def _versions(backend) -> dict[str, str]:
     python = backend.env_python or sys.executable
 
-    allv = freeze(python)
-    return {k: v for k, v in allv.items() if k.lower() in RELEVANT_PACKAGES}
+    allv = freeze(python)  # names as each distribution spells them (openvino_genai or openvino-genai): PEP 503 form
+    return {k: v for k, v in allv.items() if re.sub(r"[-_.]+", "-", k).lower() in RELEVANT_PACKAGES}
 
 
 def attach_engine_evidence(scope, engine, failure_class: str | None) -> None:

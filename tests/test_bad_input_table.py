@@ -28,8 +28,11 @@ RUN = {"run_id": "r", "backend": "transformers", "model": "fixture:tiny-qwen3", 
 def place(tmp: Path, kind: str) -> Path:
     """A run directory or model folder a user (or an attacker) might pass."""
     d = tmp / kind
+    if kind == "empty-texts":  # a calibration file with no text
+        d.write_text("\n\n")
+        return d
     d.mkdir()
-    if kind in ("deep", "fifo", "fifo-run", "dir-verdict", "device", "deep-run", "run"):
+    if kind in ("deep", "fifo", "fifo-run", "dir-verdict", "device", "deep-run", "run", "utf16", "checks-str", "inf-options"):
         (d / "run.json").write_text(json.dumps(RUN))
         (d / "verdict.json").write_text(json.dumps({**RUN, "checks": []}))
     if kind == "deep":
@@ -48,6 +51,12 @@ def place(tmp: Path, kind: str) -> Path:
     elif kind == "device":
         (d / "verdict.json").unlink()
         (d / "verdict.json").symlink_to("/dev/zero")
+    elif kind == "utf16":
+        (d / "verdict.json").write_bytes(json.dumps({**RUN, "checks": []}).encode("utf-16"))
+    elif kind == "checks-str":
+        (d / "verdict.json").write_text(json.dumps({**RUN, "checks": "load"}))
+    elif kind == "inf-options":
+        (d / "run.json").write_text(json.dumps({**RUN, "options": {"gpu_headroom_gib": float("inf")}}))
     elif kind == "model":
         (d / "config.json").write_text(json.dumps({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}))
     elif kind == "badconfig":
@@ -125,7 +134,12 @@ BAKEOFF_ROWS = [
     (["quantize", "awq", "--model", "{badconfig}", "--out", "{tmp}/q"], 2,
      r"/badconfig/config\.json is not a checkpoint config \(JSONDecodeError"),
     (["quantize", "awq", "--model", "{model}", "--out", "{tmp}/q", "--num-samples", "1000000000"], 2,
-     r"--num-samples must be from 1 to 100,000"),
+     r"--num-samples must be at least 1 and at most 100,000"),
+    (["quantize", "awq", "--model", "{model}", "--out", "{model}/q"], 2, r"--out .*/model/q is inside the checkpoint"),
+    (["quantize", "awq", "--model", "{model}", "--out", "{tmp}/q", "--dataset", "{empty-texts}"], 2,
+     r"--dataset .* holds no calibration text \(SystemExit: calibration file"),
+    (["jobs", "export", "ort-genai", "--model", "org/m", "--save-script", "", "--dry-run"], 2, r"--save-script '' names no file"),
+    (["qualify", "--backends", "vllm", "--backend-opt", "enforce_eager=2"], 2, r"bad value for option 'enforce_eager'"),
     (["quantize", "awq", "--out", "{tmp}/q"], 2, r"the following arguments are required: --model; see bakeoff quantize --help"),
     (["quantize", "gptq", "--model", "{model}", "--out", "{tmp}/q"], 2, r"argument method: invalid choice: 'gptq'"),
     (["fixture", "build", ""], 2, r"unknown fixture ''"),
@@ -149,6 +163,15 @@ BAKEOFF_ROWS = [
     (["jobs", "wait", "j1", "--poll-s", "nan"], 2, r"--poll-s must be a number of seconds"),
     (["jobs", "logs", "j1", "--tail", "0"], 2, r"--tail must be at least 1 line"),
     (["jobs", "export", "ort-genai", "--frob"], 2, r"unrecognized arguments: --frob; see bakeoff jobs export --help"),
+    # found by the campaign of new bad inputs (/work/notes/issue29-table.md)
+    (["qualify", "--backends", "vllm", "--backend-opt", "max_model_len=true"], 2, r"'max_model_len' of backend vllm: true is not a number"),
+    (["compare", "{utf16}", "--artifacts", "{art}"], 2, r"UnicodeDecodeError"),
+    (["report", "{utf16}", "--artifacts", "{art}"], 2, r"UnicodeDecodeError"),
+    (["jobs", "export", "ort-genai", "--model", "org/m", "--timeout", "1h\n", "--dry-run"], 2, r"timeout '1h\\n'"),
+    (["jobs", "export", "ort-genai", "--model", "org/m", "--push-to", "org/..", "--dry-run"], 2, r"--push-to 'org/\.\.'"),
+    (["jobs", "qualify", "--backends", "vllm", "--model", "org/m", "--flavors", "cpu-xl,,cpu-xl", "--dry-run"], 2,
+     r"has an empty or repeated flavor"),
+    (["fixture", "list", "tiny-qwen3"], 2, r"bakeoff fixture list takes no name"),
 ]
 
 # pytest evaluations/ as a user runs it: exit 4 and `ERROR: <line>`
@@ -163,24 +186,29 @@ PYTEST_ROWS = [
     (["--memory-limit-gib", "nan"], r"--memory-limit-gib must be a positive number of GiB"),
     (["--backend-opt", "gpu_headroom_gib=Infinity"], r"Infinity is not a number"),
     (["--backend", "transformers", "--model", "{model}", "--artifacts", "{model}/runs"], r"is inside the model folder"),
+    (["--resume", "{inf-options}", "--collect-only"], r"'gpu_headroom_gib' of backend transformers: not a finite number"),
+    (["--baseline-run", "{checks-str}"], r"--baseline-run .*not a readable run directory \(ValidationError"),
 ]
 
 
 def _fill(argv: list[str], tmp: Path, art: Path) -> list[str]:
     out = []
     for a in argv:
-        for kind in re.findall(r"\{([a-z-]+)\}", a):
+        for kind in re.findall(r"\{([a-z0-9-]+)\}", a):
             if kind in ("art", "tmp"):
                 continue
             if not (tmp / kind).exists():
                 place(tmp, kind)
-        out.append(re.sub(r"\{([a-z-]+)\}", lambda m: str(art if m.group(1) == "art" else tmp if m.group(1) == "tmp"
+        out.append(re.sub(r"\{([a-z0-9-]+)\}", lambda m: str(art if m.group(1) == "art" else tmp if m.group(1) == "tmp"
                                                               else tmp / m.group(1)), a))
     return out
 
 
 def _snapshot(root: Path) -> dict[str, int]:
-    return {str(p.relative_to(root)): p.lstat().st_mtime_ns for p in root.rglob("*")}
+    """Every path under ``root`` and each file's mtime (a folder's own mtime moves when a write probe,
+    made and removed at once, checks it: that leaves nothing)."""
+    return {str(p.relative_to(root)): 0 if p.is_dir() and not p.is_symlink() else p.lstat().st_mtime_ns
+            for p in root.rglob("*")}
 
 
 @pytest.fixture

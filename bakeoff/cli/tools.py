@@ -22,9 +22,17 @@ def cmd_quantize(args) -> int:
     # everything is checked before the fixture build (minutes) and llm-compressor's
     # environment (minutes), and nothing is written until then (issue 15)
     if not 1 <= args.num_samples <= MAX_NUM_SAMPLES:
-        raise UserError(f"--num-samples must be from 1 to {MAX_NUM_SAMPLES:,}, got {args.num_samples}")
+        raise UserError(f"--num-samples must be at least 1 and at most {MAX_NUM_SAMPLES:,}, got {args.num_samples}")
     if args.dataset is not None and not Path(args.dataset).is_file():
         raise UserError(f"--dataset {args.dataset} is not a file; pass a .jsonl with a text field, or one text per line")
+    if args.dataset is not None:  # read now by the adapter's own reader, not minutes later in its environment
+        from adapters.awq_int4.quantize import load_texts
+
+        try:
+            load_texts(args.dataset)
+        except (SystemExit, OSError, ValueError, RecursionError) as exc:
+            raise UserError(f"--dataset {args.dataset} holds no calibration text ({type(exc).__name__}: "
+                            f"{' '.join(str(exc).split())[:100]}); pass a .jsonl with a text field, or one text per line") from None
     out = Path(args.out).expanduser()
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {args.out} is a file; pass a new or empty folder for the quantized checkpoint")
@@ -39,6 +47,10 @@ def cmd_quantize(args) -> int:
     check_creatable(out, "--out", fix)
     check_creatable(out.resolve().parent, "the folder of --out", fix)  # the log and the result go beside --out
     check_model(args.model)
+    source_dir = Path(args.model).expanduser().resolve() if not args.model.startswith("fixture:") else None
+    if source_dir is not None and (out.resolve() == source_dir or source_dir in out.resolve().parents):
+        raise UserError(f"--out {args.out} is inside the checkpoint {args.model}; the quantized copy goes beside it, "
+                        "never into it: pass --out DIR outside the model folder")
     if not args.model.startswith("fixture:"):
         source = resolve(args.model, build=False)
         if not source.local:

@@ -91,14 +91,15 @@ class Column:
         self.failed_points = {p["sessions"]: p for p in r["points"] if no_success(p)}
         self.points = {p["sessions"]: p for p in r["points"] if not no_success(p)}
         fp = self.v.get("fingerprint") or {}
-        gpus = fp.get("gpus") or []
+        gpus = fp.get("gpus") if isinstance(fp.get("gpus"), list) else []
+        text = lambda key, none: str(fp[key]) if fp.get(key) not in (None, "", [], {}) else none  # noqa: E731 - any type: text
         self.machine = {
-            "cpu": f"{fp.get('cpu') or '?'} ({fp.get('cpu_count') or '?'} cores)",
-            "gpu": ", ".join(g.get("name", "?") for g in gpus) or "none",
-            "memory": f"{fp.get('memory_gib')} GiB" if fp.get("memory_gib") else "?",
-            "driver": fp.get("cuda_driver") or "–",
-            "cuda": fp.get("cuda_version") or "–",
-            "host": fp.get("hostname") or "?",
+            "cpu": f"{text('cpu', '?')} ({text('cpu_count', '?')} cores)",
+            "gpu": ", ".join(str(g.get("name", "?")) if isinstance(g, dict) else str(g) for g in gpus) or "none",
+            "memory": f"{text('memory_gib', '?')} GiB" if fp.get("memory_gib") else "?",
+            "driver": text("cuda_driver", "–"),
+            "cuda": text("cuda_version", "–"),
+            "host": text("hostname", "?"),
         }
         ev = fp.get("engine_versions") or {}
         eng = self.info.get("engine") or self.backend

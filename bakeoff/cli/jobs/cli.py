@@ -157,7 +157,9 @@ def cmd_submit(args) -> int:
         raise UserError("--flavors names no flavor; e.g. --flavors cpu-xl,a100-large (bakeoff jobs hardware lists them)")
     if not all(flavors) or len(set(flavors)) != len(flavors):
         raise UserError(f"--flavors {','.join(flavors)!r} has an empty or repeated flavor; name each once, e.g. cpu-xl,a100-large")
-    if args.save_script:
+    if args.save_script is not None:
+        if not args.save_script.strip() or args.save_script.endswith("/"):
+            raise UserError(f"--save-script {args.save_script!r} names no file; pass a file name, e.g. job.py")
         targets = [Path(args.save_script)] if len(flavors) == 1 else [
             Path(args.save_script).with_name(f"{Path(args.save_script).stem}-{f}{Path(args.save_script).suffix}") for f in flavors]
         for t in targets:
@@ -201,7 +203,7 @@ def cmd_submit(args) -> int:
             f"jobs/{tag}-{flavor}" if base_task.kind == "qualify" else "")})
         req = request.model_copy(update={"flavor": flavor})
         script = render.render_script(task, args.bakeoff_spec, render.torch_index_for(flavor, args.torch_index))
-        if args.save_script:
+        if args.save_script is not None:
             path = Path(args.save_script)
             if len(flavors) > 1:
                 path = path.with_name(f"{path.stem}-{flavor}{path.suffix}")
