@@ -32,21 +32,18 @@ from evaluations.reference import is_reference_run
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("bakeoff", "bakeoff evaluations")
-    # the defaults are evaluations/inputs.py DEFAULTS (one table for bakeoff qualify and this plugin);
-    # None here means "not given", which --resume tells apart from a value
+    # defaults: evaluations/inputs.py DEFAULTS (one table with bakeoff qualify); None: not given (--resume tells)
     g.addoption("--backend", default=None, help=f"backend to qualify: {', '.join(backends.names())} (default: transformers)")
     g.addoption("--model", default=None, help=f"checkpoint folder, hub id, or fixture:NAME (default: {DEFAULTS['model']})")
     g.addoption("--backend-opt", action="append", default=[], metavar="KEY=VALUE", help="engine option (repeatable)")
-    g.addoption("--artifacts", default=None, help="where run directories are written (default: the checkout's "
-                "artifacts/; installed: ./artifacts)")
+    g.addoption("--artifacts", default=None, help="where run directories go (default: the checkout's artifacts/; installed: ./artifacts)")
     g.addoption("--profile", default=None, help=f"{' | '.join(PROFILES)} (default: {DEFAULTS['profile']})")
     g.addoption("--reference-model", default=None, help="model the transformers reference runs (default: --model)")
     g.addoption("--reference-opt", action="append", default=[], metavar="KEY=VALUE",
                 help="option of the transformers reference (e.g. device=cpu to judge a GPU run against a CPU reference)")
     g.addoption("--min-probe-accuracy", type=float, default=None,
                 help="known-answer accuracy required (default: 90%% of what a fixture's builder measured; 0.8 on other shipped probes, 0.6 on generic probes)")
-    g.addoption("--start-timeout", type=float, default=None,
-                help=f"seconds allowed for the engine to start (default: {DEFAULTS['start_timeout_s']:.0f})")
+    g.addoption("--start-timeout", type=float, default=None, help=f"seconds allowed for the engine to start (default: {DEFAULTS['start_timeout_s']:.0f})")
     g.addoption("--progress-timeout", type=float, default=None,
                 help=f"seconds without a byte from the engine before a request is a hang (default: {DEFAULTS['progress_timeout_s']:.0f})")
     g.addoption("--memory-limit-gib", type=float, default=None,
@@ -60,8 +57,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--resume", default=None, metavar="RUN_DIR",
                 help="continue a cut-off run: same backend, model and options; completed checks are kept")
     g.addoption("--requests-log", action="store_true", help="write every request to requests.jsonl")
-    g.addoption("--repeats", type=int, default=None,
-                help=f"measure each sweep point this many times (noise estimate; default {DEFAULTS['repeats']})")
+    g.addoption("--repeats", type=int, default=None, help=f"measure each sweep point this many times (noise; default {DEFAULTS['repeats']})")
     g.addoption("--baseline-run", default=None, metavar="RUN_DIR",
                 help="run of the same backend with kv_cache_dtype auto: capacity.kv_cache states this run's KV ratio against it")
 
