@@ -90,7 +90,7 @@ def cmd_fixture(args) -> int:
 
     if args.action == "list":
         if args.name or args.force:
-            raise UserError("bakeoff fixture list takes no name nor --force; to build: bakeoff fixture build NAME")
+            raise UserError("bakeoff fixture list takes no name nor --rebuild; to build: bakeoff fixture build NAME")
         for n in fixtures.names():
             print(f"{n}\t{'built' if fixtures.is_built(n) else 'not built'}")
         return 0
