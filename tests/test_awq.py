@@ -1,9 +1,9 @@
 """AWQ W4A16 quantization for real (llm-compressor in its own environment), then vLLM loads it.
 
-Uses the ``tiny-qwen3`` fixture when ``bakeoff.models.fixtures`` has landed in git and the fixture is
-already built (building it trains for minutes, much longer on a busy 2-core box), else a tiny
-random Qwen3 with a real BPE tokenizer built here (AWQ and loading do not need trained weights). The vLLM part runs only when the vLLM
-environment already exists (created by the vLLM tests; not created here: 3.5 GB).
+Uses the ``tiny-qwen3`` fixture (its shipped weights, copied in a second: a trained source, so the
+reference answers its probes and the W4A16 twin's agreement with it is judged; a random source made
+the agreement check skip, "the reference answers only ..."). vLLM's environment is made here when
+the vLLM tests have not made it yet.
 """
 
 from __future__ import annotations
@@ -25,41 +25,11 @@ TEXTS = ["count: 1 2 3 4 5 6 7 8 9 10", "copy: abc def => abc def", "the quick b
          "hello world, this is a tiny model", "numbers 11 12 13 14 15 and words alpha beta gamma"] * 20
 
 
-def _fixtures_landed() -> bool:
-    out = subprocess.run(["git", "ls-files", "--error-unmatch", "bakeoff/models/fixtures/__init__.py"], cwd=REPO,
-                         capture_output=True)
-    return out.returncode == 0
-
-
-def _tiny_random_qwen3(path: Path) -> Path:
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(TEXTS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<|endoftext|>"],
-                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|endoftext|>",
-                                   pad_token="<|endoftext|>")
-    fast.save_pretrained(path)
-    cfg = Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
-                      eos_token_id=1, pad_token_id=1, bos_token_id=1, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    Qwen3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
-    return path
-
-
 @pytest.fixture(scope="module")
-def source_model(tmp_path_factory) -> Path:
-    if _fixtures_landed():
-        from bakeoff.models.fixtures import build, is_built
+def source_model() -> Path:
+    from bakeoff.models.fixtures import build
 
-        if is_built("tiny-qwen3"):
-            return Path(build("tiny-qwen3"))
-    return _tiny_random_qwen3(tmp_path_factory.mktemp("tiny-qwen3"))
+    return Path(build("tiny-qwen3", log=lambda s: None))
 
 
 @pytest.fixture(scope="module")
