@@ -43,9 +43,11 @@ def _write_lock(root: Path, spec=SPEC, pins=("alpha==1.0", "gamma==2.1"), req_ha
     return path
 
 
-def _fake_run(calls: list, fail_uv: bool = False):
-    def run(cmd, log_path, timeout_s):
+def _fake_run(calls: list, fail_uv: bool = False, envs_seen: list | None = None):
+    def run(cmd, log_path, timeout_s, env=None):
         calls.append(cmd)
+        if envs_seen is not None:
+            envs_seen.append(env)
         if cmd[1:3] == ["-m", "venv"]:
             Path(cmd[-1], "bin").mkdir(parents=True, exist_ok=True)
         if fail_uv and cmd[1:3] == ["pip", "install"] and "--no-deps" in cmd:
@@ -75,7 +77,9 @@ def test_the_lock_is_part_of_the_key(cache, lock_dir):
 def test_ensure_installs_the_lock_with_uv_and_records_it(cache, lock_dir, monkeypatch):
     path = _write_lock(lock_dir)
     calls: list = []
-    monkeypatch.setattr(envs, "_run", _fake_run(calls))
+    seen: list = []
+    monkeypatch.setattr(locks, "pip_sources", lambda: {"UV_EXTRA_INDEX_URL": "https://user:secret@example.invalid/simple"})
+    monkeypatch.setattr(envs, "_run", _fake_run(calls, envs_seen=seen))
     steps: list[str] = []
     python = envs.ensure(SPEC, progress=lambda step, log: steps.append(step))
     assert python == SPEC.python
@@ -84,6 +88,9 @@ def test_ensure_installs_the_lock_with_uv_and_records_it(cache, lock_dir, monkey
     assert uv[1:3] == ["pip", "install"] and uv[uv.index("--python") + 1] == str(SPEC.python)
     assert {"--no-deps", "--compile-bytecode"} <= set(uv) and uv[-2:] == ["-r", str(path)]
     assert uv[uv.index("--index-strategy") + 1] == "unsafe-best-match"
+    # pip's package sources go as variables: an index URL's password never reaches the logged command
+    assert seen[1] == {"UV_EXTRA_INDEX_URL": "https://user:secret@example.invalid/simple"}
+    assert not any("secret" in part for part in uv)
     meta = json.loads((SPEC.path / ".bakeoff-ready").read_text())
     assert meta["installer"] == f"uv, lock {path.name} ({locks.file_hash(path)})"
 
@@ -115,9 +122,8 @@ def test_uv_gets_the_package_sources_pip_is_configured_with(monkeypatch):
            "global.extra-index-url='file:///a/simple file:///b/simple'\nglobal.index-url='https://example.invalid/simple'\n"
            "global.cert='/etc/ssl/cert.pem'\n")
     monkeypatch.setattr(locks.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, out, ""))
-    assert locks.pip_sources() == ["--index-url", "https://example.invalid/simple",
-                                   "--extra-index-url", "file:///a/simple", "--extra-index-url", "file:///b/simple",
-                                   "--find-links", "/opt/wheels"]
+    assert locks.pip_sources() == {"UV_INDEX_URL": "https://example.invalid/simple",
+                                   "UV_EXTRA_INDEX_URL": "file:///a/simple file:///b/simple", "UV_FIND_LINKS": "/opt/wheels"}
 
 
 def _cpu_specs():

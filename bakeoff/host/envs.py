@@ -146,14 +146,14 @@ class EnvSpec:
         return (self.path / ".bakeoff-ready").is_file()
 
 
-def _run(cmd: list[str], log_path: Path, timeout_s: float) -> None:
+def _run(cmd: list[str], log_path: Path, timeout_s: float, env: dict[str, str] | None = None) -> None:
     """Run ``cmd`` with its output appended to ``log_path`` line by line (unbuffered: a live view
-    reads the log's last line while it runs)."""
+    reads the log's last line while it runs); ``env`` is added to this process's environment."""
     with open(log_path, "ab") as log:
         log.write(("\n$ " + " ".join(cmd) + "\n").encode())
         log.flush()
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s,
-                              env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                              env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
     if proc.returncode != 0:
         raise subprocess.CalledProcessError(proc.returncode, cmd)
 
@@ -275,12 +275,13 @@ def _install_locked(spec: EnvSpec, log_path: Path, timeout_s: float, step, log) 
     """Installs the lock of ``spec`` with uv into its fresh venv; returns how (``uv, lock NAME``),
     or None when there is no lock or uv for it, or uv failed (the venv is then made again, empty)."""
     lock = locks.lock_for(spec)
-    cmd = locks.install_cmd(spec.python, lock) if lock is not None else None
-    if cmd is None:
+    how = locks.install_cmd(spec.python, lock) if lock is not None else None
+    if how is None:
         return None
     step("uv install (lock)", log_path)
     try:
-        _run(cmd, log_path, timeout_s)
+        cmd, uv_env = how
+        _run(cmd, log_path, timeout_s, env=uv_env)
         return f"uv, lock {lock.name} ({locks.file_hash(lock)})"
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
         log(f"{spec.name}: installing its lock with uv failed ({exc}); resolving with pip instead")
