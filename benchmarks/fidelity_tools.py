@@ -260,6 +260,9 @@ def make_tool(name: str, engine, model: str, fixture: bool, args, variant: str, 
         return BareChild(engine.python, "optimum", engine.export_result.output_dir, opts,
                          "bare ORTModelForCausalLM.generate", fixture, args)
     if name == "transformers":
+        if engine.options.batching != "none":
+            raise RuntimeError(f"transformers batching={engine.options.batching}: the bare loop here is one generate "
+                               "at a time (the reference's own mode); no bare equivalent of its batching manager")
         return BareChild(sys.executable, "hf", model, engine.options.model_dump(include={"device", "dtype"}),
                          "bare generate", fixture, args)
     raise ValueError(f"no tool for {name!r}")
