@@ -11,20 +11,21 @@ decoding the engine core keeps a core busy while the worker computes.
 
 On a 2-core host that left the engine core spinning beside the API server and bakeoff's client:
 streams arrived in bursts, whole streams at once (TPOT p50 0.01 ms, ``throughput.transport``
-DISTORTED). Measured on this project's 2-core host (2026-12-03, AVX-512; one vLLM server
-re-pinned live between placements, four runs of 3-4 rounds of bakeoff's sweep at 1 and 8
-sessions, 64 tokens x 4 requests per session, other agents' work sharing the cores at load
-averages 7-15; issue 28's report): vLLM's own placement gave bursty streams in 14 of 30 sweeps
-(median events per arrival cluster up to 45, the first token held with up to 37 more); the engine
-core on the worker's core and the API server on the other in 5 of 30 (4 of them in the run at
-load average 15, where every placement was bursty; otherwise 1.1-1.3 events per cluster, the
-first token alone), aggregate tokens/s at 8 sessions 14-37% higher in each run (at 1 session
--15% to +56%), and the engine core's CPU per run about 4x lower (its spin yields to the worker,
-which is what it waits for). The engine core beside the API server (what ``reserve_cpu_num``
-suggests) was the worst. With its own core the frontend sends paced events of 1.4-2 tokens each
-(its output collector merges the steps it has not sent yet); bakeoff's sweep reads token ids, so
-its counts stay exact. Pinning bakeoff's client to the frontend's core as well changed nothing
-worth moving the caller's process for, so the client stays where it is.
+DISTORTED). Measured on this project's 2-core host (2026-12-03, AVX-512; one vLLM server re-pinned
+live between placements, five runs of 3-4 rounds of bakeoff's sweep at 1 and 8 sessions, 64 tokens x
+4 requests per session, other agents' work sharing the cores at load averages 4-15; issue 28's
+report): vLLM's own placement gave bursty streams in 19 of 38 sweeps (median events per arrival
+cluster up to 48, the first token held with up to 50 more, TTFT p50 100-223 ms in the quietest run);
+the engine core on the worker's core and the API server on the other in 5 of 38 (4 of them in the
+run at load average 15, where every placement was bursty; otherwise 1.07-1.3 events per cluster, the
+first token alone, TTFT p50 16-46 ms in the quietest run), aggregate tokens/s at 8 sessions 14-85%
+higher in each run (at 1 session -15% to +56%), and the engine core's CPU per run about 4x lower
+(its spin yields to the worker, which is what it waits for). The engine core beside the API server
+(what ``reserve_cpu_num`` suggests) was the worst. With its own core the frontend sends paced events
+of 1.0-1.1 tokens each on the quietest run, 1.4-2 under load (its output collector merges the steps
+it has not sent yet); bakeoff's sweep reads token ids, so its counts stay exact. Pinning bakeoff's
+client to the frontend's core as well changed nothing worth moving the caller's process for, so the
+client stays where it is.
 
 :func:`place` applies that placement when the worker decodes on exactly one core and vLLM
 reserved others; elsewhere (a worker on several cores, where the engine core would take a core
