@@ -1,5 +1,5 @@
 """What ``bakeoff qualify`` does before its checks (issue 21): engine environments made in the
-background (``bakeoff/cli/steps.py EnvPrewarm``) and the fixture trained meanwhile.
+background (``bakeoff/cli/steps.py EnvPrewarm``) and the fixture copied (shipped weights) or trained meanwhile.
 
 :class:`PhaseBoard` keeps one item per environment (its step: ``creating venv``, ``pip install``,
 ``pip uninstall``, ``patching``; elapsed seconds; the last line pip wrote to its install log) and

@@ -1,5 +1,5 @@
 """``bakeoff qualify``: check the request (:func:`evaluations.inputs.check_request`), make the engine
-environments while the fixture trains, run ``pytest evaluations/`` once per backend x matrix cell
+environments while the fixture resolves (copied from its shipped weights, or trained), run ``pytest evaluations/`` once per backend x matrix cell
 (each in its own process), then write the report. ``--resume RUN_DIR`` finishes a cut-off run."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def _qualify(c, quiet: bool, fail_on: frozenset[str]) -> int:
     if c.reference_model and not c.reference_model.startswith("fixture:"):
         ref = resolve(c.reference_model, build=False)  # absolute: the evaluation runs in the repository
         c.reference_model = ref.path if ref.local else c.reference_model
-    clock = steps.StepClock()  # engine environments are made while the fixture trains, on one live view
+    clock = steps.StepClock()  # engine environments are made while the fixture resolves, on one live view
     with Progress(choose_mode(quiet)) as progress:
         model = steps.prepare(c.model, [spec for n in c.backends for spec in backends.resolve(n).env_specs()],
                               progress.phases, clock)

@@ -1,8 +1,9 @@
-"""Where ``bakeoff qualify``'s time goes: engine environments made while the fixture trains, and
+"""Where ``bakeoff qualify``'s time goes: engine environments made while the fixture resolves, and
 the time of each step printed at the end.
 
-A fresh machine spends most of a first ``bakeoff qualify`` installing engine environments
-(pip: mostly network and disk) and training the fixture (CPU). :class:`EnvPrewarm` creates the
+A fresh machine spends most of a first ``bakeoff qualify`` installing engine environments (uv from
+their lock files, else pip: network, disk and bytecode compilation) and, for a fixture whose
+weights do not ship (``bakeoff/models/fixtures/shipped.py``), training it (CPU). :class:`EnvPrewarm` creates the
 environments the chosen backends will need (``Backend.env_specs``) in background threads while
 the fixture builds, so the two overlap; each backend's own ``start()`` then finds its
 environment ready, or waits on the same file lock (``bakeoff.host.envs.ensure``) if it is still
