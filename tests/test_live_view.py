@@ -216,10 +216,11 @@ def test_sweep_points_as_plain_lines_and_in_the_table(tmp_path, capfd):
 
 def _fake_prepare():
     def prepare(model, specs, board, clock):
-        steps.EnvPrewarm([envs.EnvSpec("fake-engine", ("alpha==1.0",))], board=board).wait()
+        prewarm = steps.EnvPrewarm([envs.EnvSpec("fake-engine", ("alpha==1.0",))], board=board)
+        prewarm.wait()
         for line in TRAINER:
             board.fixture_log(line)
-        return SimpleNamespace(local=False, path=model)
+        return SimpleNamespace(local=False, path=model), prewarm
     return prepare
 
 

@@ -1,5 +1,7 @@
-"""What ``bakeoff qualify`` does before its checks (issue 21): engine environments made in the
-background (``bakeoff/cli/steps.py EnvPrewarm``) and the fixture copied (shipped weights) or trained meanwhile.
+"""What ``bakeoff qualify`` does before and beside its checks (issue 21): engine environments made
+in the background (``bakeoff/cli/steps.py EnvPrewarm``) while the fixture is copied (shipped
+weights) or trained, and, where a later run's environment is not made yet, while the earlier runs go
+(the board stays up for the whole command).
 
 :class:`PhaseBoard` keeps one item per environment (its step: ``creating venv``, ``pip install``,
 ``pip uninstall``, ``patching``; elapsed seconds; the last line pip wrote to its install log) and

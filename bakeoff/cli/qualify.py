@@ -1,6 +1,8 @@
 """``bakeoff qualify``: check the request (:func:`evaluations.inputs.check_request`), make the engine
-environments while the fixture resolves (copied from its shipped weights, or trained), run ``pytest evaluations/`` once per backend x matrix cell
-(each in its own process), then write the report. ``--resume RUN_DIR`` finishes a cut-off run."""
+environments in the background while the fixture resolves (copied from its shipped weights, or
+trained) and while the runs go, run ``pytest evaluations/`` once per backend x matrix cell (each in
+its own process, one at a time, each as soon as its own environments are made:
+``bakeoff/cli/steps.py by_readiness``), then write the report. ``--resume RUN_DIR`` finishes a cut-off run."""
 
 from __future__ import annotations
 
@@ -70,10 +72,11 @@ def _qualify(c, quiet: bool, fail_on: frozenset[str]) -> int:
     if c.reference_model and not c.reference_model.startswith("fixture:"):
         ref = resolve(c.reference_model, build=False)  # absolute: the evaluation runs in the repository
         c.reference_model = ref.path if ref.local else c.reference_model
-    clock = steps.StepClock()  # engine environments are made while the fixture resolves, on one live view
+    clock = steps.StepClock()  # environments made in the background from the start; each run once its own are made
+    specs = {n: backends.resolve(n).env_specs() for n in c.backends}
+    needs = {n: [str(spec.path) for spec in specs[n]] for n in c.backends}
     with Progress(choose_mode(quiet)) as progress:
-        model = steps.prepare(c.model, [spec for n in c.backends for spec in backends.resolve(n).env_specs()],
-                              progress.phases, clock)
+        model, prewarm = steps.prepare(c.model, [spec for n in c.backends for spec in specs[n]], progress.phases, clock)
         if model.local and not c.model.startswith("fixture:"):
             c.model = model.path  # absolute: the evaluation runs with the repository as its folder
         artifacts = check_writable(c.artifacts).resolve()
@@ -84,11 +87,13 @@ def _qualify(c, quiet: bool, fail_on: frozenset[str]) -> int:
         for n in c.backends:
             if c.left_out[n]:
                 print(f"{n}: --matrix {', '.join(c.left_out[n])} not varied (no such option of {n})", flush=True)
-        for run in c.runs:  # each matrix cell is its own run
-            t_run, before = time.monotonic(), len(runs)
+        # each matrix cell is its own run, one at a time; a run whose environment is made goes first
+        for nxt in steps.by_readiness(c.runs, lambda r: needs[r.backend], prewarm, _label, progress.say):
+            run, t_run, before = nxt.run, time.monotonic(), len(runs)
             _one_run(c, run, artifacts, progress, runs, cell_runs, missing)
-            clock.add_run(run.backend + (f" [{run.cell.label}]" if run.cell.label else ""), time.monotonic() - t_run,
-                          runs[-1] if len(runs) > before else None)
+            clock.add_run(_label(run), time.monotonic() - t_run, runs[-1] if len(runs) > before else None,
+                          nxt, prewarm.made_between(t_run, time.monotonic()))
+        clock.add_envs(prewarm)
     if not runs:
         print("bakeoff: error: no run was written; see the errors above", file=sys.stderr)
         return EXIT_NO_RUN
@@ -98,6 +103,11 @@ def _qualify(c, quiet: bool, fail_on: frozenset[str]) -> int:
         clock.print()
     print(f"\nreport: {report}")
     return _exit_code(outcomes + missing, fail_on)
+
+
+def _label(run) -> str:
+    """``vllm`` or ``vllm [kv_cache_dtype=fp8]``: a run's name in the view and the table."""
+    return run.backend + (f" [{run.cell.label}]" if run.cell.label else "")
 
 
 def _one_run(c, run, artifacts: Path, progress, runs: list[Path], cell_runs: dict, missing: list) -> None:
@@ -125,7 +135,7 @@ def _one_run(c, run, artifacts: Path, progress, runs: list[Path], cell_runs: dic
     elif base is not None:
         print(f"{n} [{cell.label}]: its baseline cell [{base.label}] wrote no run; its KV ratio is not judged", flush=True)
     env = dict(os.environ, BAKEOFF_RUN_FILE=run_file)
-    label = n + (f" [{cell.label}]" if cell.label else "")
+    label = _label(run)
     progress.announce(label, cmd)
     try:
         code, run_dir = progress.run(label, cmd, env, cwd, run_file)
