@@ -119,3 +119,20 @@ def test_a_build_from_before_shipping_is_replaced_and_a_rebuild_is_kept(cache):
         assert fixtures.is_built("tiny-qwen3-untrained") is kept, (origin, rebuilt)
         again = fixtures.build("tiny-qwen3-untrained", log=lambda s: None)
         assert json.loads((again / fixtures.MARKER).read_text()).get("origin") == (origin if kept else "shipped")
+
+
+def test_fixture_list_says_shipped_until_the_first_use_copies_them(cache, capsys):
+    """``bakeoff fixture list`` on an empty cache: a fixture whose weights ship is not "not built"
+    (its first use copies them in a second); after the copy it is built; one that does not ship
+    (trained on first use) stays "not built"."""
+    from bakeoff.cli import main as cli_main
+
+    def listed() -> dict[str, str]:
+        assert cli_main.main(["fixture", "list"]) == 0
+        return dict(line.split("\t") for line in capsys.readouterr().out.splitlines())
+
+    before = listed()
+    assert before["tiny-qwen3"] == "shipped (copied on first use)"
+    assert before["tiny-qwen3-moe"] == "not built" and not fixtures.ships("tiny-qwen3-moe")
+    fixtures.build("tiny-qwen3", log=lambda s: None)
+    assert listed()["tiny-qwen3"] == "built"

@@ -92,7 +92,8 @@ def cmd_fixture(args) -> int:
         if args.name or args.force:
             raise UserError("bakeoff fixture list takes no name nor --rebuild; to build: bakeoff fixture build NAME")
         for n in fixtures.names():
-            print(f"{n}\t{'built' if fixtures.is_built(n) else 'not built'}")
+            state = "built" if fixtures.is_built(n) else "shipped (copied on first use)" if fixtures.ships(n) else "not built"
+            print(f"{n}\t{state}")
         return 0
     if not args.name:
         raise UserError(f"name a fixture to build: {', '.join(fixtures.names())}")
