@@ -4,8 +4,10 @@
 run as ``python -m optimum.commands.optimum_cli export ...`` in their environment; their
 refusals read alike (both dispatch through optimum's ``TasksManager``), so one classifier names
 them. Exports are cached under ``bakeoff.host.envs.cache_root()/exports/`` by checkpoint hash
-(:func:`adapters.ort_genai_export.cache.checkpoint_hash`), options and tool versions; a folder
-counts only once its result file exists, written last. This module imports no engine.
+(:func:`adapters.ort_genai_export.cache.checkpoint_hash`), options, tool versions and the schema
+version of the result file (:func:`adapters.ort_genai_export.cache.schema_version`); a folder
+counts only once its result file exists, written last, and reads as this bakeoff's result model
+(:func:`adapters.ort_genai_export.cache.read_result`). This module imports no engine.
 """
 
 from __future__ import annotations
@@ -107,9 +109,10 @@ def _camel(model_type: str) -> str:
     return "".join(p.capitalize() for p in re.split(r"[_-]", model_type))
 
 
-def cache_key(source_hash: str, options: dict, versions: dict[str, str]) -> str:
-    """sha256 hex of what determines an export's content (source, options, tool versions)."""
-    blob = json.dumps({"source": source_hash, "options": options, "tools": versions}, sort_keys=True)
+def cache_key(source_hash: str, options: dict, versions: dict[str, str], schema: str) -> str:
+    """sha256 hex of what determines an export's content (source, options, tool versions) and how
+    its result file reads (``schema``: the result model's ``cache.schema_version``)."""
+    blob = json.dumps({"source": source_hash, "options": options, "tools": versions, "schema": schema}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

@@ -18,7 +18,7 @@ from typing import Callable
 from adapters import _optimum
 from adapters.openvino_export.env import env_spec
 from adapters.openvino_export.specs import OpenVinoExportOptions, OpenVinoExportResult
-from adapters.ort_genai_export.cache import checkpoint_hash, folder_size
+from adapters.ort_genai_export.cache import checkpoint_hash, folder_size, read_result, schema_version
 from bakeoff.api.errors import EngineFailure
 from bakeoff.host import envs
 from bakeoff.host.procs import tail
@@ -97,12 +97,13 @@ def export(model_path: str | Path, options: OpenVinoExportOptions | None = None,
     arch, model_type = _optimum.read_config(src)
     spec = env_spec()
     source_hash = checkpoint_hash(src)
-    key = _optimum.cache_key(source_hash, options.model_dump(mode="json"), {"env": ",".join(spec.requirements)})
+    key = _optimum.cache_key(source_hash, options.model_dump(mode="json"), {"env": ",".join(spec.requirements)},
+                             schema_version(OpenVinoExportResult))
     final = _optimum.export_dir("openvino", src, options.weight_format, key)
     python = envs.ensure(spec, log)
     with _optimum.locked(final):
-        if use_cache and (final / _optimum.RESULT_FILE).is_file():
-            res = OpenVinoExportResult.model_validate_json((final / _optimum.RESULT_FILE).read_text())
+        res = read_result(final / _optimum.RESULT_FILE, OpenVinoExportResult, log) if use_cache else None
+        if res is not None:
             log(f"openvino export reused from cache: {final}")
             return res.model_copy(update={"cached": True, "source": str(src)})
     with _optimum.building(final) as tmp:

@@ -67,7 +67,7 @@ class OpenVinoExportResult(_Spec):
         source_hash: fingerprint of the checkpoint (config + weight files), sha256 hex.
         architecture: ``config.architectures[0]``; model_type: ``config.model_type``.
         options: what was asked.
-        cache_key: sha256 of source hash + options + the environment's pins.
+        cache_key: sha256 of source hash + options + the environment's pins + the metadata's schema version.
         output_dir: the IR folder (``openvino_model.xml/.bin``, tokenizer and detokenizer IR).
         command: the exact exporter command line.
         versions: package versions of the export environment.

@@ -14,7 +14,7 @@ from typing import Callable
 from adapters import _optimum
 from adapters.optimum_onnx_export.env import env_spec
 from adapters.optimum_onnx_export.specs import OptimumOnnxOptions, OptimumOnnxResult
-from adapters.ort_genai_export.cache import checkpoint_hash, folder_size
+from adapters.ort_genai_export.cache import checkpoint_hash, folder_size, read_result, schema_version
 from adapters.ort_genai_export.export import inspect_graph, raise_for_problems
 from bakeoff.api.errors import EngineFailure
 from bakeoff.host import envs
@@ -55,12 +55,13 @@ def export(model_path: str | Path, options: OptimumOnnxOptions | None = None, lo
     arch, model_type = _optimum.read_config(src)
     spec = env_spec()
     source_hash = checkpoint_hash(src)
-    key = _optimum.cache_key(source_hash, options.model_dump(mode="json"), {"env": ",".join(spec.requirements)})
+    key = _optimum.cache_key(source_hash, options.model_dump(mode="json"), {"env": ",".join(spec.requirements)},
+                             schema_version(OptimumOnnxResult))
     final = _optimum.export_dir("optimum-onnx", src, options.precision, key)
     python = envs.ensure(spec, log)
     with _optimum.locked(final):
-        if use_cache and (final / _optimum.RESULT_FILE).is_file():
-            res = OptimumOnnxResult.model_validate_json((final / _optimum.RESULT_FILE).read_text())
+        res = read_result(final / _optimum.RESULT_FILE, OptimumOnnxResult, log) if use_cache else None
+        if res is not None:
             log(f"optimum-onnx export reused from cache: {final}")
             return res.model_copy(update={"cached": True, "source": str(src)})
     with _optimum.building(final) as tmp:

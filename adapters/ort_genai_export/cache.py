@@ -1,21 +1,30 @@
-"""Export cache: one folder per (source checkpoint, options, builder version).
+"""Export cache: one folder per (source checkpoint, options, builder version, metadata schema).
 
-Key: sha256 of the checkpoint fingerprint (:func:`checkpoint_hash`), the export options and
-the onnxruntime-genai version. Folder: ``bakeoff.host.envs.cache_root()/exports/<slug>-<key12>``;
-it counts only once its ``export.json`` (the :class:`ExportResult`) exists, written last.
+Key: sha256 of the checkpoint fingerprint (:func:`checkpoint_hash`), the export options, the
+onnxruntime-genai version and the schema version of the metadata (:func:`schema_version` of
+:class:`ExportResult`). Folder: ``bakeoff.host.envs.cache_root()/exports/<slug>-<key12>``; it
+counts only once its ``export.json`` (the :class:`ExportResult`) exists, written last, and reads
+as this bakeoff's result model (:func:`read_result`). The optimum exporters' caches
+(``adapters/_optimum.py``) key and read their entries with the same two functions.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import re
 import struct
 from pathlib import Path
+from typing import Callable, TypeVar
 
-from adapters.ort_genai_export.specs import ExportOptions
+from pydantic import BaseModel
+
+from adapters.ort_genai_export.specs import ExportOptions, ExportResult
 from bakeoff.host import envs
+
+M = TypeVar("M", bound=BaseModel)
 
 # Small files hashed by content; weight files by name, size, mtime and safetensors header.
 CONTENT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -62,10 +71,48 @@ def checkpoint_hash(model_path: str | Path) -> str:
     return h.hexdigest()
 
 
-def cache_key(source_hash: str, options: ExportOptions, builder_version: str) -> str:
-    """sha256 hex of what determines an export's content."""
+@functools.lru_cache(maxsize=None)
+def schema_version(result_model: type[BaseModel]) -> str:
+    """The schema version of an export's metadata: 12 hex characters of the sha256 of the result
+    model's JSON schema (nested models included), its titles and descriptions left out.
+
+    A field added, removed, renamed or retyped (``graph.input_shapes`` was one) changes it, a
+    docstring does not. Being part of the cache key, an entry is found only by a bakeoff whose
+    result model has the same fields: an older bakeoff never finds (and refuses, its models being
+    ``extra="forbid"``) an entry a newer one wrote, and a newer one never takes an older entry
+    that lacks a field it relies on. A change of a field's meaning alone must rename the field.
+    """
+    def strip(node):
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in node.items() if not (k in ("title", "description") and isinstance(v, str))}
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+
+    schema = json.dumps(strip(result_model.model_json_schema()), sort_keys=True)
+    return hashlib.sha256(schema.encode()).hexdigest()[:12]
+
+
+def read_result(path: Path, result_model: type[M], log: Callable[[str], None] = lambda s: None) -> M | None:
+    """A cache entry's result file as ``result_model``; None when it is missing or does not read
+    as this bakeoff's model (damaged, or written by a bakeoff whose schema hashed the same but
+    whose fields differ): the export is then made again and replaces the entry, never refused."""
+    try:
+        return result_model.model_validate_json(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        first = str(exc).strip().splitlines()[:3]
+        log(f"cached export {path.parent} does not read as this bakeoff's {result_model.__name__} "
+            f"({type(exc).__name__}: {' '.join(first)[:200]}); exporting again")
+        return None
+
+
+def cache_key(source_hash: str, options: ExportOptions, builder_version: str, schema: str | None = None) -> str:
+    """sha256 hex of what determines an export's content and how its metadata reads (``schema``:
+    :func:`schema_version` of :class:`ExportResult` unless given)."""
     blob = json.dumps({"source": source_hash, "options": options.model_dump(mode="json"),
-                       "builder": builder_version}, sort_keys=True)
+                       "builder": builder_version, "schema": schema or schema_version(ExportResult)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

@@ -173,7 +173,8 @@ def export(model_path: str | Path, options: ExportOptions | None = None, log: Ca
         options: precision, execution provider, INT4 and MoE options.
         log: progress sink, one line per call.
         timeout_s: builder deadline in seconds.
-        use_cache: reuse an earlier identical export (key: checkpoint hash + options + version).
+        use_cache: reuse an earlier identical export (key: checkpoint hash + options + version +
+            the metadata's schema version, ``cache.schema_version``).
 
     Returns:
         The export, with its graph report (clean: no problems).
@@ -198,8 +199,8 @@ def export(model_path: str | Path, options: ExportOptions | None = None, log: Ca
     final.parent.mkdir(parents=True, exist_ok=True)
     with open(final.parent / f".{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if use_cache and result_path.is_file():
-            res = ExportResult.model_validate_json(result_path.read_text())
+        res = cache.read_result(result_path, ExportResult, log) if use_cache else None
+        if res is not None:
             log(f"ort-genai export reused from cache: {final}")
             # the same content may sit in another folder than the one first exported (a copy, a
             # moved checkpoint): the tokenizer fallback reads the source, so it is this folder

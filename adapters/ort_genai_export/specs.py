@@ -169,7 +169,7 @@ class ExportResult(_Spec):
         source_hash: fingerprint of the checkpoint (config + weight files), sha256 hex.
         architecture: ``config.architectures[0]``.
         options: what was asked.
-        cache_key: sha256 of source hash + options + builder version.
+        cache_key: sha256 of source hash + options + builder version + the metadata's schema version.
         output_dir: the export folder (``genai_config.json``, ``model.onnx``, tokenizer).
         command: the exact builder command line.
         versions: package versions of the export environment.
