@@ -155,3 +155,15 @@ def test_by_readiness_without_environments_keeps_the_users_order():
     assert [n.run.backend for n in got] == ["vllm", "transformers", "openvino"]
     assert all(not n.waited_for and not n.overtook for n in got)
     assert pre.elapsed_s() == 0.0  # nothing was made
+
+
+def test_plain_environment_lines_start_on_their_own_line_once_runs_go():
+    """Beside a run, pytest's progress dots end with no newline: an ``[envs]`` line starts a line."""
+    from bakeoff.cli.phases import PhaseBoard
+
+    lines: list[str] = []
+    board = PhaseBoard("plain", out=lines.append)
+    board.env_done("alpha", "failed (EngineFailure); its run records why", ok=False)
+    board.runs_started()
+    board.env_log("beta", "beta environment ready in 3.0 s")
+    assert lines == ["[envs] alpha: failed (EngineFailure); its run records why", "\n[envs] beta environment ready in 3.0 s"]

@@ -111,6 +111,7 @@ class PhaseBoard:
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
         self._fixture: str | None = None  # the fixture the trainer's lines belong to
+        self._lead = ""  # what a plain line starts with (runs_started)
 
     def start(self) -> None:
         if self.mode == "plain" and self._ticker is None:
@@ -129,9 +130,14 @@ class PhaseBoard:
             self.items[key] = Item(kind, name, self.clock())
         return self.items[key]
 
+    def runs_started(self) -> None:
+        """Plain mode: from now on each line starts on a line of its own (``\n`` first), as the
+        ``[sweep]`` lines do: an evaluation's pytest writes its progress dots without a newline."""
+        self._lead = "\n"
+
     def _say(self, line: str) -> None:
         if self.mode == "plain":
-            self.out(line)
+            self.out(self._lead + line)
 
     # environments (called from EnvPrewarm's worker threads)
     def env_log(self, name: str, message: str) -> None:
@@ -168,7 +174,7 @@ class PhaseBoard:
                 heartbeat = self.throttle.age(key) >= 6 * self.interval_s
                 if ((it.step, line) != it.printed or heartbeat) and self.throttle.due(key):
                     it.printed = (it.step, line)
-                    self.out(f"[envs] {it.name}: {it.step}, {fmt_s(self.clock() - it.t0)}"
+                    self.out(f"{self._lead}[envs] {it.name}: {it.step}, {fmt_s(self.clock() - it.t0)}"
                              + (f": {clip(line)}" if line else ""))
 
     def _tick_loop(self) -> None:

@@ -88,6 +88,7 @@ def _qualify(c, quiet: bool, fail_on: frozenset[str]) -> int:
             if c.left_out[n]:
                 print(f"{n}: --matrix {', '.join(c.left_out[n])} not varied (no such option of {n})", flush=True)
         # each matrix cell is its own run, one at a time; a run whose environment is made goes first
+        progress.phases.runs_started()
         for nxt in steps.by_readiness(c.runs, lambda r: needs[r.backend], prewarm, _label, progress.say):
             run, t_run, before = nxt.run, time.monotonic(), len(runs)
             _one_run(c, run, artifacts, progress, runs, cell_runs, missing)
