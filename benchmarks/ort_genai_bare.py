@@ -96,7 +96,7 @@ def generator(prompts, max_tokens, sessions, rounds):
     return {"output_tokens": n_out, "wall_s": clock() - t0, "ttft_ms": ttfts, "tpot_ms": tpots}
 
 def engine_loop(prompts, max_tokens, sessions, rounds):
-    live, n_out, ttfts, tpots, t0 = {}, 0, [], [], clock()
+    live, n_out, ttfts, tpots, steps, t0 = {}, 0, [], [], 0, clock()
     def begin(s, turn):
         ids = encode(prompts[s][turn])
         ro = og.RequestOptions()
@@ -109,6 +109,7 @@ def engine_loop(prompts, max_tokens, sessions, rounds):
     for s in range(sessions):
         begin(s, 0)
     while live:
+        steps += 1
         for ev in engine.run(buf) or ():
             e = live.get(id(ev.request))
             if e is None:
@@ -130,6 +131,7 @@ def engine_loop(prompts, max_tokens, sessions, rounds):
                 if e[2] + 1 < rounds:
                     begin(e[1], e[2] + 1)
     return {"output_tokens": n_out, "wall_s": clock() - t0, "ttft_ms": ttfts, "tpot_ms": tpots,
+            "tokens_per_step": round(n_out / steps, 2) if steps else None,
             "configured_max_batch_size": engine.get_capabilities().configured_max_batch_size}
 
 print(json.dumps({"ready": True, "paged": paged, "version": og.__version__}), flush=True)
@@ -137,7 +139,9 @@ for line in sys.stdin:
     cmd = json.loads(line)
     fn = generator if cmd["kind"] == "generator" else engine_loop
     try:
+        c0 = time.process_time()
         out = fn(cmd["prompts"], cmd["max_tokens"], cmd["sessions"], cmd["rounds"])
+        out["cpu_s"] = time.process_time() - c0
     except Exception as exc:
         out = {"error": f"{type(exc).__name__}: {exc}"}
     print(json.dumps(out), flush=True)
@@ -218,6 +222,18 @@ def bare_points(bare: BareOrtGenai, sessions: list[int], max_tokens: int, rounds
     return [bare.run(kind, prompts, max_tokens, n, rounds) for n in sessions for kind in kinds]
 
 
+def run_threads(run_dir: Path, run: dict[str, Any]) -> int:
+    """The decoder threads a run's worker used: its option, else the count its notes state
+    (``evidence/load/backend_info.json``, e.g. ``"1 (bakeoff's CPU default: ...)"``), else 0 (ORT's default)."""
+    if run["options"].get("intra_op_num_threads"):
+        return int(run["options"]["intra_op_num_threads"])
+    try:
+        note = json.loads((run_dir / "evidence" / "load" / "backend_info.json").read_text())["notes"]["intra_op_num_threads"]
+        return int(str(note).split()[0])
+    except (OSError, KeyError, ValueError, IndexError):
+        return 0
+
+
 def compare_run(run_dir: Path, threads: int, kinds: tuple[str, ...]) -> None:
     """Print a run's sweep beside bare loops on its export (ratios against the best bare kind)."""
     run = json.loads((run_dir / "run.json").read_text())
@@ -226,7 +242,7 @@ def compare_run(run_dir: Path, threads: int, kinds: tuple[str, ...]) -> None:
     prof = run["profile_settings"]
     fixture = str(run.get("model", "")).startswith("fixture:")
     ep = export["options"]["execution_provider"]
-    bare = BareOrtGenai(export["output_dir"], ep, threads or int(run["options"].get("intra_op_num_threads") or 0))
+    bare = BareOrtGenai(export["output_dir"], ep, threads or run_threads(run_dir, run))
     try:
         rows = bare_points(bare, [p["sessions"] for p in sweep], prof["max_tokens"], prof["requests_per_session"],
                            fixture, kinds)

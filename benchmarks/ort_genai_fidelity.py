@@ -74,7 +74,7 @@ def compare(model: Path, options: dict[str, Any], sessions: list[int], max_token
     worker = WorkerLoop(model, options, fixture)
     notes = worker.info.notes
     bare = BareOrtGenai(worker.backend.export_result.output_dir, worker.backend.options.execution_provider,
-                        int(options.get("intra_op_num_threads") or 0))
+                        int(worker.backend.threads()[0] or 0))  # the worker's own (its default too)
     kinds = ("engine",) if bare.paged else ("generator", "engine")
     prompts = sweep_prompts(fixture, max(sessions), rounds)
     log(f"worker: batching {notes.get('batching')}, {notes.get('og_engine', '')}; paged export: {bare.paged}")

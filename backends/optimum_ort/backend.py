@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import Field
 
 from adapters.optimum_onnx_export import OptimumOnnxOptions, OptimumOnnxResult, env_spec, export
+from backends._hosting.threads import default_threads
 from backends._server import ChildServerBackend
 from backends.optimum_ort.preflight import rule as _onnx_rule
 from bakeoff.api.errors import EngineFailure
@@ -28,13 +29,19 @@ class OptimumOrtOptions(OptimumOnnxOptions):
     Attributes:
         provider: the ONNX Runtime execution provider (``CUDAExecutionProvider`` needs
             onnxruntime-gpu in the environment: ``BAKEOFF_ENVS=preinstalled``).
-        intra_op_num_threads: ORT intra-op threads; None keeps ORT's default.
+        intra_op_num_threads: ORT intra-op threads; unset: on the CPU provider bakeoff's default,
+            the usable CPUs less one for the worker's HTTP side and the client
+            (:func:`backends._hosting.threads.default_threads`), stated in the run's notes; on
+            CUDA ORT's default.
+        stream_interval_ms: batching period of dense streams, as the ort-genai backend's option
+            (:class:`backends._hosting.engine_frames.Out`); 0 sends every token at once.
         reuse_export: reuse a cached export of the same checkpoint and options.
         export_timeout_s: exporter deadline in seconds.
     """
 
     provider: Literal["CPUExecutionProvider", "CUDAExecutionProvider"] = "CPUExecutionProvider"
     intra_op_num_threads: int | None = Field(None, ge=1)
+    stream_interval_ms: float = Field(2.0, ge=0, le=100)
     reuse_export: bool = True
     export_timeout_s: float = Field(3600.0, gt=0)
 
@@ -77,10 +84,18 @@ class OptimumOrtBackend(ChildServerBackend):
                                     timeout_s=self.options.export_timeout_s, use_cache=self.options.reuse_export)
         (self.workdir / "export.json").write_text(self.export_result.model_dump_json(indent=1))
 
+    def threads(self) -> tuple[int | None, str]:
+        """ORT's intra-op threads the worker's session gets, and why (None: ORT's default)."""
+        if self.options.intra_op_num_threads is not None:
+            return self.options.intra_op_num_threads, "intra_op_num_threads option"
+        if self.options.provider == "CPUExecutionProvider":
+            return default_threads()
+        return None, "ORT's default (one per physical core)"
+
     def command(self, port: int) -> tuple[list[str], dict[str, str]]:
         assert self.export_result is not None and self.python is not None
-        opts = {"provider": self.options.provider, "intra_op_num_threads": self.options.intra_op_num_threads,
-                "onnx_file": self.export_result.onnx_file}
+        opts = {"provider": self.options.provider, "intra_op_num_threads": self.threads()[0],
+                "onnx_file": self.export_result.onnx_file, "stream_interval_ms": self.options.stream_interval_ms}
         cmd = [str(self.python), "-m", "backends.optimum_ort.worker", "--model", self.export_result.output_dir,
                "--port", str(port), "--ready-file", str(self.ready_file), "--served-model", self.config.model,
                "--options", json.dumps(opts)]
@@ -91,6 +106,8 @@ class OptimumOrtBackend(ChildServerBackend):
         notes = {**self.export_result.notes(), "provider": str(info.get("provider")),
                  "providers_active": str(info.get("providers_active")), "onnxruntime": str(info.get("onnxruntime_version")),
                  "transformers": str(info.get("transformers_version")), "environment": envs.describe(self.python),
+                 "intra_op_num_threads": f"{info.get('intra_op_num_threads', 'ORT default')} ({self.threads()[1]}; "
+                                         f"torch's threads in generate: {info.get('torch_num_threads')})",
                  "scheduling": "one request at a time (ORTModelForCausalLM.generate, no batching server)"}
         return BackendInfo(
             backend=self.name, engine="optimum-onnx", engine_version=info.get("engine_version"),

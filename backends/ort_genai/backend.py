@@ -18,6 +18,7 @@ from pydantic import Field, model_validator
 
 from adapters.ort_genai_export import ExportOptions, ExportResult, env_spec, export
 from backends.ort_genai.preflight import rule as preflight_rule
+from backends._hosting.threads import default_threads
 from backends._options import OptionReport, OptionStatement, fallback_statements, read_log, rule, scan
 from backends._server import ChildServerBackend
 from bakeoff.host import envs
@@ -42,7 +43,7 @@ RUNTIME_RULES = [
          "onnxruntime-genai QNN GPU shared-memory allocator"),
 ]
 QUANT_ONLY = ("block_size", "accuracy_level", "int4_algo")  # read by the builder only when it quantizes linears
-BAKEOFF_KEYS = {"reuse_export", "export_timeout_s", "stream_interval_ms"}  # bakeoff's caching and framing
+BAKEOFF_KEYS = {"reuse_export", "export_timeout_s", "stream_interval_ms", "lone_request"}  # bakeoff's caching, framing, scheduling
 
 
 # W4A16 as the field ships it: INT4 linears with the lm_head left out of INT4 (AWQ and GPTQ
@@ -134,9 +135,11 @@ class OrtGenaiOptions(ExportOptions):
         reuse_export: reuse a cached export of the same checkpoint and options.
         export_timeout_s: builder deadline in seconds.
         intra_op_num_threads: ONNX Runtime intra-op threads of the decoder session (genai_config
-            ``session_options.intra_op_num_threads``, set through ``og.Config.overlay``); None
-            keeps ORT's default (one per physical core). On a 2-core host a tiny model decodes
-            ~1.6x faster with 1 (``benchmarks/bench_ort_genai.py``).
+            ``session_options.intra_op_num_threads``, set through ``og.Config.overlay``); unset: on
+            CPU bakeoff's default, the usable CPUs less one for the worker's HTTP side and the
+            client (:func:`backends._hosting.threads.default_threads`: 1 on a 2-core host, where
+            ORT's own default of 2 cost the worker 1.2-1.4x tokens/s), stated in the run's
+            notes; on other providers ORT's default (one per physical core).
         stream_interval_ms: batching period of dense streams. A token that follows the
             previous one of its stream by less than this is held and leaves with the next
             frame, at most one per interval, each token still counted (``token_ids`` lists
@@ -147,6 +150,11 @@ class OrtGenaiOptions(ExportOptions):
             core); on a tiny CPU model (~0.2-0.4 ms/token) a frame per token cost the decode
             loop 5-10% of its tokens/s, one per 2 ms about 1-2% (``benchmarks/bench_ort_genai.py``,
             in-run split). 0 sends every token at once.
+        lone_request: with ``og.Engine`` on a static export (no PagedAttention: CPU), a request
+            that finds the engine idle and none waiting runs on ``og.Generator`` (``generator``,
+            the default: one sequence decodes ~10-20% faster there, and requests that arrive
+            meanwhile wait for it as they would for the static batch of one it would be) or as
+            an og.Engine batch of one (``engine``). Stated in the run's notes (``og_engine``).
     """
 
     batching: Literal["engine", "generator"] | None = None
@@ -156,6 +164,7 @@ class OrtGenaiOptions(ExportOptions):
     export_timeout_s: float = Field(3600.0, gt=0)
     intra_op_num_threads: int | None = Field(None, ge=1)
     stream_interval_ms: float = Field(2.0, ge=0, le=100)
+    lone_request: Literal["generator", "engine"] = "generator"
 
     @model_validator(mode="after")
     def _generator_cannot_feed_a_paged_graph(self) -> "OrtGenaiOptions":
@@ -203,11 +212,19 @@ class OrtGenaiBackend(ChildServerBackend):
         with open(self.workdir / "export.log", "a") as fh:
             fh.write(line.rstrip() + "\n")
 
+    def threads(self) -> tuple[int | None, str]:
+        """The decoder session's intra-op threads the worker gets, and why (None: ORT's default)."""
+        if self.options.intra_op_num_threads is not None:
+            return self.options.intra_op_num_threads, "intra_op_num_threads option"
+        if self.options.execution_provider == "cpu":
+            return default_threads()
+        return None, "ORT's default (one per physical core)"
+
     def command(self, port: int) -> tuple[list[str], dict[str, str]]:
         assert self.export_result is not None and self.python is not None
         opts = {"batching": self.options.batching, "execution_provider": self.options.execution_provider,
-                "source_model": self.export_result.source, "intra_op_num_threads": self.options.intra_op_num_threads,
-                "stream_interval_ms": self.options.stream_interval_ms}
+                "source_model": self.export_result.source, "intra_op_num_threads": self.threads()[0],
+                "stream_interval_ms": self.options.stream_interval_ms, "lone_request": self.options.lone_request}
         cmd = [str(self.python), "-m", "backends.ort_genai.worker", "--model", self.export_result.output_dir,
                "--port", str(port), "--ready-file", str(self.ready_file), "--served-model", self.config.model,
                "--options", json.dumps(opts)]
@@ -227,7 +244,7 @@ class OrtGenaiBackend(ChildServerBackend):
         info = self.ready_payload.get("info", {})
         notes = {**self.export_result.notes(), "batching": str(info.get("batching")),
                  "tokenizer": str(info.get("tokenizer")), "detokenizer": str(info.get("detokenizer")),
-                 "intra_op_num_threads": str(info.get("intra_op_num_threads", "ORT default")),
+                 "intra_op_num_threads": f"{info.get('intra_op_num_threads', 'ORT default')} ({self.threads()[1]})",
                  "stream_interval_ms": str(info.get("stream_interval_ms")), "environment": envs.describe(self.python)}
         exported = self.options.export_options()
         if exported.int4_algo and self.options.int4_algo is None:  # bakeoff's default, stated where options are read
