@@ -134,6 +134,38 @@ def test_backend_streams_concurrent_sessions_like_the_reference(tiny_qwen3, ov_b
     assert toks and toks[0] and all(isinstance(t, int) for t in toks[0]), b.tokenize_note
 
 
+def test_the_pipeline_steps_in_its_own_process_and_streams_arrive_paced(tiny_qwen3, ov_backend):
+    """ContinuousBatchingPipeline.step() holds the GIL for the whole step: beside the HTTP loop in one
+    process it delivered whole streams in one burst (issue 28). The pipeline runs in a child process
+    of the worker, with bakeoff's thread default, and a long stream reaches the client over many
+    events from its first token on."""
+    from backends._hosting.threads import default_threads
+    from bakeoff.api.specs import GenerationRequest
+    from bakeoff.loadgen.distortion import judge
+    from bakeoff.loadgen.sweep import run_request
+
+    b = ov_backend
+    payload = b.ready_payload
+    engine_pid = payload["info"]["engine_process"]
+    assert engine_pid != payload["pid"]
+    with open(f"/proc/{engine_pid}/stat") as fh:
+        assert int(fh.read().rsplit(")", 1)[1].split()[1]) == payload["pid"]  # the worker's child
+    assert b.info.notes["inference_num_threads"].startswith(f"{default_threads()[0]} (bakeoff's CPU default")
+
+    async def one():
+        rec = await run_request(b, GenerationRequest(request_id="paced", prompt=_prompts(tiny_qwen3)[0],
+                                                     max_tokens=256, ignore_eos=True, temperature=0.0))
+        await b.aclose()
+        return rec
+
+    rec = asyncio.run(one())
+    assert rec.status == "ok" and rec.output_tokens == 256
+    e2e = rec.end_ns - rec.sent_ns
+    assert rec.first_token_ns - rec.sent_ns < e2e / 4, "the first token came with the rest of the stream"
+    assert rec.content_events >= 16, rec.content_events  # frames of at most one stream interval's tokens
+    assert not judge([rec], {})["distorted"]
+
+
 def test_a_task_the_architecture_has_no_export_config_for_is_unsupported_architecture(tmp_path):
     """optimum-intel 2.2.0 on the Qwen3.5-MoE conditional-generation layout (seen 2026-12-02): the
     exporter knows the model type for image-text-to-text only; that is a refusal, not a broken export."""

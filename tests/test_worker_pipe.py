@@ -32,6 +32,19 @@ CHILD = textwrap.dedent("""
         sys.exit(1)
     if a.mode == "exit":
         sys.exit(3)
+    if a.mode == "poll":  # the engine loop reads its own commands (OpenVINO's: no command thread)
+        pipe.send(("ready", {{"pid": os.getpid(), "idle_poll": pipe.poll()}}))
+        todo = []
+        try:
+            while True:
+                todo += pipe.wait() if not todo else []
+                cmd, rid, body = todo.pop(0)
+                time.sleep(body.get("step", 0))  # a step; commands sent meanwhile wait in the pipe
+                later = pipe.poll()
+                todo += later
+                pipe.send(("end", rid, "length", {{"seen_later": [m[1] for m in later]}}))
+        except EOFError:
+            os._exit(5)
     import queue
     inbox = queue.SimpleQueue()
     pipe.listen(inbox.put, on_eof=lambda: os._exit(0))
@@ -187,6 +200,36 @@ def test_a_full_command_pipe_does_not_block_the_loop(child_script):
         sent_s, ticks, got = asyncio.run(go())
         assert sent_s < 0.2 and ticks >= 10
         assert [m[0] for m in got] == ["tok", "tok", "end"]
+    finally:
+        proc.proc.kill()
+        proc.proc.wait()
+
+
+def test_an_engine_loop_reads_its_own_commands_between_steps(child_script):
+    """ChildPipe.poll / wait: an engine whose calls hold the GIL (OpenVINO GenAI's step()) reads its
+    commands on its own loop; nothing is lost or reordered, and the worker's exit ends it."""
+    import os
+
+    proc = EngineProcess([sys.executable, str(child_script), "--mode", "poll"])
+    assert proc.wait_ready()["idle_poll"] == []  # poll() does not block when nothing came
+
+    async def go():
+        proc.attach(asyncio.get_running_loop())
+        chans = {rid: TokenChannel(asyncio.get_running_loop()) for rid in (1, 2, 3)}
+        for rid, chan in chans.items():
+            proc.open(rid, chan)
+        proc.send(("gen", 1, {"step": 0.3}))
+        await asyncio.sleep(0.1)  # while request 1's "step" runs, two more commands arrive
+        proc.send(("gen", 2, {}))
+        proc.send(("gen", 3, {}))
+        return [(await asyncio.wait_for(chans[rid].get_batch(), 10))[0] for rid in (1, 2, 3)]
+
+    try:
+        ends = asyncio.run(go())
+        assert [m[0] for m in ends] == ["end"] * 3
+        assert ends[0][3]["seen_later"] == [2, 3]  # read by the first poll() after the step, in order
+        os.close(proc.cmd_w)  # the worker goes away: wait()/poll() raise EOFError in the engine
+        assert proc.proc.wait(timeout=10) == 5
     finally:
         proc.proc.kill()
         proc.proc.wait()

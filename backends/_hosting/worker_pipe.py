@@ -102,6 +102,8 @@ class ChildPipe:
     def __init__(self, cmd_fd: int, out_fd: int, bell_fd: int):
         self.cmd_fd, self.out_fd, self.bell_fd = cmd_fd, out_fd, bell_fd
         self.lock = threading.Lock()
+        self.reader = FrameReader()
+        self.polling = False  # the command pipe set non-blocking by poll()
 
     def send(self, msg: Any, urgent: bool = True) -> None:
         """Write one frame (thread-safe); ring the doorbell when ``urgent``.
@@ -114,6 +116,37 @@ class ChildPipe:
             write_all(self.out_fd, frame)
             if urgent:
                 os.write(self.bell_fd, b"\0")
+
+    def poll(self) -> list[Any]:
+        """The commands that have arrived, without waiting (for an engine loop that reads its own
+        commands between steps instead of on a :meth:`listen` thread: an engine call that holds
+        the GIL, such as OpenVINO GenAI's ``step()``, would keep such a thread from reading).
+
+        Raises:
+            EOFError: the worker closed its end (it exited or was killed).
+        """
+        if not self.polling:
+            os.set_blocking(self.cmd_fd, False)
+            self.polling = True
+        out: list[Any] = []
+        while True:
+            try:
+                data = os.read(self.cmd_fd, 1 << 16)
+            except BlockingIOError:
+                return out
+            if not data:
+                raise EOFError("the worker closed the command pipe")
+            out += self.reader.feed(data)
+
+    def wait(self) -> list[Any]:
+        """At least one command, blocking (no GIL held) until one arrives; see :meth:`poll`."""
+        import select
+
+        while True:
+            got = self.poll()
+            if got:
+                return got
+            select.select([self.cmd_fd], [], [])
 
     def listen(self, on_command: Callable[[Any], None], on_eof: Callable[[], None]) -> None:
         """Read commands on a daemon thread (blocked in ``os.read``, it holds no GIL while idle).

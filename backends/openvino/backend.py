@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import Field
 
 from adapters.openvino_export import OpenVinoExportOptions, OpenVinoExportResult, env_spec, export
+from backends._hosting.threads import default_threads
 from backends._server import ChildServerBackend
 from backends.openvino.preflight import rule as preflight_rule
 from bakeoff.api.errors import EngineFailure
@@ -41,6 +42,13 @@ class OpenVinoOptions(OpenVinoExportOptions):
         enable_prefix_caching: continuous: keep KV blocks of finished prompts for reuse.
         inference_precision: the CPU plugin's ``INFERENCE_PRECISION_HINT``; None keeps its
             default (bf16 on CPUs with AVX-512 bf16, f32 elsewhere: outputs then differ by host).
+        inference_num_threads: the plugin's ``INFERENCE_NUM_THREADS``; unset: on CPU bakeoff's
+            default, the usable CPUs less one for the worker's HTTP side and the client
+            (:func:`backends._hosting.threads.default_threads`), stated in the run's notes.
+        stream_interval_ms: batching period of dense streams, as the ort-genai backend's option
+            (:class:`backends._hosting.engine_frames.Out`): a stream's first token and any token
+            after a longer gap go out at once, the tokens of a dense stream in one frame per
+            interval, each still counted; 0 sends every token at once.
         reuse_export: reuse a cached export of the same checkpoint and options.
         export_timeout_s: exporter deadline in seconds.
     """
@@ -50,6 +58,8 @@ class OpenVinoOptions(OpenVinoExportOptions):
     max_num_seqs: int = Field(64, ge=1)
     enable_prefix_caching: bool = True
     inference_precision: Literal["f32", "bf16", "f16"] | None = None
+    inference_num_threads: int | None = Field(None, ge=1)
+    stream_interval_ms: float = Field(2.0, ge=0, le=100)
     reuse_export: bool = True
     export_timeout_s: float = Field(3600.0, gt=0)
 
@@ -94,10 +104,23 @@ class OpenVinoBackend(ChildServerBackend):
                                     timeout_s=self.options.export_timeout_s, use_cache=self.options.reuse_export)
         (self.workdir / "export.json").write_text(self.export_result.model_dump_json(indent=1))
 
+    def threads(self) -> tuple[int | None, str]:
+        """The plugin's ``INFERENCE_NUM_THREADS`` the worker gets, and why (None: the plugin's default)."""
+        if self.options.inference_num_threads is not None:
+            return self.options.inference_num_threads, "inference_num_threads option"
+        return default_threads()
+
+    def engine_options(self) -> dict:
+        """What the engine process gets (:class:`backends.openvino.engine.OpenVinoEngine`); the bare
+        loop of ``benchmarks/bench_fidelity.py`` reads the same."""
+        opts = self.options.model_dump(include={"batching", "kv_cache_gib", "max_num_seqs", "enable_prefix_caching",
+                                                "inference_precision", "stream_interval_ms"})
+        opts["inference_num_threads"] = self.threads()[0]
+        return opts
+
     def command(self, port: int) -> tuple[list[str], dict[str, str]]:
         assert self.export_result is not None and self.python is not None
-        opts = self.options.model_dump(include={"batching", "kv_cache_gib", "max_num_seqs", "enable_prefix_caching",
-                                                "inference_precision"})
+        opts = self.engine_options()
         cmd = [str(self.python), "-m", "backends.openvino.worker", "--model", self.export_result.output_dir,
                "--port", str(port), "--ready-file", str(self.ready_file), "--served-model", self.config.model,
                "--options", json.dumps(opts)]
@@ -110,7 +133,12 @@ class OpenVinoBackend(ChildServerBackend):
                  "openvino": str(info.get("openvino_version")), "detokenizer": str(info.get("detokenizer")),
                  "logprobs": str(info.get("logprobs")), "environment": envs.describe(self.python),
                  "inference_precision": str(info.get("properties", {}).get("INFERENCE_PRECISION_HINT",
-                                                                           "CPU plugin default"))}
+                                                                           "CPU plugin default")),
+                 "inference_num_threads": f"{info.get('properties', {}).get('INFERENCE_NUM_THREADS', 'plugin default')} "
+                                          f"({self.threads()[1]})",
+                 "stream_interval_ms": str(info.get("stream_interval_ms")),
+                 "engine_process": "the pipeline in its own process (backends/openvino/engine.py: its step() holds "
+                                   "the GIL)"}
         if continuous:
             notes["scheduler"] = " ".join(str(info.get("scheduler", "")).split())
             notes["kv_cache_tokens"] = ("not stated: openvino_genai states the KV cache in bytes "
