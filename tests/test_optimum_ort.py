@@ -20,6 +20,7 @@ from adapters.ort_genai_export import raise_for_problems
 from bakeoff.api.errors import EngineFailure
 from bakeoff.host import envs
 from tests.test_openvino import qwen3_5_moe_checkpoint
+from backends._hosting.threads import default_threads
 from tests.test_ort_genai import _collect, _prompts, _reference_greedy, tiny_qwen3  # noqa: F401 - tiny_qwen3 is a fixture
 
 FP32 = OptimumOnnxOptions(precision="fp32")
@@ -91,6 +92,11 @@ def test_backend_streams_and_matches_reference(tiny_qwen3, onnx_export, tmp_path
         assert info.engine == "optimum-onnx" and info.engine_version == "0.1.0"
         assert info.notes["providers_active"].startswith("['CPUExecutionProvider'")
         assert "nodes:" in info.notes["export_ops"] and "export onnx" in info.notes["export_command"]
+        # bakeoff's thread default, as ONNX Runtime's session and torch (generate's own tensor work) report it
+        n = default_threads()[0]
+        assert info.notes["intra_op_num_threads"].startswith(f"{n} (bakeoff's CPU default"), info.notes
+        assert f"torch's threads in generate: {n})" in info.notes["intra_op_num_threads"]
+        assert b.ready_payload["info"]["engine_process"] != b.ready_payload["pid"]  # generate beside no HTTP loop
 
         async def run_all():
             greedy = await asyncio.gather(*[_collect(b, prompt=p, max_tokens=8) for p in prompts])

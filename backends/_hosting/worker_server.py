@@ -269,6 +269,8 @@ def build_app(engine: WorkerEngine, served_model: str):
         if not isinstance(body, dict):
             return _bad_request("the body must be a JSON object")
         try:
+            if asyncio.iscoroutinefunction(engine.score):  # an engine in another process
+                return web.json_response(await engine.score(body))
             return web.json_response(await asyncio.to_thread(engine.score, body))
         except Exception as exc:  # noqa: BLE001 - the engine failed: say why, keep serving
             traceback.print_exc()

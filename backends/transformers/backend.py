@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from backends.transformers.preflight import rule as preflight_rule
+from backends._hosting.threads import default_threads
 from backends._server import ChildServerBackend
 from bakeoff.host.envs import child_env
 from bakeoff.api.specs import BackendInfo, Spec
@@ -30,6 +31,15 @@ class TransformersOptions(Spec):
         gpu_headroom_gib: testing: once the model is loaded, the worker holds all free GPU
             memory but this many GiB (emulates a co-tenant; ``0`` provokes CUDA out-of-memory
             while serving). Ignored on CPU.
+        num_threads: torch's intra-op threads (``torch.set_num_threads``) when the model runs on
+            CPU; unset: bakeoff's default, the usable CPUs less one for the worker's HTTP side and
+            the client (:func:`backends._hosting.threads.default_threads`); with torch's own
+            default (one per core) a 2-core host beside the client swung 20x with the host's load.
+            Stated in the run's notes as torch reports it in the generating thread.
+        stream_interval_ms: batching period of dense streams, as the ort-genai backend's option
+            (:class:`backends._hosting.engine_frames.Out`): a stream's first token and any token
+            after a longer gap go out at once, the tokens of a dense stream in one frame per
+            interval, each still counted; 0 sends every token at once.
     """
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -38,6 +48,8 @@ class TransformersOptions(Spec):
     batching: Literal["none", "continuous"] = "none"
     kv_memory_fraction: float | None = Field(None, gt=0, le=0.95)
     gpu_headroom_gib: float | None = Field(None, ge=0)
+    num_threads: int | None = Field(None, ge=1)
+    stream_interval_ms: float = Field(2.0, ge=0, le=100)
 
 
 class TransformersBackend(ChildServerBackend):
@@ -53,10 +65,23 @@ class TransformersBackend(ChildServerBackend):
     Options = TransformersOptions
     ready_mode = "file"
 
+    def threads(self) -> tuple[int | None, str]:
+        """torch's intra-op threads for a CPU model, and why (None on CUDA: torch's default)."""
+        if self.options.num_threads is not None:
+            return self.options.num_threads, "num_threads option"
+        if self.options.device == "cuda":
+            return None, "torch's default (the model runs on CUDA)"
+        return default_threads()
+
+    def worker_options(self) -> dict:
+        """The worker's options: the backend's, ``num_threads`` resolved (:meth:`threads`; the worker
+        applies it only where the model runs on CPU)."""
+        return {**self.options.model_dump(), "num_threads": self.threads()[0]}
+
     def command(self, port: int) -> tuple[list[str], dict[str, str]]:
         cmd = [sys.executable, "-m", "backends.transformers.worker", "--model", self.config.model,
                "--port", str(port), "--ready-file", str(self.ready_file),
-               "--options", json.dumps(self.options.model_dump())]
+               "--options", json.dumps(self.worker_options())]
         return cmd, child_env({"TOKENIZERS_PARALLELISM": "false"})
 
     def describe(self, startup_s: float) -> BackendInfo:
@@ -75,5 +100,7 @@ class TransformersBackend(ChildServerBackend):
                                   if info.get("batching") == "continuous"
                                   else "one request at a time (reference, not a batching server)"),
                    **{k: str(info[k]) for k in ("batching", "attn_implementation",
-                                                "gpu_headroom_held_gib") if info.get(k) is not None}},
+                                                "gpu_headroom_held_gib") if info.get(k) is not None},
+                   "num_threads": (f"{info.get('num_threads')} ({self.threads()[1]})" if info.get("device") == "cpu"
+                                   else f"{info.get('num_threads')} (torch's default: the model runs on CUDA)")},
         )

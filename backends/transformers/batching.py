@@ -1,16 +1,22 @@
-"""Continuous batching for the transformers worker (``--backend-opt batching=continuous``).
+"""Continuous batching for the transformers engine process (``--backend-opt batching=continuous``).
 
 transformers (5.x) ships a continuous batching engine: ``model.init_continuous_batching()``
 returns a ``ContinuousBatchingManager`` (``transformers.generation.continuous_batching``) whose
 background thread schedules requests into a paged KV cache; ``add_request(input_ids,
 request_id, max_new_tokens, streaming=True, eos_token_id=...)`` queues one, and
 ``register_result_handler(request_id, callback)`` delivers its outputs on the caller's event
-loop (``generated_tokens`` is cumulative). Seen in transformers 5.17.0 and 5.19.0.
+loop (``generated_tokens`` is cumulative). Seen in transformers 5.17.0 and 5.19.0. The engine
+process (:mod:`backends.transformers.engine`) runs that loop on its main thread, reading the
+worker's commands on it too, and sends each request's tokens as frames.
 
-Requests are greedy (the manager's generation config has ``do_sample=False``); a request
-with ``temperature > 0`` is refused with an error rather than served greedily. When the
-manager is missing or its warm-up request fails, :func:`start_batcher` returns the reason and
-the worker serves one request at a time.
+The manager serves greedy requests without logprobs (its generation config has
+``do_sample=False``, its outputs carry no scores). A request that asks for logprobs or samples
+(``temperature > 0``), and ``/v1/score``, run through ``generate`` / a forward pass alone, with
+the manager paused (``ContinuousBatchingManager.pause()``: its loop parks between steps, keeping
+its cache and its requests) and the model's own attention implementation: the reference's path,
+token for token (seen on CPU with transformers 5.19.0). When the manager is missing or its
+warm-up request fails, :func:`start_batcher` returns the reason and the worker serves one request
+at a time.
 """
 
 from __future__ import annotations
@@ -31,14 +37,19 @@ class ContinuousBatcher:
         manager: a started manager.
     """
 
-    def __init__(self, engine, manager):
+    def __init__(self, engine, manager, original_attn: str | None = None):
         self.engine = engine
         self.manager = manager
+        self.original_attn = original_attn  # the model's own attention implementation (generate's)
+        self.live: dict[str, list] = {}  # request key -> [Out, max_new_tokens, tokens sent]
+        self.paused_requests = 0
 
     def info(self) -> dict[str, Any]:
         """``batching``, ``attn_implementation`` and the paged cache's size in tokens when known."""
         out: dict[str, Any] = {"batching": "continuous",
-                               "attn_implementation": getattr(self.engine.model.config, "_attn_implementation", None)}
+                               "attn_implementation": getattr(self.engine.model.config, "_attn_implementation", None),
+                               "paused_path": "requests with logprobs or temperature > 0, and scoring: generate / a "
+                                              "forward pass with the manager paused"}
         cache = getattr(getattr(self.manager, "batch_processor", None), "cache", None)
         pages = getattr(cache, "num_pages", None)
         if pages is None and getattr(cache, "num_blocks", None) and getattr(cache, "block_size", None):
@@ -52,43 +63,103 @@ class ContinuousBatcher:
             return -1  # no EOS: the request runs to max_tokens
         return None  # the manager's generation config (the tokenizer's EOS)
 
-    async def generate(self, body: dict[str, Any]):
-        """Yield ``(new_token_ids, text_delta, finish_reason)`` as the manager produces tokens.
+    def serve(self, chan) -> None:
+        """Serve the worker's commands until it goes: an asyncio loop on this (the main) thread reads
+        them as they come (``add_reader`` on the command pipe) and gets each request's outputs
+        through ``register_result_handler``; the manager's own thread steps the model."""
+        asyncio.run(self._serve(chan))
 
-        Raises:
-            ValueError: a sampled request (``temperature > 0``).
-            RuntimeError: the manager refused or failed the request (its error message).
-        """
-        if float(body.get("temperature") or 0.0) > 0:
-            raise ValueError("batching=continuous serves greedy requests only (temperature 0)")
-        tok = self.engine.tokenizer
-        ids = tok(body.get("prompt", ""))["input_ids"]
-        max_new = int(body.get("max_tokens") or 16)
-        q: asyncio.Queue = asyncio.Queue()
-        rid = f"r-{uuid.uuid4().hex[:12]}"
-        self.manager.register_result_handler(rid, q.put_nowait)
-        got = self.manager.add_request(ids, request_id=rid, max_new_tokens=max_new, streaming=True,
-                                       eos_token_id=self._eos(body))
-        if got is None:
-            raise RuntimeError("continuous batching manager refused the request (stopping or failed)")
-        sent: list[int] = []
-        text = ""
-        while True:
-            out = await q.get()
-            if getattr(out, "error", None):
-                raise RuntimeError(f"continuous batching: {out.error}")
-            new = [int(x) for x in out.generated_tokens[len(sent):]]
-            if new:
-                sent.extend(new)
-                full = tok.decode(sent, skip_special_tokens=True)
-                delta = "" if full.endswith("\ufffd") else full[len(text):]
-                if delta:
-                    text = full
-                yield new, delta, None
-            if out.is_finished():
-                break
-        self.engine.n_generated += len(sent)
-        yield [], "", "length" if len(sent) >= max_new else "stop"
+    async def _serve(self, chan) -> None:
+        loop = asyncio.get_running_loop()
+        gone = loop.create_future()
+
+        def on_commands() -> None:
+            try:
+                msgs = chan.poll()
+            except EOFError:  # the worker is gone
+                loop.remove_reader(chan.cmd_fd)
+                if not gone.done():
+                    gone.set_result(None)
+                return
+            for msg in msgs:
+                self.command(msg, chan)
+
+        chan.poll()  # the pipe non-blocking before the loop watches it
+        loop.add_reader(chan.cmd_fd, on_commands)
+        await gone
+        raise EOFError("the worker closed the command pipe")
+
+    def paused(self, fn) -> None:
+        """``fn()`` with the manager paused and the model's own attention implementation."""
+        model = self.engine.model
+        with self.manager.pause():
+            current = getattr(model.config, "_attn_implementation", None)
+            if self.original_attn and current != self.original_attn:
+                model.set_attn_implementation(self.original_attn)
+            try:
+                fn()
+            finally:
+                if self.original_attn and current != self.original_attn:
+                    model.set_attn_implementation(current)
+
+    def command(self, msg: tuple, chan) -> None:
+        """One command from the worker (``backends/_hosting/engine_frames.py``)."""
+        import collections
+
+        from backends._hosting.engine_frames import Out, answer_tokenize
+        from backends.transformers.engine import answer_call
+
+        kind, rid, send = msg[0], msg[1], chan.send
+        if kind == "tokenize":
+            answer_tokenize(self.engine, send, rid, msg[2])
+        elif kind == "score":
+            self.paused(lambda: answer_call(send, rid, self.engine.score, msg[2]))
+        elif kind == "cancel":
+            entry = self.live.pop(f"r-{rid}", None)
+            if entry is not None:
+                self.manager.cancel_request(f"r-{rid}")
+                entry[0].finish("abort", self.engine.stats())
+        elif kind == "gen":
+            body = msg[2]
+            if float(body.get("temperature") or 0.0) > 0 or body.get("logprobs"):  # not the manager's to serve
+                waiting: collections.deque = collections.deque()
+                self.paused_requests += 1
+                self.paused(lambda: self.engine.generate(rid, body, chan, waiting))
+                for later in waiting:  # commands that came meanwhile
+                    self.command(later, chan)
+                return
+            out = Out(send, rid, self.engine.interval_s)
+            ids = self.engine.encode(body.get("prompt", ""))
+            out.start(len(ids))
+            max_new = int(body.get("max_tokens") or 16)
+            key = f"r-{rid}"
+            self.live[key] = [out, max_new, 0]
+            self.manager.register_result_handler(key, lambda res, key=key: self.on_result(key, res))
+            got = self.manager.add_request(ids, request_id=key, max_new_tokens=max_new, streaming=True,
+                                           eos_token_id=self._eos(body))
+            if got is None:
+                self.live.pop(key, None)
+                out.fail(RuntimeError("continuous batching manager refused the request (stopping or failed)"))
+
+    def on_result(self, key: str, res) -> None:
+        """A manager output for request ``key`` (``generated_tokens`` is cumulative)."""
+        entry = self.live.get(key)
+        if entry is None:
+            return
+        out, max_new, sent = entry
+        if getattr(res, "error", None):
+            del self.live[key]
+            out.fail(RuntimeError(f"continuous batching: {res.error}"))
+            return
+        new = [int(x) for x in res.generated_tokens[sent:]]
+        if new:
+            entry[2] = sent + len(new)
+            out.pending += new
+            out.due(time.perf_counter())
+        if res.is_finished():
+            del self.live[key]
+            self.engine.n_generated += entry[2]
+            out.finish("length" if entry[2] >= max_new else "stop", self.engine.stats())
 
     def warmup(self) -> None:
         """One short request through the manager, blocking (also sizes the paged cache).
@@ -148,7 +219,7 @@ def start_batcher(engine, options: dict[str, Any]) -> tuple[ContinuousBatcher | 
                 max_memory_percent=float(options["kv_memory_fraction"]))
         manager = model.init_continuous_batching(**kwargs)
         manager.start()
-        batcher = ContinuousBatcher(engine, manager)
+        batcher = ContinuousBatcher(engine, manager, original_attn)
         batcher.warmup()
         return batcher, ""
     except Exception as exc:  # the reason is recorded; the worker serves one at a time

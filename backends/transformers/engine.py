@@ -1,0 +1,318 @@
+"""The transformers engine process: the model and its ``generate`` loop, on their own interpreter.
+
+Started by :mod:`backends.transformers.worker` (the HTTP side,
+:class:`backends._hosting.engine_proxy.PipeEngineProxy`) as ``python -m backends.transformers.engine
+--model M --options JSON --cmd-fd N --out-fd M --bell-fd B`` (optimum-ort's engine process,
+:mod:`backends.optimum_ort.engine`, runs the same loop around ``ORTModelForCausalLM``); the two
+talk in :mod:`backends._hosting.engine_frames` frames. Why its own process: ``generate`` is a
+Python loop (a tiny model spends most of each step in transformers' Python), and the HTTP loop
+beside it in one interpreter took the GIL at every token: on this project's 2-core host the
+worker's generate ran at 0.55-0.7 of a bare ``generate``'s tokens/s, its process using 1.5-1.7x
+the bare loop's CPU per token (issue 28's fidelity runs, 2026-12-03).
+
+Two modes (``batching``):
+
+- ``none`` (the reference): one ``generate`` at a time on the main thread, in arrival order,
+  tokens through a streamer that also reads commands between tokens (a cancel stops the running
+  generation through a stopping criterion; other commands wait their turn).
+- ``continuous``: transformers' ``ContinuousBatchingManager`` (:mod:`backends.transformers.batching`);
+  its own thread steps the model, and this process's main thread runs an asyncio loop that reads
+  commands and gets each request's tokens through ``register_result_handler``.
+
+Text is made in the worker process from the ids (the same cumulative ``tokenizer.decode`` the
+reference always used: :class:`backends.transformers.worker.CumulativeText`); a request with
+``logprobs`` gets its top-k per token here, from the scores greedy search picks from. Teacher-forced
+scoring (``/v1/score``, the judge) runs here too, between generations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import collections
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from backends._hosting.engine_frames import Out, answer_tokenize
+
+
+class TransformersEngine:
+    """The model, its tokenizer and what the worker asks of them.
+
+    Args:
+        model_path: checkpoint folder or hub id.
+        options: ``device`` (auto|cpu|cuda), ``dtype`` (auto|float32|bfloat16|float16),
+            ``trust_remote_code`` (bool, default False), ``num_threads`` (torch's intra-op
+            threads on CPU), ``gpu_headroom_gib``, ``batching``, ``stream_interval_ms``.
+    """
+
+    def __init__(self, model_path: str, options: dict[str, Any]):
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.torch = torch
+        device = options.get("device") or "auto"
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = options.get("dtype") or "auto"
+        trust = bool(options.get("trust_remote_code", False))
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=dtype if dtype == "auto" else getattr(torch, dtype), trust_remote_code=trust,
+            use_safetensors=True)
+        self.model.to(device).eval()
+        self.device = device
+        if device == "cpu" and options.get("num_threads"):
+            torch.set_num_threads(int(options["num_threads"]))
+        self.held: list = []  # gpu_headroom_gib: memory held to emulate a co-tenant
+        headroom = options.get("gpu_headroom_gib")
+        held_gib = hold_gpu_memory(torch, float(headroom), self.held) if headroom is not None and device == "cuda" else None
+        self._info = {
+            "engine": "transformers", "engine_version": transformers.__version__,
+            "torch_version": torch.__version__, "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+            "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
+            "max_model_len": getattr(self.model.config, "max_position_embeddings", None),
+            "trust_remote_code": trust, "batching": "none", "gpu_headroom_held_gib": held_gib,
+            "attn_implementation": getattr(self.model.config, "_attn_implementation", None),
+            "num_threads": threads_in_new_thread(torch), "tokenizer_path": model_path,
+        }
+        self.setup(options)
+
+    def setup(self, options: dict[str, Any]) -> None:
+        """What follows loading: counters, the stream interval, continuous batching when asked."""
+        self.n_generated = 0
+        self.interval_s = float(options.get("stream_interval_ms") or 0) / 1000
+        self._info["stream_interval_ms"] = self.interval_s * 1000
+        self._info["engine_process"] = os.getpid()
+        self.batcher = None
+        if options.get("batching") == "continuous":
+            from backends.transformers.batching import start_batcher
+
+            self.batcher, reason = start_batcher(self, options)
+            if self.batcher is not None:
+                self._info.update(self.batcher.info())
+            else:
+                self._info["batching_fallback"] = reason
+
+    def info(self) -> dict[str, Any]:
+        return self._info
+
+    def stats(self) -> dict[str, float]:
+        out = {"generated_tokens_engine": self.n_generated}
+        if self.batcher is not None:
+            out["requests_outside_the_batch"] = self.batcher.paused_requests
+        return out
+
+    def encode(self, prompt: str) -> list[int]:
+        """The ids ``generate`` gets for ``prompt`` (both batching modes): the tokenizer with the
+        special tokens it adds by default (a BOS where the checkpoint's tokenizer adds one)."""
+        return self.tokenizer(prompt)["input_ids"]
+
+    def score(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Teacher-forced log-probabilities of a continuation after a prompt (the judge's scorer).
+
+        Args:
+            body: ``prompt`` (text), ``continuation_ids`` (token ids) or ``continuation``
+                (text, tokenized here without special tokens), ``top_k`` (default 0).
+
+        Returns:
+            ``{"token_ids", "logprobs": [logprob of each token], "top_logprobs": [[[id,
+            logprob], ...] per token]}``, in this model's float32 log-softmax.
+        """
+        torch, tok = self.torch, self.tokenizer
+        k = int(body.get("top_k") or 0)
+        p = tok(body.get("prompt") or "")["input_ids"]
+        c = body.get("continuation_ids")
+        c = [int(t) for t in c] if c is not None else tok(body.get("continuation") or "", add_special_tokens=False)["input_ids"]
+        if not p or not c:
+            return {"token_ids": c, "logprobs": [], "top_logprobs": []}
+        x = torch.tensor([p + c], device=self.device)
+        with torch.inference_mode():
+            logits = self.model(input_ids=x).logits[0, len(p) - 1:len(p) + len(c) - 1].float()
+        logp = torch.log_softmax(logits, dim=-1)
+        chosen = logp[torch.arange(len(c), device=logp.device), torch.tensor(c, device=logp.device)].tolist()
+        top: list = []
+        if k:
+            vals, idx = logp.topk(k, dim=-1)
+            top = [list(zip(i, v)) for i, v in zip(idx.tolist(), vals.tolist())]
+        return {"token_ids": c, "logprobs": chosen, "top_logprobs": top}
+
+    # -- one generate at a time ------------------------------------------------------------------
+    def generate(self, rid: Any, body: dict[str, Any], chan, waiting: collections.deque) -> None:
+        """One request's ``generate``, its tokens as frames; commands that come meanwhile are
+        read between tokens (a cancel of this request stops it; the rest join ``waiting``)."""
+        from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+        from transformers.generation.streamers import BaseStreamer
+
+        torch, tok = self.torch, self.tokenizer
+        out = Out(chan.send, rid, self.interval_s)
+        max_new = int(body.get("max_tokens") or 16)
+        temperature = float(body.get("temperature") or 0.0)
+        top_k = int(body.get("logprobs") or 0) if not isinstance(body.get("logprobs"), bool) else 0
+        steps: list = []  # log-softmax of each step's logits, when logprobs are asked for
+        state = {"n": 0, "cancel": False, "first": True}
+        clock = time.perf_counter
+
+        class Streamer(BaseStreamer):
+            def put(self, value):
+                if state["first"]:  # generate() first passes the prompt
+                    state["first"] = False
+                    return
+                new = [int(x) for x in value.reshape(-1).tolist()]
+                state["n"] += len(new)
+                if top_k and steps:
+                    lps = [top_logprobs(steps.pop(0), t, top_k) for t in new]
+                    out.send_ids(array.array("i", new).tobytes(), clock(), True, lps)
+                else:
+                    out.pending += new
+                    out.due(clock())
+                for msg in chan.poll():
+                    if msg[0] == "cancel" and msg[1] == rid:
+                        state["cancel"] = True
+                    elif msg[0] == "cancel":
+                        for m in [m for m in waiting if m[1] == msg[1]]:
+                            waiting.remove(m)
+                    else:
+                        waiting.append(msg)
+
+            def end(self):
+                pass
+
+        class Cancelled(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kwargs):
+                return torch.full((input_ids.shape[0],), state["cancel"], dtype=torch.bool, device=input_ids.device)
+
+        try:
+            enc = tok(body.get("prompt", ""), return_tensors="pt").to(self.device)
+            out.start(int(enc["input_ids"].shape[-1]))
+            kwargs: dict[str, Any] = {"max_new_tokens": max_new, "pad_token_id": tok.pad_token_id or tok.eos_token_id,
+                                      "stopping_criteria": StoppingCriteriaList([Cancelled()])}
+            if temperature > 0:
+                kwargs.update(do_sample=True, temperature=temperature, top_p=float(body.get("top_p") or 1.0))
+                if body.get("seed") is not None:
+                    torch.manual_seed(int(body["seed"]))
+            else:
+                kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            if body.get("ignore_eos"):
+                kwargs["min_new_tokens"] = max_new
+            if top_k:
+                class Record(LogitsProcessor):  # sees the scores greedy search picks from
+                    def __call__(self, input_ids, scores):
+                        steps.append(torch.log_softmax(scores[0].float(), dim=-1))
+                        return scores
+
+                kwargs["logits_processor"] = LogitsProcessorList([Record()])
+            with torch.inference_mode():
+                self.model.generate(**enc, streamer=Streamer(), **kwargs)
+        except Exception as exc:  # noqa: BLE001 - surfaced to the client as an error event
+            traceback.print_exc()
+            out.fail(exc)
+            return
+        self.n_generated += state["n"]
+        out.finish("abort" if state["cancel"] else "length" if state["n"] >= max_new else "stop", self.stats())
+
+    def serve(self, chan) -> None:
+        """Commands in arrival order until the worker goes (continuous batching: its own loop)."""
+        if self.batcher is not None:
+            self.batcher.serve(chan)
+            return
+        waiting: collections.deque = collections.deque()
+        while True:
+            if not waiting:
+                waiting.extend(chan.wait())
+            msg = waiting.popleft()
+            kind, rid = msg[0], msg[1]
+            if kind == "gen":
+                self.generate(rid, msg[2], chan, waiting)
+            elif kind == "tokenize":
+                answer_tokenize(self, chan.send, rid, msg[2])
+            elif kind == "score":
+                answer_call(chan.send, rid, self.score, msg[2])
+            # a cancel for a request not running: it was dropped from `waiting` when it came
+
+
+def answer_call(send, rid: Any, fn, arg) -> None:
+    """``("ans", rid, fn(arg))``, or ``("err", rid, message)``."""
+    try:
+        send(("ans", rid, fn(arg)))
+    except Exception as exc:  # noqa: BLE001 - the worker answers it as an engine error
+        traceback.print_exc()
+        send(("err", rid, f"{type(exc).__name__}: {exc}"))
+
+
+def threads_in_new_thread(torch) -> int:
+    """``torch.get_num_threads()`` as a new thread sees it (the continuous batching manager steps
+    on a thread of its own, not on the one that set it)."""
+    got: list[int] = []
+    t = threading.Thread(target=lambda: got.append(torch.get_num_threads()))
+    t.start()
+    t.join()
+    return got[0]
+
+
+def top_logprobs(logp, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    """``(logprob of token, [(id, logprob)] of the k most likely)`` from one step's log-softmax."""
+    vals, idx = logp.topk(k)
+    return float(logp[token]), list(zip(idx.tolist(), vals.tolist()))
+
+
+def hold_gpu_memory(torch, headroom_gib: float, held: list) -> float:
+    """Allocate free GPU memory into ``held`` until only ``headroom_gib`` GiB stay free.
+
+    Chunks of 1 GiB, then halves down to 2 MiB, so that fragmentation does not stop early.
+
+    Returns:
+        GiB held.
+    """
+    free, _ = torch.cuda.mem_get_info()
+    target = free - int(headroom_gib * 2**30)
+    chunk, got = 2**30, 0
+    while target - got > 0 and chunk >= 2**21:
+        n = min(chunk, target - got)
+        try:
+            held.append(torch.empty(n, dtype=torch.uint8, device="cuda"))
+            got += n
+        except torch.OutOfMemoryError:
+            chunk //= 2
+    print(f"gpu_headroom_gib={headroom_gib}: holding {got / 2**30:.2f} GiB of GPU memory", flush=True)
+    return round(got / 2**30, 2)
+
+
+def run(make_engine, argv: list[str] | None = None) -> None:
+    """Entry point of an engine process: load with ``make_engine(model, options)``, then serve.
+
+    Args:
+        make_engine: the engine class (:class:`TransformersEngine` or a subclass).
+        argv: ``--model M --options JSON --cmd-fd N --out-fd M --bell-fd B``.
+    """
+    from backends._hosting.worker_pipe import ChildPipe
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--options", default="{}")
+    ap.add_argument("--cmd-fd", type=int, required=True)
+    ap.add_argument("--out-fd", type=int, required=True)
+    ap.add_argument("--bell-fd", type=int, required=True)
+    args = ap.parse_args(argv)
+    chan = ChildPipe(args.cmd_fd, args.out_fd, args.bell_fd)
+    try:
+        engine = make_engine(args.model, json.loads(args.options))
+    except BaseException as exc:
+        traceback.print_exc()
+        chan.send(("failed", "".join(traceback.format_exception_only(exc)).strip()))
+        sys.exit(1)
+    chan.send(("ready", engine.info()))
+    try:
+        engine.serve(chan)
+    except (EOFError, BrokenPipeError):  # the worker is gone: so is this process
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    run(TransformersEngine)
