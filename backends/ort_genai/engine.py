@@ -154,7 +154,8 @@ class OrtGenaiEngine:
         ``decode_own_seconds_total`` is the decode thread's time outside ONNX Runtime GenAI
         calls while requests ran (frames, detokenizing where this process does it, bookkeeping), ``decode_og_seconds_total`` its time inside them
         (``is_done`` + ``generate_next_token``, or ``Engine.run``), and
-        ``decode_steps_total`` the steps. own / (own + og) is the share of the decode
+        ``decode_steps_total`` the steps (generated tokens / steps: how full the batches were). own /
+        (own + og) is the share of the decode
         thread the worker takes, measured within the same requests, so it does not carry the
         run-to-run drift that a tokens/s comparison with a separate bare loop does.
         """
@@ -178,7 +179,7 @@ class OrtGenaiEngine:
                 if body.get("logprobs"):
                     self.run_with_logprobs(rid, body, out)
                 else:
-                    self._run_generator(rid, body, out)
+                    self.run_generator(rid, body, out)
             except Exception as exc:
                 out.fail(exc)
             self.cancelled.discard(rid)
@@ -193,7 +194,7 @@ class OrtGenaiEngine:
             self.inbox.put((msg[1], {TOKENIZE: msg[2]}))
 
     # -- generator scheduler -------------------------------------------------------------
-    def _run_generator(self, rid: Any, body: dict[str, Any], out) -> None:
+    def run_generator(self, rid: Any, body: dict[str, Any], out) -> None:
         og = self.og
         ids = self.encode(body.get("prompt", ""))
         out.start(len(ids))

@@ -53,6 +53,7 @@ class EngineScheduler:
         self.seeds = True
         self._t_out: float | None = None
         self.paged = paged
+        self.lone_generator = not paged and owner.options.get("lone_request", "generator") == "generator"
         if paged:
             owner.notes["og_engine"] = (
                 f"continuous batching: genai_config.json engine.dynamic_batching {json.dumps(dynamic_batching)} makes "
@@ -60,7 +61,10 @@ class EngineScheduler:
         else:
             owner.notes["og_engine"] = (
                 "static batching: no engine.dynamic_batching in genai_config.json (export without PagedAttention); "
-                "og.Engine runs batches of up to 4 requests to their end, a request arriving meanwhile waits")
+                "og.Engine runs batches of up to 4 requests to their end, a request arriving meanwhile waits"
+                + ("; a request that finds the engine idle and none waiting runs on og.Generator (lone_request="
+                   "generator: one sequence decodes faster there, and later arrivals wait for it as for a static "
+                   "batch)" if self.lone_generator else ""))
 
     # -- one request -----------------------------------------------------------------------
     def begin(self, rid: Any, body: dict[str, Any], out, live: dict) -> None:
@@ -129,7 +133,11 @@ class EngineScheduler:
         while True:
             if not live:  # idle: block (no GIL held) until a request comes
                 self._t_out = None
-                self.admit(inbox.get(), live, send)
+                item = inbox.get()
+                if self.lone_generator and inbox.empty() and TOKENIZE not in item[1] and not item[1].get("logprobs"):
+                    self.run_lone(item, send)
+                    continue
+                self.admit(item, live, send)
             while not inbox.empty():  # polled without raising queue.Empty every step
                 self.admit(inbox.get(), live, send)
             owner.max_running = max(owner.max_running, len(live))
@@ -152,6 +160,19 @@ class EngineScheduler:
                 for _req, out, _rid, _turn in live.values():
                     out.fail(RuntimeError(f"og.Engine.run failed: {exc}"))
                 live.clear()
+
+    def run_lone(self, item: tuple, send) -> None:
+        """A request that found the engine idle and none waiting, on ``og.Generator`` (a static
+        export only): the static scheduler would run it as a batch of one that later arrivals wait
+        for all the same, and og.Generator decodes one sequence faster (0.086 against og.Engine's
+        0.097-0.107 ms per token of the fixture here, 1 thread)."""
+        rid, body = item
+        out = Out(send, rid, self.owner.stream_interval_s)
+        try:
+            self.owner.run_generator(rid, body, out)
+        except Exception as exc:  # noqa: BLE001 - its client learns why
+            out.fail(exc)
+        self.owner.cancelled.discard(rid)
 
     def admit(self, item: tuple, live: dict, send) -> None:
         rid, body = item
