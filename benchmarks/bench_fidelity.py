@@ -126,9 +126,11 @@ class BakeoffSide:
                                      prompt=throughput_prompt(session, turn, self.fixture), ignore_eos=True)
 
         plan = SweepPlan([sessions], a.requests_per_session, a.warmup, a.max_tokens)
+        m0 = _counters(self.engine)
         before, c0 = engine_cpu_s(self.engine), time.process_time()
         res = ThroughputSweep(self.engine, make, plan, self.count_tokens).run()
         client_s, after = time.process_time() - c0, engine_cpu_s(self.engine)
+        m1 = _counters(self.engine)
         p = res.points[0]
         if not p["ok"]:
             raise RuntimeError(f"bakeoff's point failed: {p['errors_by_class']}")
@@ -140,7 +142,22 @@ class BakeoffSide:
         tokens = p["output_tokens"] + (res.warmup or {}).get("output_tokens", 0)  # CPU counts the warm-up too
         out["cpu_us_per_token"] = {"client": round(client_s / tokens * 1e6, 1),
                                    **{f"engine:{k}": v for k, v in cpu_per_token(before, after, tokens).items()}}
+        out["engine_counters"] = c = {k: round(v - m0.get(k, 0.0), 6) for k, v in m1.items() if v != m0.get(k, 0.0)}
+        warm = a.warmup * a.max_tokens  # the warm-ups' steps, one token each, are in the counters: taken out
+        if c.get("decode_steps_total", 0) > warm and c.get("generated_tokens"):
+            out["tokens_per_step"] = round((c["generated_tokens"] - warm) / (c["decode_steps_total"] - warm), 2)
         return out
+
+
+def _counters(engine) -> dict[str, float]:
+    """The backend's numeric counters (``/metrics``), {} when it has none; their change over a run
+    is kept beside it (e.g. a worker's decode steps: tokens per step shows how full its batches were)."""
+    try:
+        return {k.split(":", 1)[-1]: float(v) for k, v in (engine.metrics() or {}).items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and "{" not in k
+                and not k.endswith(("_bucket", "_created"))}
+    except Exception:  # noqa: BLE001 - counters are evidence, never a reason to fail a run
+        return {}
 
 
 def alternate(bake: BakeoffSide, tool: ToolSide, sessions: int, pairs: int, log) -> tuple[list[dict], list[dict]]:
@@ -151,8 +168,11 @@ def alternate(bake: BakeoffSide, tool: ToolSide, sessions: int, pairs: int, log)
     for i in range(pairs):
         b_runs.append(bake.run(sessions))
         t_runs.append(tool.run(sessions))
+        fill = ("" if b_runs[-1].get("tokens_per_step") is None else
+                f"; tokens per step {b_runs[-1]['tokens_per_step']} / {t_runs[-1].get('tokens_per_step') or '-'}")
         log(f"    {sessions} sessions, pair {i + 1}/{pairs}: bakeoff {b_runs[-1]['output_tokens_per_s']:.1f}, "
-            f"{tool.name} {t_runs[-2]['output_tokens_per_s']:.1f} / {t_runs[-1]['output_tokens_per_s']:.1f} tok/s")
+            f"{tool.name} {t_runs[-2]['output_tokens_per_s']:.1f} / {t_runs[-1]['output_tokens_per_s']:.1f} tok/s{fill}"
+            f" (load {os.getloadavg()[0]:.1f})")
     return b_runs, t_runs
 
 

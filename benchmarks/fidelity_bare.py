@@ -68,8 +68,9 @@ def hf_engine(model: str, options: dict, optimum: bool):
         from optimum.onnxruntime import ORTModelForCausalLM
 
         so = onnxruntime.SessionOptions()
-        if options.get("intra_op_num_threads"):
+        if options.get("intra_op_num_threads"):  # the worker's: the session's threads and torch's
             so.intra_op_num_threads = int(options["intra_op_num_threads"])
+            torch.set_num_threads(int(options["intra_op_num_threads"]))
         tok.model_input_names = [n for n in tok.model_input_names if n != "token_type_ids"]
         lm = ORTModelForCausalLM.from_pretrained(model, provider=options.get("provider") or "CPUExecutionProvider",
                                                  use_cache=True, file_name=options.get("onnx_file") or "model.onnx",
@@ -78,6 +79,8 @@ def hf_engine(model: str, options: dict, optimum: bool):
     else:
         device = options.get("device") or "auto"
         device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+        if device == "cpu" and options.get("num_threads"):  # the worker's count
+            torch.set_num_threads(int(options["num_threads"]))
         dtype = options.get("dtype") or "auto"
         from transformers import AutoModelForCausalLM
 
@@ -122,6 +125,8 @@ def openvino_engine(model: str, options: dict):
 
     device = options.get("device") or "CPU"
     props = {"INFERENCE_PRECISION_HINT": options["inference_precision"]} if options.get("inference_precision") else {}
+    if options.get("inference_num_threads"):
+        props["INFERENCE_NUM_THREADS"] = int(options["inference_num_threads"])
     continuous = (options.get("batching") or "continuous") == "continuous"
     if continuous:
         sc = og.SchedulerConfig()
@@ -156,7 +161,7 @@ def openvino_engine(model: str, options: dict):
     def run_continuous(prompts, sessions: int, rounds: int, max_tokens: int) -> dict:
         cfg, ids = config(max_tokens), iter(range(10**9))
         live: dict = {}
-        n_out, ttft, tpot = 0, [], []
+        n_out, ttft, tpot, steps = 0, [], [], 0
         t0 = clock()
 
         def begin(s: int, turn: int) -> None:
@@ -167,6 +172,7 @@ def openvino_engine(model: str, options: dict):
         while live:
             pipe.step()
             now = clock()
+            steps += 1
             for s, e in list(live.items()):
                 h = e[0]
                 while h.can_read():
@@ -185,7 +191,8 @@ def openvino_engine(model: str, options: dict):
                         begin(s, e[1] + 1)
                 elif h.get_status() != og.GenerationStatus.RUNNING:
                     raise RuntimeError(f"openvino_genai ended a request with status {h.get_status().name}")
-        return {"output_tokens": n_out, "wall_s": clock() - t0, "ttft_ms": ttft, "tpot_ms": tpot}
+        return {"output_tokens": n_out, "wall_s": clock() - t0, "ttft_ms": ttft, "tpot_ms": tpot,
+                "tokens_per_step": round(n_out / steps, 2) if steps else None}
 
     def measure(cmd: dict) -> dict:
         m = cmd["max_tokens"]

@@ -54,15 +54,32 @@ def proc_cpu_s(pid: int) -> tuple[str, float]:
     return comm, (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def role(pid: int, comm: str) -> str:
+    """A process's name for the CPU columns: its ``comm``, or for a Python process started with
+    ``-m MODULE`` the module's last two parts (``ort_genai.worker``: the HTTP side,
+    ``ort_genai.engine``: the engine process)."""
+    if not comm.startswith("python"):
+        return comm
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except OSError:
+        return comm
+    if b"-m" in argv and argv.index(b"-m") + 1 < len(argv):
+        return ".".join(argv[argv.index(b"-m") + 1].decode().split(".")[-2:])
+    return comm
+
+
 def engine_cpu_s(engine) -> dict[str, float]:
-    """CPU seconds of the backend's processes so far, summed per process name (vLLM: ``python``
-    for its API server, ``VLLM::EngineCor``, ``VLLM::Worker``)."""
+    """CPU seconds of the backend's processes so far, summed per process role (:func:`role`;
+    vLLM: its API server's module, ``VLLM::EngineCor``, ``VLLM::Worker``)."""
     out: dict[str, float] = {}
     proc = getattr(engine, "proc", None)
     for pid in (proc.members() if proc is not None else []):
         comm, s = proc_cpu_s(pid)
         if comm:
-            out[comm] = out.get(comm, 0.0) + s
+            name = role(pid, comm)
+            out[name] = out.get(name, 0.0) + s
     return out
 
 
@@ -140,7 +157,7 @@ class BareChild(ToolSide):
                         "max_tokens": a.max_tokens, "cpu": True})
         return {"output_tokens_per_s": out["output_tokens"] / out["wall_s"], "output_tokens": out["output_tokens"],
                 "wall_s": out["wall_s"], "ttft_p50_ms": _p50(out["ttft_ms"]), "tpot_p50_ms": _p50(out["tpot_ms"]),
-                "requests": len(out["ttft_ms"]),
+                "requests": len(out["ttft_ms"]), "tokens_per_step": out.get("tokens_per_step"),
                 "cpu_us_per_token": {"tool": round(out["cpu_s"] / out["output_tokens"] * 1e6, 1)}}
 
     def close(self) -> None:
@@ -200,7 +217,7 @@ class OgBare(ToolSide):
 
         o = engine.options
         self.bare = BareOrtGenai(engine.export_result.output_dir, o.execution_provider,
-                                 int(o.intra_op_num_threads or 0), engine.python)
+                                 int(engine.threads()[0] or 0), engine.python)  # the worker's own count
         self.fixture, self.args = fixture, args
         self.name = f"bare og (onnxruntime-genai {self.bare.version}, paged export: {self.bare.paged})"
 
@@ -219,7 +236,11 @@ class OgBare(ToolSide):
         out = self.bare.run(kind, ps, a.max_tokens, sessions, a.requests_per_session)
         if "error" in out:
             raise RuntimeError(f"bare og.{kind}: {out['error']}")
-        return {k: out.get(k) for k in ("output_tokens_per_s", "output_tokens", "wall_s", "ttft_p50_ms", "tpot_p50_ms")}
+        got = {k: out.get(k) for k in ("output_tokens_per_s", "output_tokens", "wall_s", "ttft_p50_ms", "tpot_p50_ms",
+                                       "tokens_per_step")}
+        if out.get("cpu_s") is not None and out.get("output_tokens"):
+            got["cpu_us_per_token"] = {"tool": round(out["cpu_s"] / out["output_tokens"] * 1e6, 1)}
+        return got
 
     def close(self) -> None:
         self.bare.close()
@@ -250,12 +271,11 @@ def make_tool(name: str, engine, model: str, fixture: bool, args, variant: str, 
     if name == "ort-genai":
         return OgBare(engine, fixture, args)
     if name == "openvino":
-        opts = engine.options.model_dump(include={"batching", "kv_cache_gib", "max_num_seqs", "enable_prefix_caching",
-                                                  "inference_precision", "device"})
+        opts = engine.engine_options()  # the worker's engine process's own, threads included
         return BareChild(engine.python, "openvino", engine.export_result.output_dir, opts,
                          f"bare openvino_genai ({opts.get('batching')})", fixture, args)
     if name == "optimum-ort":
-        opts = {"provider": engine.options.provider, "intra_op_num_threads": engine.options.intra_op_num_threads,
+        opts = {"provider": engine.options.provider, "intra_op_num_threads": engine.threads()[0],
                 "onnx_file": engine.export_result.onnx_file}
         return BareChild(engine.python, "optimum", engine.export_result.output_dir, opts,
                          "bare ORTModelForCausalLM.generate", fixture, args)
@@ -263,6 +283,7 @@ def make_tool(name: str, engine, model: str, fixture: bool, args, variant: str, 
         if engine.options.batching != "none":
             raise RuntimeError(f"transformers batching={engine.options.batching}: the bare loop here is one generate "
                                "at a time (the reference's own mode); no bare equivalent of its batching manager")
-        return BareChild(sys.executable, "hf", model, engine.options.model_dump(include={"device", "dtype"}),
+        return BareChild(sys.executable, "hf", model, {**engine.options.model_dump(include={"device", "dtype"}),
+                                                       "num_threads": engine.threads()[0]},
                          "bare generate", fixture, args)
     raise ValueError(f"no tool for {name!r}")
