@@ -96,3 +96,19 @@ def test_real_vllm_env_interpreter_is_its_own_preinstalled_environment(tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     python, exe, described, version = json.loads(out.stdout.strip().splitlines()[-1])
     assert python == exe and described.startswith("preinstalled") and version
+
+
+def test_background_installers_run_at_the_lowest_priority_in_a_session_of_their_own(tmp_path):
+    """``bakeoff qualify`` makes environments while other backends are measured: an installer run
+    with ``background=True`` is at nice 19, leads a session of its own (so a scheduler autogroup of
+    its own, not the engine's), and that group's weight is the lowest too; without it, neither."""
+    from bakeoff.host.envs import _run
+
+    probe = ("import os; g = open('/proc/self/autogroup').read().split() if os.path.exists('/proc/self/autogroup') else ['-', 'nice', '19'];"
+             "print('PROBE', os.nice(0), os.getsid(0) == os.getpid(), g[-1])")
+    log = tmp_path / "install.log"
+    _run([sys.executable, "-c", probe], log, 60, background=True)
+    _run([sys.executable, "-c", probe], log, 60)
+    bg, fg = [line.split()[1:] for line in log.read_text().splitlines() if line.startswith("PROBE")]
+    assert bg == ["19", "True", "19"], bg
+    assert fg[:2] == [str(os.nice(0)), "False"], fg

@@ -41,7 +41,8 @@ class Installs:
         self.done: set[str] = set()
         self.lock = threading.Lock()
 
-    def __call__(self, spec, log=lambda s: None, timeout_s=1800, progress=None):
+    def __call__(self, spec, log=lambda s: None, timeout_s=1800, progress=None, background=False):
+        assert background, "installs made beside the runs must run at the lowest priority (background=True)"
         try:
             if spec.name in self.hold:
                 assert self.hold[spec.name].wait(30), f"{spec.name} was never released"
@@ -129,7 +130,8 @@ def test_prewarm_makes_each_environment_once_in_the_order_given(cache):
     order: list[str] = []
     gate = threading.Event()
 
-    def ensure(spec, log=lambda s: None, timeout_s=1800, progress=None):
+    def ensure(spec, log=lambda s: None, timeout_s=1800, progress=None, background=False):
+        assert background
         order.append(spec.name)
         gate.wait(30)
         return spec.python

@@ -6,7 +6,9 @@ their lock files, else pip: network, disk and bytecode compilation) and, for a f
 weights do not ship (``bakeoff/models/fixtures/shipped.py``), training it (CPU). :class:`EnvPrewarm`
 creates the environments the chosen backends will need (``Backend.env_specs``) in background
 threads, in the order of the runs that need them, while the fixture resolves and then while the
-runs go. :func:`by_readiness` hands the runs out one at a time (they measure: never two at once),
+runs go; their installers run at the lowest CPU priority (``ensure(background=True)``:
+nice 19 in a session and scheduler autogroup of their own, :func:`bakeoff.host.procs.background_preexec`),
+so a run measured beside them keeps the CPU it would have alone. :func:`by_readiness` hands the runs out one at a time (they measure: never two at once),
 in the user's order except that a run whose environments are made goes before one whose are still
 being made; transformers needs none (it runs in bakeoff's own environment) and goes first. No run
 starts before its environments are made or failed, so its own ``start()`` finds them ready and never
@@ -86,7 +88,7 @@ class EnvPrewarm:
             log = (lambda m, n=spec.name: board.env_log(n, m)) if board else (lambda m: self._log(f"[envs] {m}"))
             step = (lambda s, p, n=spec.name: board.env_step(n, s, p)) if board else None
             try:
-                python = self._ensure(spec, log, progress=step)
+                python = self._ensure(spec, log, progress=step, background=True)
                 how, ok = ("preinstalled" if str(python) != str(spec.python)
                            else f"ready in {time.monotonic() - t0:.0f} s"), True
             except Exception as exc:  # noqa: BLE001 - the run that needs it records the failure

@@ -41,7 +41,7 @@ from typing import Callable
 from bakeoff.api.errors import EngineFailure
 from bakeoff.host import env_patches, locks
 from bakeoff.host.env_patches import SourcePatch
-from bakeoff.host.procs import tail
+from bakeoff.host.procs import background_preexec, tail
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("bakeoff", "backends", "adapters", "evaluations")  # what an engine child imports of bakeoff
@@ -146,14 +146,18 @@ class EnvSpec:
         return (self.path / ".bakeoff-ready").is_file()
 
 
-def _run(cmd: list[str], log_path: Path, timeout_s: float, env: dict[str, str] | None = None) -> None:
+def _run(cmd: list[str], log_path: Path, timeout_s: float, env: dict[str, str] | None = None,
+         background: bool = False) -> None:
     """Run ``cmd`` with its output appended to ``log_path`` line by line (unbuffered: a live view
-    reads the log's last line while it runs); ``env`` is added to this process's environment."""
+    reads the log's last line while it runs); ``env`` is added to this process's environment;
+    ``background``: at the lowest CPU priority, in a session of its own
+    (:func:`bakeoff.host.procs.background_preexec`), dying with this process."""
+    extra = {"start_new_session": True, "preexec_fn": background_preexec} if background else {}
     with open(log_path, "ab") as log:
         log.write(("\n$ " + " ".join(cmd) + "\n").encode())
         log.flush()
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s,
-                              env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
+                              env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})), **extra)
     if proc.returncode != 0:
         raise subprocess.CalledProcessError(proc.returncode, cmd)
 
@@ -196,7 +200,7 @@ def describe(python: Path | str) -> str:
 
 
 def ensure(spec: EnvSpec, log: Callable[[str], None] = lambda s: None, timeout_s: float = 1800,
-           progress: Callable[[str, Path], None] | None = None) -> Path:
+           progress: Callable[[str, Path], None] | None = None, background: bool = False) -> Path:
     """Return the engine's Python interpreter: a ready venv, this interpreter when the engine is
     preinstalled (``$BAKEOFF_ENVS``, module docstring), or a venv created now.
 
@@ -204,6 +208,8 @@ def ensure(spec: EnvSpec, log: Callable[[str], None] = lambda s: None, timeout_s
     ``progress(step, install_log)`` is called as each step of a creation starts (``creating venv``,
     ``uv install (lock)`` or ``pip install``, ``pip uninstall``, ``patching``); uv and pip write
     their normal output (no progress bars) to that log, whose last line says what it is doing.
+    ``background``: the installers run at the lowest CPU priority (``bakeoff qualify`` makes
+    environments while other backends are measured; :func:`_run`).
     With a lock that fits (:mod:`bakeoff.host.locks`), uv installs its exact pins; if that fails
     (a package source without them), the venv is made again and pip resolves the requirements.
 
@@ -240,16 +246,16 @@ def ensure(spec: EnvSpec, log: Callable[[str], None] = lambda s: None, timeout_s
         step = progress or (lambda name, path: None)
         try:
             step("creating venv", log_path)
-            _run([sys.executable, "-m", "venv", str(spec.path)], log_path, 300)
-            installer = _install_locked(spec, log_path, timeout_s, step, log)
+            _run([sys.executable, "-m", "venv", str(spec.path)], log_path, 300, background=background)
+            installer = _install_locked(spec, log_path, timeout_s, step, log, background)
             pip = [str(spec.python), "-m", "pip", "--disable-pip-version-check", "--no-input"]
             if installer is None:
                 step("pip install", log_path)
-                _run(pip + ["install", "--progress-bar", "off", *spec.requirements], log_path, timeout_s)
+                _run(pip + ["install", "--progress-bar", "off", *spec.requirements], log_path, timeout_s, background=background)
                 installer = "pip (resolved)"
             if spec.uninstall and not installer.startswith("uv"):  # a lock holds none of them
                 step("pip uninstall", log_path)
-                _run(pip + ["uninstall", "-y", *spec.uninstall], log_path, 300)
+                _run(pip + ["uninstall", "-y", *spec.uninstall], log_path, 300, background=background)
             if spec.patches:
                 step("patching", log_path)
             patched = env_patches.apply(spec.patches, env_patches.site_packages(spec.path))
@@ -271,7 +277,7 @@ def ensure(spec: EnvSpec, log: Callable[[str], None] = lambda s: None, timeout_s
         return spec.python
 
 
-def _install_locked(spec: EnvSpec, log_path: Path, timeout_s: float, step, log) -> str | None:
+def _install_locked(spec: EnvSpec, log_path: Path, timeout_s: float, step, log, background: bool = False) -> str | None:
     """Installs the lock of ``spec`` with uv into its fresh venv; returns how (``uv, lock NAME``),
     or None when there is no lock or uv for it, or uv failed (the venv is then made again, empty)."""
     lock = locks.lock_for(spec)
@@ -281,14 +287,14 @@ def _install_locked(spec: EnvSpec, log_path: Path, timeout_s: float, step, log) 
     step("uv install (lock)", log_path)
     try:
         cmd, uv_env = how
-        _run(cmd, log_path, timeout_s, env=uv_env)
+        _run(cmd, log_path, timeout_s, env=uv_env, background=background)
         return f"uv, lock {lock.name} ({locks.file_hash(lock)})"
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
         log(f"{spec.name}: installing its lock with uv failed ({exc}); resolving with pip instead")
         with open(log_path, "a") as fh:
             fh.write(f"\ninstalling the lock failed ({exc}); the venv is made again and pip resolves\n")
         shutil.rmtree(spec.path, ignore_errors=True)
-        _run([sys.executable, "-m", "venv", str(spec.path)], log_path, 300)
+        _run([sys.executable, "-m", "venv", str(spec.path)], log_path, 300, background=background)
         return None
 
 

@@ -76,6 +76,29 @@ def child_preexec(memory_limit_gib: float | None = None):
     return preexec
 
 
+def background_preexec() -> None:
+    """The ``preexec_fn`` of work that runs beside measurements (engine environments installed while
+    an engine is measured, ``bakeoff qualify``): dies with its parent, and runs at the lowest CPU
+    priority so that a measurement on a small host keeps the CPU it would have alone.
+
+    Two levers, both needed on Linux: ``nice 19`` ranks the process below others of its scheduler
+    group, and the group's own weight (``/proc/self/autogroup``, the group of the session the child
+    opened with ``start_new_session=True``) ranks the group below the engine's, which runs in a
+    session (so a group) of its own: with autogroups, a nice inside one group does not lower its
+    share against another. Where either is not available, the other still applies.
+    """
+    _die_with_parent()
+    try:
+        with open("/proc/self/autogroup", "w") as fh:
+            fh.write("19")
+    except OSError:
+        pass
+    try:
+        os.nice(19)
+    except OSError:
+        pass
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:
