@@ -34,12 +34,25 @@ from evaluations.probing import run_probes
 REFERENCE_CACHE_VERSION = 2  # 2: outputs carry top-k logprobs
 
 
+# The reference generates one request at a time (``generate``), whatever the transformers backend's
+# default (continuous batching, its serving mode): ``--reference-opt batching=...`` alone changes it.
+REFERENCE_DEFAULTS = {"batching": "none"}
+
+
+def reference_options(settings) -> dict:
+    """The reference's options: ``--reference-opt`` over :data:`REFERENCE_DEFAULTS`."""
+    return {**REFERENCE_DEFAULTS, **settings.reference_options}
+
+
 def is_reference_run(settings) -> bool:
     """The backend under test is the reference itself: transformers on the reference model
-    with the reference's options (``dtype=float32`` or ``device=cuda`` against a default or
-    CPU reference make it a candidate)."""
-    return (settings.backend == "transformers" and settings.reference_model.path == settings.model.path
-            and settings.options == settings.reference_options)
+    with the reference's options, defaults applied on both sides (``dtype=float32`` or
+    ``device=cuda`` against a default or CPU reference, or the backend's default continuous
+    batching against the reference's one-at-a-time ``generate``, make it a candidate)."""
+    if settings.backend != "transformers" or settings.reference_model.path != settings.model.path:
+        return False
+    opts = backends.resolve("transformers").Options
+    return opts(**settings.options).model_dump() == opts(**reference_options(settings)).model_dump()
 
 
 def reference_config(settings, workdir, scoring: bool = False) -> BackendConfig:
@@ -48,10 +61,10 @@ def reference_config(settings, workdir, scoring: bool = False) -> BackendConfig:
     ``scoring``: the judge's scorer, which only runs forward passes (``/v1/score``): continuous
     batching's paged attention serves generation alone (transformers 5.x ``sdpa_paged`` refuses a
     standard forward: "called without a paged attention cache", seen on the H200 with
-    ``--reference-opt batching=continuous``), so ``batching`` is left out there."""
-    options = dict(settings.reference_options)
+    ``--reference-opt batching=continuous``), so it runs one request at a time there."""
+    options = reference_options(settings)
     if scoring:
-        options.pop("batching", None)
+        options["batching"] = "none"
     return BackendConfig(backend="transformers", model=settings.reference_model.path, options=options,
                          workdir=str(workdir), start_timeout_s=settings.start_timeout_s,
                          progress_timeout_s=settings.progress_timeout_s)

@@ -21,7 +21,6 @@ from bakeoff.api.specs import BackendConfig, GenerationRequest
 from bakeoff.loadgen.sweep import run_request
 from bakeoff.models.resolve import resolve as resolve_model
 
-pytestmark = [pytest.mark.slow, pytest.mark.engine("transformers")]
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +44,31 @@ def _probe(b, prompt: str, max_tokens: int, logprobs: int | None = None, ignore_
     return asyncio.run(go())
 
 
+def test_the_reference_generates_one_at_a_time_whatever_the_backends_default(tmp_path):
+    """The transformers backend serves with continuous batching by default; the suite's reference
+    keeps ``generate`` one request at a time, so a default transformers run is a candidate judged
+    against it, and ``batching=none`` is the reference itself."""
+    from types import SimpleNamespace
+
+    from evaluations.reference import is_reference_run, reference_config
+
+    assert resolve("transformers").Options().batching == "continuous"
+    model = SimpleNamespace(path=str(tmp_path))
+
+    def settings(options: dict, reference_options: dict):
+        return SimpleNamespace(backend="transformers", model=model, reference_model=model, options=options,
+                               reference_options=reference_options, start_timeout_s=60.0, progress_timeout_s=60.0)
+
+    assert reference_config(settings({}, {}), tmp_path / "r").options == {"batching": "none"}
+    assert reference_config(settings({}, {"batching": "continuous"}), tmp_path / "r").options["batching"] == "continuous"
+    assert not is_reference_run(settings({}, {}))
+    assert is_reference_run(settings({"batching": "none"}, {}))
+    assert is_reference_run(settings({"batching": "continuous"}, {"batching": "continuous"}))
+    assert not is_reference_run(settings({"batching": "none", "dtype": "float32"}, {}))
+
+
+@pytest.mark.slow
+@pytest.mark.engine("transformers")
 def test_generate_runs_in_its_own_process_with_the_thread_default(model, tmp_path):
     import http.client
     import urllib.parse
@@ -83,6 +107,8 @@ def test_generate_runs_in_its_own_process_with_the_thread_default(model, tmp_pat
         b.stop()
 
 
+@pytest.mark.slow
+@pytest.mark.engine("transformers")
 def test_continuous_batching_serves_logprob_requests_through_generate(model, tmp_path):
     ref = _start(model, tmp_path / "ref", batching="none")
     try:
@@ -94,8 +120,20 @@ def test_continuous_batching_serves_logprob_requests_through_generate(model, tmp
         assert b.info.notes["batching"] == "continuous" and not b.info.fallbacks, b.info.fallbacks
         got = _probe(b, "count: 21 22 23 24 =>", 12, logprobs=3)
         assert got.output_token_ids == want.output_token_ids and got.output_logprobs == want.output_logprobs
-        plain = _probe(b, "count: 21 22 23 24 =>", 12, ignore_eos=True)  # the manager's own path
-        assert plain.status == "ok" and plain.output_tokens == 12
-        assert b.metrics()["bakeoff_worker:requests_outside_the_batch"] == 1
+        alone = _probe(b, "count: 21 22 23 24 =>", 12, ignore_eos=True)  # found the engine idle: generate
+        assert alone.status == "ok" and alone.output_tokens == 12
+
+        async def together():  # three at once: the manager's batch
+            recs = await asyncio.gather(*[run_request(b, GenerationRequest(
+                request_id=f"t{i}", prompt=f"count: {30 + i} {31 + i} =>", max_tokens=12, temperature=0.0,
+                ignore_eos=True)) for i in range(3)])
+            await b.aclose()
+            return recs
+
+        assert all(r.status == "ok" and r.output_tokens == 12 for r in asyncio.run(together()))
+        m = b.metrics()
+        assert m["bakeoff_worker:requests_outside_the_batch"] == 1 and m["bakeoff_worker:lone_requests"] == 1
+        assert m["bakeoff_worker:requests_in_the_batch"] >= 2
+        assert "idle" in b.info.notes["scheduling"]
     finally:
         b.stop()

@@ -22,10 +22,15 @@ class TransformersOptions(Spec):
         device: ``auto`` picks CUDA when present, else CPU.
         dtype: weights dtype; ``auto`` keeps the checkpoint's.
         trust_remote_code: off unless the user turns it on (recorded in the verdict).
-        batching: ``none`` serves one ``generate`` at a time (the reference); ``continuous``
-            serves concurrent requests through transformers' ContinuousBatchingManager
-            (paged KV cache, greedy requests only). When it is unavailable or fails its
-            warm-up the worker falls back to ``none`` and records why (``fallbacks["batching"]``).
+        batching: ``continuous`` (the default: transformers' documented way to serve concurrent
+            requests, its ContinuousBatchingManager with a paged KV cache; greedy requests without
+            logprobs join its batch, the others run on ``generate`` with the manager paused, and
+            so does a lone one, ``lone_request``) or ``none``: one ``generate`` at a time, how the
+            suite's reference runs (``evaluations/reference.py`` pins it). Measured on the 2-core
+            host (2026-12-03, fixture, 64 tokens x 4 requests per session): continuous 2.96x
+            (2.10-3.45) none's tokens/s at 8 sessions, 1.01 (0.91-1.23) at 1. When the manager is
+            unavailable or fails its warm-up the worker falls back to ``none`` and records why
+            (``fallbacks["batching"]``).
         kv_memory_fraction: continuous batching: share of free GPU memory for the paged KV
             cache (transformers' ``max_memory_percent``; default its own, 0.9).
         gpu_headroom_gib: testing: once the model is loaded, the worker holds all free GPU
@@ -36,6 +41,12 @@ class TransformersOptions(Spec):
             the client (:func:`backends._hosting.threads.default_threads`); with torch's own
             default (one per core) a 2-core host beside the client swung 20x with the host's load.
             Stated in the run's notes as torch reports it in the generating thread.
+        lone_request: continuous batching: a greedy request that finds the engine idle and no
+            other within ``lone_wait_ms`` runs on ``generate`` with the manager paused (``generate``,
+            the default: one sequence decodes faster there, 1.5x the manager's tokens/s at 1 session
+            on the 2-core host) or joins the manager's batch (``batch``).
+        lone_wait_ms: how long such a request waits for company, in ms (about one decode step of
+            a small CPU model; at 1 session it is added to each request's TTFT).
         stream_interval_ms: batching period of dense streams, as the ort-genai backend's option
             (:class:`backends._hosting.engine_frames.Out`): a stream's first token and any token
             after a longer gap go out at once, the tokens of a dense stream in one frame per
@@ -45,15 +56,18 @@ class TransformersOptions(Spec):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     trust_remote_code: bool = False
-    batching: Literal["none", "continuous"] = "none"
+    batching: Literal["none", "continuous"] = "continuous"
     kv_memory_fraction: float | None = Field(None, gt=0, le=0.95)
     gpu_headroom_gib: float | None = Field(None, ge=0)
     num_threads: int | None = Field(None, ge=1)
     stream_interval_ms: float = Field(2.0, ge=0, le=100)
+    lone_request: Literal["generate", "batch"] = "generate"
+    lone_wait_ms: float = Field(2.0, ge=0, le=100)
 
 
 class TransformersBackend(ChildServerBackend):
-    """The reference: Hugging Face transformers ``generate``, one request at a time.
+    """Hugging Face transformers: continuous batching by default, ``generate`` one request at a
+    time with ``batching=none`` (the suite's reference, ``evaluations/reference.py``).
 
     Runs in bakeoff's own environment (it already holds torch and transformers for the
     fixture builder).
@@ -96,11 +110,12 @@ class TransformersBackend(ChildServerBackend):
             fallbacks={"batching": str(info["batching_fallback"])} if info.get("batching_fallback") else {},
             notes={"dtype": str(info.get("dtype")), "torch": str(info.get("torch_version")),
                    "trust_remote_code": str(info.get("trust_remote_code")),
-                   "scheduling": ("continuous batching (transformers ContinuousBatchingManager, paged KV cache)"
+                   "scheduling": ("continuous batching (transformers ContinuousBatchingManager, paged KV cache; "
+                                  + str(info.get("paused_path")) + ")"
                                   if info.get("batching") == "continuous"
                                   else "one request at a time (reference, not a batching server)"),
-                   **{k: str(info[k]) for k in ("batching", "attn_implementation",
-                                                "gpu_headroom_held_gib") if info.get(k) is not None},
+                   **{k: str(info[k]) for k in ("batching", "attn_implementation", "gpu_headroom_held_gib",
+                                                "stream_interval_ms") if info.get(k) is not None},
                    "num_threads": (f"{info.get('num_threads')} ({self.threads()[1]})" if info.get("device") == "cpu"
                                    else f"{info.get('num_threads')} (torch's default: the model runs on CUDA)")},
         )

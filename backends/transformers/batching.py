@@ -37,19 +37,25 @@ class ContinuousBatcher:
         manager: a started manager.
     """
 
-    def __init__(self, engine, manager, original_attn: str | None = None):
+    def __init__(self, engine, manager, original_attn: str | None = None, lone_wait_s: float = 0.0):
         self.engine = engine
         self.manager = manager
         self.original_attn = original_attn  # the model's own attention implementation (generate's)
+        self.lone_wait_s = lone_wait_s  # 0: every greedy request joins the batch
         self.live: dict[str, list] = {}  # request key -> [Out, max_new_tokens, tokens sent]
-        self.paused_requests = 0
+        self.held: list = []  # gen commands that found the engine idle, waiting for company
+        self.hold_timer = None
+        self.outside = self.lone = 0  # requests served by generate: logprobs / sampled, and alone
+        self.batched = 0  # requests the manager served
 
     def info(self) -> dict[str, Any]:
         """``batching``, ``attn_implementation`` and the paged cache's size in tokens when known."""
         out: dict[str, Any] = {"batching": "continuous",
                                "attn_implementation": getattr(self.engine.model.config, "_attn_implementation", None),
-                               "paused_path": "requests with logprobs or temperature > 0, and scoring: generate / a "
-                                              "forward pass with the manager paused"}
+                               "paused_path": "requests with logprobs or temperature > 0, scoring, and"
+                                              + (f" a request that found the engine idle and no other within "
+                                                 f"{self.lone_wait_s * 1000:g} ms," if self.lone_wait_s else "")
+                                              + " run through generate / a forward pass with the manager paused"}
         cache = getattr(getattr(self.manager, "batch_processor", None), "cache", None)
         pages = getattr(cache, "num_pages", None)
         if pages is None and getattr(cache, "num_blocks", None) and getattr(cache, "block_size", None):
@@ -104,9 +110,7 @@ class ContinuousBatcher:
 
     def command(self, msg: tuple, chan) -> None:
         """One command from the worker (``backends/_hosting/engine_frames.py``)."""
-        import collections
-
-        from backends._hosting.engine_frames import Out, answer_tokenize
+        from backends._hosting.engine_frames import answer_tokenize
         from backends.transformers.engine import answer_call
 
         kind, rid, send = msg[0], msg[1], chan.send
@@ -115,6 +119,7 @@ class ContinuousBatcher:
         elif kind == "score":
             self.paused(lambda: answer_call(send, rid, self.engine.score, msg[2]))
         elif kind == "cancel":
+            self.held = [m for m in self.held if m[1] != rid]
             entry = self.live.pop(f"r-{rid}", None)
             if entry is not None:
                 self.manager.cancel_request(f"r-{rid}")
@@ -122,24 +127,54 @@ class ContinuousBatcher:
         elif kind == "gen":
             body = msg[2]
             if float(body.get("temperature") or 0.0) > 0 or body.get("logprobs"):  # not the manager's to serve
-                waiting: collections.deque = collections.deque()
-                self.paused_requests += 1
-                self.paused(lambda: self.engine.generate(rid, body, chan, waiting))
-                for later in waiting:  # commands that came meanwhile
-                    self.command(later, chan)
-                return
-            out = Out(send, rid, self.engine.interval_s)
-            ids = self.engine.encode(body.get("prompt", ""))
-            out.start(len(ids))
-            max_new = int(body.get("max_tokens") or 16)
-            key = f"r-{rid}"
-            self.live[key] = [out, max_new, 0]
-            self.manager.register_result_handler(key, lambda res, key=key: self.on_result(key, res))
-            got = self.manager.add_request(ids, request_id=key, max_new_tokens=max_new, streaming=True,
-                                           eos_token_id=self._eos(body))
-            if got is None:
-                self.live.pop(key, None)
-                out.fail(RuntimeError("continuous batching manager refused the request (stopping or failed)"))
+                self.outside += 1
+                self.alone(msg, chan)
+            elif self.lone_wait_s and not self.live:  # idle: wait a moment for company
+                self.held.append(msg)
+                if self.hold_timer is None:
+                    self.hold_timer = asyncio.get_running_loop().call_later(self.lone_wait_s, self.decide, chan)
+            else:
+                self.add(msg, chan)
+
+    def decide(self, chan) -> None:
+        """End of an idle engine's wait: one request alone runs on ``generate``, more join the batch."""
+        self.hold_timer = None
+        held, self.held = self.held, []
+        if len(held) == 1 and not self.live:
+            self.lone += 1
+            self.alone(held[0], chan)
+            return
+        for msg in held:
+            self.add(msg, chan)
+
+    def alone(self, msg: tuple, chan) -> None:
+        """One request through ``generate`` with the manager paused; commands that come meanwhile
+        are handled after it."""
+        import collections
+
+        waiting: collections.deque = collections.deque()
+        self.paused(lambda: self.engine.generate(msg[1], msg[2], chan, waiting))
+        for later in waiting:
+            self.command(later, chan)
+
+    def add(self, msg: tuple, chan) -> None:
+        """A greedy request into the manager's batch."""
+        from backends._hosting.engine_frames import Out
+
+        rid, body = msg[1], msg[2]
+        out = Out(chan.send, rid, self.engine.interval_s)
+        ids = self.engine.encode(body.get("prompt", ""))
+        out.start(len(ids))
+        max_new = int(body.get("max_tokens") or 16)
+        key = f"r-{rid}"
+        self.live[key] = [out, max_new, 0]
+        self.batched += 1
+        self.manager.register_result_handler(key, lambda res, key=key: self.on_result(key, res))
+        got = self.manager.add_request(ids, request_id=key, max_new_tokens=max_new, streaming=True,
+                                       eos_token_id=self._eos(body))
+        if got is None:
+            self.live.pop(key, None)
+            out.fail(RuntimeError("continuous batching manager refused the request (stopping or failed)"))
 
     def on_result(self, key: str, res) -> None:
         """A manager output for request ``key`` (``generated_tokens`` is cumulative)."""
@@ -219,7 +254,9 @@ def start_batcher(engine, options: dict[str, Any]) -> tuple[ContinuousBatcher | 
                 max_memory_percent=float(options["kv_memory_fraction"]))
         manager = model.init_continuous_batching(**kwargs)
         manager.start()
-        batcher = ContinuousBatcher(engine, manager, original_attn)
+        lone = options.get("lone_request", "generate") == "generate"
+        batcher = ContinuousBatcher(engine, manager, original_attn,
+                                    float(options.get("lone_wait_ms", 2.0)) / 1000 if lone else 0.0)
         batcher.warmup()
         return batcher, ""
     except Exception as exc:  # the reason is recorded; the worker serves one at a time

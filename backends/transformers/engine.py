@@ -106,7 +106,9 @@ class TransformersEngine:
     def stats(self) -> dict[str, float]:
         out = {"generated_tokens_engine": self.n_generated}
         if self.batcher is not None:
-            out["requests_outside_the_batch"] = self.batcher.paused_requests
+            out["requests_outside_the_batch"] = self.batcher.outside
+            out["lone_requests"] = self.batcher.lone
+            out["requests_in_the_batch"] = self.batcher.batched
         return out
 
     def encode(self, prompt: str) -> list[int]:
