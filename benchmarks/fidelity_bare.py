@@ -4,9 +4,12 @@ One long-lived process per engine loads the model once and answers measurement c
 JSON line on stdin each; the answer is the stdout line that starts with ``@@ ``, since engines
 print their own lines too). Modes:
 
-- ``hf``: transformers ``AutoModelForCausalLM.generate`` (the transformers backend), or
-  ``optimum.onnxruntime.ORTModelForCausalLM.generate`` (optimum-ort) with the worker's provider,
-  threads and ONNX file: one ``generate`` at a time, as both workers serve.
+- ``hf``: transformers ``AutoModelForCausalLM`` (the transformers backend), or
+  ``optimum.onnxruntime.ORTModelForCausalLM`` (optimum-ort) with the worker's provider, threads and
+  ONNX file, in one of three kinds (a command's ``kind``): ``serial``, one ``generate`` at a time;
+  ``batched``, each turn the sessions' prompts as one left-padded ``generate`` batch (lockstep);
+  ``continuous`` (transformers only), its ``ContinuousBatchingManager`` with ``sessions`` requests
+  in flight, each session's next request added when its last finishes.
 - ``openvino``: ``openvino_genai.ContinuousBatchingPipeline`` (``add_request`` / ``step`` /
   ``GenerationHandle.read``) with the worker's ``SchedulerConfig``, or ``LLMPipeline.generate``
   one at a time (``batching=pipeline``), prompts as text with ``apply_chat_template=False``.
@@ -101,19 +104,89 @@ def hf_engine(model: str, options: dict, optimum: bool):
         def end(self):
             pass
 
-    def run_one(prompt: str, max_tokens: int):
-        enc = tok(prompt, return_tensors="pt").to(device)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    state: dict = {"manager": None}
+
+    def run_one(prompts: list[str], max_tokens: int):
+        """One generate over ``prompts`` (left-padded when several); (first step, end, tokens)."""
+        if len(prompts) > 1:
+            tok.padding_side = "left"
+            if tok.pad_token is None:
+                tok.pad_token = tok.eos_token
+        enc = tok(prompts, return_tensors="pt", padding=len(prompts) > 1).to(device)
         st = Stamp()
         with torch.inference_mode():
             lm.generate(**enc, streamer=st, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
-                        temperature=None, top_p=None, top_k=None, pad_token_id=tok.pad_token_id or tok.eos_token_id)
+                        temperature=None, top_p=None, top_k=None, pad_token_id=pad)
         return st.first, clock(), st.n
 
+    def batched(prompts, sessions: int, rounds: int, max_tokens: int) -> dict:
+        """Each turn, the sessions' prompts as ONE generate batch (what batched generate serves)."""
+        n_out, ttft, tpot, t0 = 0, [], [], clock()
+        for turn in range(rounds):
+            sent = clock()
+            first, end, n = run_one([prompts[s][turn] for s in range(sessions)], max_tokens)
+            n_out += n
+            ttft += [(first - sent) * 1e3] * sessions
+            tpot += [(end - first) / max(1, max_tokens - 1) * 1e3] * sessions
+        return {"output_tokens": n_out, "wall_s": clock() - t0, "ttft_ms": ttft, "tpot_ms": tpot}
+
+    def continuous(prompts, sessions: int, rounds: int, max_tokens: int) -> dict:
+        """transformers' ContinuousBatchingManager, ``sessions`` requests in flight, each session's
+        next request added when its last finishes (bakeoff's closed loop)."""
+        if state["manager"] is None:
+            from transformers import GenerationConfig
+
+            eos = tok.eos_token_id if tok.eos_token_id is not None else -1
+            state["manager"] = lm.init_continuous_batching(generation_config=GenerationConfig(
+                do_sample=False, max_new_tokens=max_tokens, eos_token_id=eos, pad_token_id=pad))
+            state["manager"].start()
+        mgr, live, n_out, ttft, tpot, t0 = state["manager"], {}, 0, [], [], clock()
+
+        def begin(s: int, turn: int) -> None:
+            key = mgr.add_request(tok(prompts[s][turn])["input_ids"], request_id=f"b{clock()}-{s}-{turn}",
+                                  max_new_tokens=max_tokens, streaming=True, eos_token_id=-1)
+            live[key] = [s, turn, clock(), None]
+
+        for s in range(sessions):
+            begin(s, 0)
+        while live:
+            res = mgr.get_result(timeout=60)
+            if res is None:
+                raise RuntimeError("the continuous batching manager gave no result in 60 s")
+            e = live.get(res.request_id)
+            if e is None:
+                continue
+            if e[3] is None and len(res.generated_tokens):
+                e[3] = clock()
+            if res.is_finished():
+                del live[res.request_id]
+                n = len(res.generated_tokens)
+                n_out += n
+                ttft.append((e[3] - e[2]) * 1e3)
+                tpot.append((clock() - e[3]) / max(1, n - 1) * 1e3)
+                if e[1] + 1 < rounds:
+                    begin(e[0], e[1] + 1)
+        return {"output_tokens": n_out, "wall_s": clock() - t0, "ttft_ms": ttft, "tpot_ms": tpot}
+
+    def serial(prompts, sessions: int, rounds: int, max_tokens: int) -> dict:
+        return closed_loop_serial(prompts, sessions, rounds, lambda p: run_one([p], max_tokens))
+
+    kinds = {"serial": serial, "batched": batched, "continuous": continuous}
+
     def measure(cmd: dict) -> dict:
+        kind, m = cmd.get("kind", "serial"), cmd["max_tokens"]
+        run = kinds[kind]
+        if kind != "continuous" and state["manager"] is not None:  # generate beside an idle manager: paused
+            with state["manager"].pause():
+                return measure_kind(run, cmd, m)
+        return measure_kind(run, cmd, m)
+
+    def measure_kind(run, cmd: dict, m: int) -> dict:
         for p in cmd["warmup_prompts"]:
-            run_one(p, cmd["max_tokens"])
+            run([[p]], 1, 1, m)
         c0 = time.process_time()
-        out = closed_loop_serial(cmd["prompts"], cmd["sessions"], cmd["rounds"], lambda p: run_one(p, cmd["max_tokens"]))
+        out = run(cmd["prompts"], cmd["sessions"], cmd["rounds"], m)
         return {**out, "cpu_s": time.process_time() - c0}
     return measure
 

@@ -137,3 +137,63 @@ def test_continuous_batching_serves_logprob_requests_through_generate(model, tmp
         assert "idle" in b.info.notes["scheduling"]
     finally:
         b.stop()
+
+
+class _Chan:
+    """The engine side of the pipe, in memory: commands handed out by ``poll``, frames kept."""
+
+    def __init__(self, later: list | None = None):
+        self.frames: list = []
+        self.later = list(later or [])  # (poll call number, command)
+        self.polls = 0
+        self.cmd_fd = -1
+
+    def send(self, msg, urgent: bool = True) -> None:
+        self.frames.append(msg)
+
+    def poll(self) -> list:
+        self.polls += 1
+        due = [c for n, c in self.later if n <= self.polls]
+        self.later = [(n, c) for n, c in self.later if n > self.polls]
+        return due
+
+    def ids(self, rid) -> list[int]:
+        import array
+
+        return [t for f in self.frames if f[0] == "tok" and f[1] == rid for t in array.array("i", f[2]).tolist()]
+
+    def finish(self, rid):
+        return next(f[2] for f in self.frames if f[0] == "end" and f[1] == rid)
+
+
+@pytest.mark.slow
+def test_static_batches_stream_each_row_as_alone_and_take_in_a_late_wave(model):
+    """batching=static (optimum-ort's default, backends/transformers/static.py) on the real model:
+    each row of a left-padded batch streams the tokens it would alone, stops at its own end, and a
+    request arriving while the batch is young restarts it with the newcomer, nobody's tokens lost."""
+    import collections
+
+    from backends.transformers.engine import TransformersEngine
+    from backends.transformers.static import serve_static
+
+    eng = TransformersEngine(model, {"batching": "static", "device": "cpu", "num_threads": 1, "dtype": "float32"})
+    prompts = {1: "count: 12 13 14 15 =>", 2: "count: 40 =>", 3: "count: 7 8 9 10 11 12 =>", 4: "count: 30 31 =>"}
+    alone = {}
+    for rid, p in prompts.items():
+        chan = _Chan()
+        eng.generate(rid, {"prompt": p, "max_tokens": 12, "ignore_eos": True}, chan, collections.deque())
+        alone[rid] = chan.ids(rid)
+    gen = lambda rid, n=12: ("gen", rid, {"prompt": prompts[rid], "max_tokens": n, "ignore_eos": True})  # noqa: E731
+
+    chan = _Chan()
+    serve_static(eng, gen(1), chan, collections.deque([gen(2), gen(3, 5)]))
+    assert eng.batches == 1 and eng.batched_requests == 3 and eng.restarts == 0
+    assert chan.ids(1) == alone[1] and chan.ids(2) == alone[2] and chan.ids(3) == alone[3][:5]
+    assert [chan.finish(r) for r in (1, 2, 3)] == ["length"] * 3
+
+    chan = _Chan(later=[(2, gen(4))])  # request 4 comes while 1 has its first tokens
+    serve_static(eng, gen(1), chan, collections.deque())
+    assert eng.restarts == 1
+    assert chan.ids(1) == alone[1] and chan.ids(4) == alone[4]
+    starts = [f[1] for f in chan.frames if f[0] == "start"]
+    assert starts == [1, 4]  # one start per request: the restart is invisible to the client

@@ -49,12 +49,12 @@ class OptimumOrtEngine(TransformersEngine):
             "onnxruntime_version": onnxruntime.__version__, "transformers_version": transformers.__version__,
             "device": "cpu" if provider == "CPUExecutionProvider" else provider, "provider": provider,
             "providers_active": self.model.providers if hasattr(self.model, "providers") else None,
-            "max_model_len": getattr(self.model.config, "max_position_embeddings", None), "batching": "none",
+            "max_model_len": getattr(self.model.config, "max_position_embeddings", None),
             # what the session itself runs with (read back from ONNX Runtime, 0: its default)
             "intra_op_num_threads": session_threads(self.model),
             "torch_num_threads": threads_in_new_thread(torch), "tokenizer_path": model_path,
         }
-        self.setup({k: v for k, v in options.items() if k != "batching"})
+        self.setup({**options, "batching": options.get("batching") or "static"})
 
 
 def session_threads(model) -> int | None:

@@ -31,8 +31,11 @@ class TransformersOptions(Spec):
             (2.10-3.45) none's tokens/s at 8 sessions, 1.01 (0.91-1.23) at 1. When the manager is
             unavailable or fails its warm-up the worker falls back to ``none`` and records why
             (``fallbacks["batching"]``).
-        kv_memory_fraction: continuous batching: share of free GPU memory for the paged KV
-            cache (transformers' ``max_memory_percent``; default its own, 0.9).
+        kv_memory_fraction: continuous batching: share of free device memory for the paged KV
+            cache (transformers' ``max_memory_percent``; default its own, 0.9, on GPU).
+        kv_cache_gib: continuous batching on CPU: the paged KV cache's size in GiB (default 1;
+            transformers would take 90% of the host's free RAM), ignored when
+            ``kv_memory_fraction`` is set.
         gpu_headroom_gib: testing: once the model is loaded, the worker holds all free GPU
             memory but this many GiB (emulates a co-tenant; ``0`` provokes CUDA out-of-memory
             while serving). Ignored on CPU.
@@ -58,6 +61,7 @@ class TransformersOptions(Spec):
     trust_remote_code: bool = False
     batching: Literal["none", "continuous"] = "continuous"
     kv_memory_fraction: float | None = Field(None, gt=0, le=0.95)
+    kv_cache_gib: float | None = Field(None, gt=0)
     gpu_headroom_gib: float | None = Field(None, ge=0)
     num_threads: int | None = Field(None, ge=1)
     stream_interval_ms: float = Field(2.0, ge=0, le=100)

@@ -222,6 +222,23 @@ class ContinuousBatcher:
         raise RuntimeError(f"warm-up request got no result within {WARMUP_TIMEOUT_S:.0f} s")
 
 
+def kv_fraction(engine, options: dict[str, Any]) -> float | None:
+    """The manager's ``max_memory_percent``: ``kv_memory_fraction`` when set; on CPU the share of free
+    host memory that makes ``kv_cache_gib`` GiB (default 1). transformers sizes the paged cache from
+    the device's free memory, 90% of it by default: on CPU the host's RAM (psutil's total less this
+    process's RSS), 20 GiB of a 24 GiB host, and two workers at once were killed by the kernel's
+    out-of-memory killer (seen 2026-12-03). None: transformers' own default (GPU)."""
+    if options.get("kv_memory_fraction"):
+        return float(options["kv_memory_fraction"])
+    if engine.device != "cpu":
+        return None
+    import psutil
+
+    free = psutil.virtual_memory().total - psutil.Process().memory_info().rss
+    want = float(options.get("kv_cache_gib") or 1.0) * 2**30
+    return min(0.9, max(1e-4, want / max(free, 1)))
+
+
 def start_batcher(engine, options: dict[str, Any]) -> tuple[ContinuousBatcher | None, str]:
     """Start a continuous batching manager for ``engine``'s model and warm it up.
 
@@ -247,11 +264,11 @@ def start_batcher(engine, options: dict[str, Any]) -> tuple[ContinuousBatcher | 
         gen = GenerationConfig(do_sample=False, max_new_tokens=256, eos_token_id=eos,
                                pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else eos)
         kwargs: dict[str, Any] = {"generation_config": gen}
-        if options.get("kv_memory_fraction"):
+        fraction = kv_fraction(engine, options)
+        if fraction is not None:
             from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-            kwargs["continuous_batching_config"] = ContinuousBatchingConfig(
-                max_memory_percent=float(options["kv_memory_fraction"]))
+            kwargs["continuous_batching_config"] = ContinuousBatchingConfig(max_memory_percent=fraction)
         manager = model.init_continuous_batching(**kwargs)
         manager.start()
         lone = options.get("lone_request", "generate") == "generate"

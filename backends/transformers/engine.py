@@ -10,11 +10,13 @@ beside it in one interpreter took the GIL at every token: on this project's 2-co
 worker's generate ran at 0.55-0.7 of a bare ``generate``'s tokens/s, its process using 1.5-1.7x
 the bare loop's CPU per token (issue 28's fidelity runs, 2026-12-03).
 
-Two modes (``batching``):
+Three modes (``batching``):
 
 - ``none`` (the reference): one ``generate`` at a time on the main thread, in arrival order,
   tokens through a streamer that also reads commands between tokens (a cancel stops the running
   generation through a stopping criterion; other commands wait their turn).
+- ``static`` (optimum-ort's default): the same loop, the greedy requests waiting when one begins
+  sharing its ``generate`` as one left-padded batch (:mod:`backends.transformers.static`).
 - ``continuous``: transformers' ``ContinuousBatchingManager`` (:mod:`backends.transformers.batching`);
   its own thread steps the model, and this process's main thread runs an asyncio loop that reads
   commands and gets each request's tokens through ``register_result_handler``.
@@ -39,6 +41,7 @@ import traceback
 from typing import Any
 
 from backends._hosting.engine_frames import Out, answer_tokenize
+from backends.transformers.static import batch_key, serve_static
 
 
 class TransformersEngine:
@@ -91,6 +94,10 @@ class TransformersEngine:
         self._info["stream_interval_ms"] = self.interval_s * 1000
         self._info["engine_process"] = os.getpid()
         self.batcher = None
+        self.static = options.get("batching") == "static"  # backends/transformers/static.py
+        self.max_batch = int(options.get("max_batch_size") or 16)
+        self.batches = self.batched_requests = self.restarts = 0
+        self._info["batching"] = options.get("batching") or "none"
         if options.get("batching") == "continuous":
             from backends.transformers.batching import start_batcher
 
@@ -105,6 +112,9 @@ class TransformersEngine:
 
     def stats(self) -> dict[str, float]:
         out = {"generated_tokens_engine": self.n_generated}
+        if self.static:
+            out.update(static_batches=self.batches, requests_in_static_batches=self.batched_requests,
+                       static_batch_restarts=self.restarts)
         if self.batcher is not None:
             out["requests_outside_the_batch"] = self.batcher.outside
             out["lone_requests"] = self.batcher.lone
@@ -231,7 +241,10 @@ class TransformersEngine:
             msg = waiting.popleft()
             kind, rid = msg[0], msg[1]
             if kind == "gen":
-                self.generate(rid, msg[2], chan, waiting)
+                if self.static and batch_key(msg[2]) is not None:
+                    serve_static(self, msg, chan, waiting)
+                else:
+                    self.generate(rid, msg[2], chan, waiting)
             elif kind == "tokenize":
                 answer_tokenize(self, chan.send, rid, msg[2])
             elif kind == "score":
