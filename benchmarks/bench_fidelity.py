@@ -172,7 +172,8 @@ def alternate(bake: BakeoffSide, tool: ToolSide, sessions: int, pairs: int, log)
                 f"; tokens per step {b_runs[-1]['tokens_per_step']} / {t_runs[-1].get('tokens_per_step') or '-'}")
         log(f"    {sessions} sessions, pair {i + 1}/{pairs}: bakeoff {b_runs[-1]['output_tokens_per_s']:.1f}, "
             f"{tool.name} {t_runs[-2]['output_tokens_per_s']:.1f} / {t_runs[-1]['output_tokens_per_s']:.1f} tok/s"
-            + (f" {t_runs[-1]['kinds']}" if t_runs[-1].get("kinds") else "") + f"{fill}"
+            + (f" {t_runs[-1]['kinds']}" if t_runs[-1].get("kinds") else "")
+            + (f" failed: {t_runs[-1]['failed_kinds']}" if t_runs[-1].get("failed_kinds") else "") + f"{fill}"
             f" (load {os.getloadavg()[0]:.1f})")
     return b_runs, t_runs
 

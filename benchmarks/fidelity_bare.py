@@ -152,7 +152,12 @@ def hf_engine(model: str, options: dict, optimum: bool):
             begin(s, 0)
         while live:
             res = mgr.get_result(timeout=60)
-            if res is None:
+            if res is None:  # a stalled manager is not reused: the next command starts a new one
+                state["manager"] = None
+                try:
+                    mgr.stop(block=False)
+                except Exception:  # noqa: BLE001 - the manager is being dropped either way
+                    pass
                 raise RuntimeError("the continuous batching manager gave no result in 60 s")
             e = live.get(res.request_id)
             if e is None:

@@ -44,7 +44,7 @@ def _write_lock(root: Path, spec=SPEC, pins=("alpha==1.0", "gamma==2.1"), req_ha
 
 
 def _fake_run(calls: list, fail_uv: bool = False, envs_seen: list | None = None):
-    def run(cmd, log_path, timeout_s, env=None):
+    def run(cmd, log_path, timeout_s, env=None, background=False):
         calls.append(cmd)
         if envs_seen is not None:
             envs_seen.append(env)

@@ -31,7 +31,7 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[a-zA-Z]")
 
 # stands in for `python -m venv` and pip: the lines pip prints, a pause after each
 FAKE_PIP = r'''
-def fake_run(cmd, log_path, timeout_s, pause=PAUSE):
+def fake_run(cmd, log_path, timeout_s, pause=PAUSE, env=None, background=False):
     import time
     from pathlib import Path
     with open(log_path, "a") as fh:

@@ -206,7 +206,7 @@ def test_matrix_runs_auto_cells_first_and_pairs_them():
 def test_load_baseline_refuses_a_folder_without_a_verdict(tmp_path):
     with pytest.raises(UserError, match="--baseline-run"):
         load_baseline(tmp_path)
-    (tmp_path / "verdict.json").write_text(json.dumps({"run_id": "r1", "backend": "vllm", "options": {},
+    (tmp_path / "verdict.json").write_text(json.dumps({"run_id": "r1", "backend": "vllm", "model": "m", "options": {},
                                                        "backend_info": {"kv_cache_tokens": 5}}))
     assert load_baseline(tmp_path)["backend_info"]["kv_cache_tokens"] == 5
 

@@ -22,15 +22,20 @@ class TransformersOptions(Spec):
         device: ``auto`` picks CUDA when present, else CPU.
         dtype: weights dtype; ``auto`` keeps the checkpoint's.
         trust_remote_code: off unless the user turns it on (recorded in the verdict).
-        batching: ``continuous`` (the default: transformers' documented way to serve concurrent
-            requests, its ContinuousBatchingManager with a paged KV cache; greedy requests without
-            logprobs join its batch, the others run on ``generate`` with the manager paused, and
-            so does a lone one, ``lone_request``) or ``none``: one ``generate`` at a time, how the
-            suite's reference runs (``evaluations/reference.py`` pins it). Measured on the 2-core
-            host (2026-12-03, fixture, 64 tokens x 4 requests per session): continuous 2.96x
-            (2.10-3.45) none's tokens/s at 8 sessions, 1.01 (0.91-1.23) at 1. When the manager is
+        batching: how concurrent requests share the model; unset: ``static`` on CPU,
+            ``continuous`` on an accelerator, stated in the run's notes (``batching_default``).
+            ``static``: the greedy requests waiting when one begins share one left-padded
+            ``generate`` (``backends/transformers/static.py``); ``continuous``: transformers'
+            ContinuousBatchingManager (paged KV cache; requests with logprobs or sampling, and a
+            lone one, ``lone_request``, run on ``generate`` with the manager paused); ``none``:
+            one ``generate`` at a time, how the suite's reference runs (``evaluations/reference.py``
+            pins it). Measured on the 2-core host (2026-12-03, fixture, 64 tokens x 4 requests per
+            session, bare loops): at 8 sessions a batched ``generate`` per wave 2,630 tok/s, the
+            manager 1,890, one at a time 608 (at 1 session 607 / 450 / 607); the continuous worker
+            2.96x (2.10-3.45) the one-at-a-time worker's tokens/s at 8 sessions. When the manager is
             unavailable or fails its warm-up the worker falls back to ``none`` and records why
             (``fallbacks["batching"]``).
+        max_batch_size: static batching: most requests per batch.
         kv_memory_fraction: continuous batching: share of free device memory for the paged KV
             cache (transformers' ``max_memory_percent``; default its own, 0.9, on GPU).
         kv_cache_gib: continuous batching on CPU: the paged KV cache's size in GiB (default 1;
@@ -59,7 +64,8 @@ class TransformersOptions(Spec):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     trust_remote_code: bool = False
-    batching: Literal["none", "continuous"] = "continuous"
+    batching: Literal["none", "static", "continuous"] | None = None
+    max_batch_size: int = Field(16, ge=1)
     kv_memory_fraction: float | None = Field(None, gt=0, le=0.95)
     kv_cache_gib: float | None = Field(None, gt=0)
     gpu_headroom_gib: float | None = Field(None, ge=0)
@@ -70,8 +76,9 @@ class TransformersOptions(Spec):
 
 
 class TransformersBackend(ChildServerBackend):
-    """Hugging Face transformers: continuous batching by default, ``generate`` one request at a
-    time with ``batching=none`` (the suite's reference, ``evaluations/reference.py``).
+    """Hugging Face transformers: batched by default (static batches on CPU, continuous batching on an
+    accelerator), ``generate`` one request at a time with ``batching=none`` (the suite's reference,
+    ``evaluations/reference.py``).
 
     Runs in bakeoff's own environment (it already holds torch and transformers for the
     fixture builder).
@@ -110,14 +117,19 @@ class TransformersBackend(ChildServerBackend):
             launch_command=self.launch_cmd, base_url=self.base_url, served_model=self.config.model,
             startup_s=startup_s,
             kv_cache_tokens=info.get("kv_cache_tokens"),
-            concurrent_requests=None if info.get("batching") == "continuous" else 1,
+            concurrent_requests=(None if info.get("batching") == "continuous" else
+                                 self.options.max_batch_size if info.get("batching") == "static" else 1),
             fallbacks={"batching": str(info["batching_fallback"])} if info.get("batching_fallback") else {},
             notes={"dtype": str(info.get("dtype")), "torch": str(info.get("torch_version")),
                    "trust_remote_code": str(info.get("trust_remote_code")),
                    "scheduling": ("continuous batching (transformers ContinuousBatchingManager, paged KV cache; "
                                   + str(info.get("paused_path")) + ")"
                                   if info.get("batching") == "continuous"
+                                  else f"static batching: the greedy requests waiting when one begins share its generate "
+                                       f"(left-padded, up to {self.options.max_batch_size}; backends/transformers/static.py)"
+                                  if info.get("batching") == "static"
                                   else "one request at a time (reference, not a batching server)"),
+                   **({"batching_default": str(info["batching_default"])} if info.get("batching_default") else {}),
                    **{k: str(info[k]) for k in ("batching", "attn_implementation", "gpu_headroom_held_gib",
                                                 "stream_interval_ms") if info.get(k) is not None},
                    "num_threads": (f"{info.get('num_threads')} ({self.threads()[1]})" if info.get("device") == "cpu"

@@ -15,9 +15,10 @@ Three modes (``batching``):
 - ``none`` (the reference): one ``generate`` at a time on the main thread, in arrival order,
   tokens through a streamer that also reads commands between tokens (a cancel stops the running
   generation through a stopping criterion; other commands wait their turn).
-- ``static`` (optimum-ort's default): the same loop, the greedy requests waiting when one begins
-  sharing its ``generate`` as one left-padded batch (:mod:`backends.transformers.static`).
-- ``continuous``: transformers' ``ContinuousBatchingManager`` (:mod:`backends.transformers.batching`);
+- ``static`` (the default on CPU, and optimum-ort's): the same loop, the greedy requests waiting
+  when one begins sharing its ``generate`` as one left-padded batch (:mod:`backends.transformers.static`).
+- ``continuous`` (the default on an accelerator): transformers' ``ContinuousBatchingManager``
+  (:mod:`backends.transformers.batching`);
   its own thread steps the model, and this process's main thread runs an asyncio loop that reads
   commands and gets each request's tokens through ``register_result_handler``.
 
@@ -94,14 +95,20 @@ class TransformersEngine:
         self._info["stream_interval_ms"] = self.interval_s * 1000
         self._info["engine_process"] = os.getpid()
         self.batcher = None
-        self.static = options.get("batching") == "static"  # backends/transformers/static.py
+        batching = options.get("batching") or ("continuous" if self.device != "cpu" else "static")
+        if not options.get("batching"):
+            self._info["batching_default"] = (
+                "static on CPU (a batched generate per wave: 2,630 tok/s at 8 sessions on the 2-core host against "
+                "1,890 for transformers' ContinuousBatchingManager and 608 one generate at a time)" if batching == "static"
+                else "continuous on an accelerator (transformers' documented serving mode)")
+        self.static = batching == "static"  # backends/transformers/static.py
         self.max_batch = int(options.get("max_batch_size") or 16)
         self.batches = self.batched_requests = self.restarts = 0
-        self._info["batching"] = options.get("batching") or "none"
-        if options.get("batching") == "continuous":
+        self._info["batching"] = batching
+        if batching == "continuous":
             from backends.transformers.batching import start_batcher
 
-            self.batcher, reason = start_batcher(self, options)
+            self.batcher, reason = start_batcher(self, {**options, "batching": batching})
             if self.batcher is not None:
                 self._info.update(self.batcher.info())
             else:
