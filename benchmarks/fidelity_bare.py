@@ -138,8 +138,19 @@ def hf_engine(model: str, options: dict, optimum: bool):
             from transformers import GenerationConfig
 
             eos = tok.eos_token_id if tok.eos_token_id is not None else -1
+            kwargs = {}
+            if device == "cpu":  # the worker's paged KV cache size (backends/transformers/batching.py
+                # kv_fraction): transformers' default, 90% of the host's RAM, got this process
+                # killed by the out-of-memory killer on a 24 GiB host (23 GiB resident, 2026-12-03)
+                import psutil
+                from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+                free = psutil.virtual_memory().total - psutil.Process().memory_info().rss
+                want = float(options.get("kv_cache_gib") or 1.0) * 2**30
+                kwargs["continuous_batching_config"] = ContinuousBatchingConfig(
+                    max_memory_percent=min(0.9, max(1e-4, want / max(free, 1))))
             state["manager"] = lm.init_continuous_batching(generation_config=GenerationConfig(
-                do_sample=False, max_new_tokens=max_tokens, eos_token_id=eos, pad_token_id=pad))
+                do_sample=False, max_new_tokens=max_tokens, eos_token_id=eos, pad_token_id=pad), **kwargs)
             state["manager"].start()
         mgr, live, n_out, ttft, tpot, t0 = state["manager"], {}, 0, [], [], clock()
 
