@@ -118,3 +118,32 @@ def test_background_installers_run_at_the_lowest_priority_in_a_session_of_their_
     group_nice = "19" if can.returncode == 0 and can.stdout.strip() == "19" else bg[2]
     assert bg == ["19", "True", group_nice], (bg, can.stdout, can.stderr[-200:])
     assert fg[:2] == [str(os.nice(0)), "False"], fg
+
+
+def test_background_priority_retries_the_kernels_autogroup_rate_limit():
+    """The kernel takes one autogroup change per 100 ms from a process without CAP_SYS_ADMIN and
+    answers EAGAIN to another: ``background_preexec`` waits and tries again instead of leaving the
+    installer in a group as heavy as the engine's (the first write is made to fail here)."""
+    child = ("import builtins, errno, os\n"
+             "from bakeoff.host import procs\n"
+             "tries = []\n"
+             "def fake_open(path, mode='r', *a, **k):\n"
+             "    if path == '/proc/self/autogroup' and 'w' in mode:\n"
+             "        tries.append(1)\n"
+             "        if len(tries) == 1:\n"
+             "            raise OSError(errno.EAGAIN, 'Resource temporarily unavailable')\n"
+             "    return builtins.open(path, mode, *a, **k)\n"
+             "procs.open = fake_open\n"
+             "procs.background_preexec()\n"
+             "g = open('/proc/self/autogroup').read().split()[-1] if os.path.exists('/proc/self/autogroup') else '-'\n"
+             "print(len(tries), os.nice(0), g)\n")
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, start_new_session=True,
+                         cwd=str(Path(__file__).resolve().parent.parent), timeout=60)
+    assert out.returncode == 0, out.stderr[-500:]
+    tries, nice, group = out.stdout.split()
+    assert tries == "2" and nice == "19", out.stdout
+    can = subprocess.run([sys.executable, "-c", "open('/proc/self/autogroup', 'w').write('19'); "
+                          "print(open('/proc/self/autogroup').read().split()[-1])"],
+                         capture_output=True, text=True, start_new_session=True)
+    if can.returncode == 0 and can.stdout.strip() == "19":
+        assert group == "19", out.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -88,11 +89,15 @@ def background_preexec() -> None:
     share against another. Where either is not available, the other still applies.
     """
     _die_with_parent()
-    try:
-        with open("/proc/self/autogroup", "w") as fh:
-            fh.write("19")
-    except OSError:
-        pass
+    for attempt in range(3):  # the kernel takes one autogroup change per 100 ms from a process
+        try:  # without CAP_SYS_ADMIN (EAGAIN otherwise): wait out another process's change
+            with open("/proc/self/autogroup", "w") as fh:
+                fh.write("19")
+            break
+        except OSError as exc:
+            if exc.errno != errno.EAGAIN:
+                break
+            time.sleep(0.11)
     try:
         os.nice(19)
     except OSError:
