@@ -164,6 +164,32 @@ class ChildPipe:
         threading.Thread(target=loop, daemon=True, name="engine-commands").start()
 
 
+def start_child(argv: list[str] | None, make: Callable[[str, dict[str, Any]], Any]) -> tuple[ChildPipe, Any]:
+    """An engine process's start: parse ``--model --options --cmd-fd --out-fd --bell-fd``, open the
+    pipe, and build the engine with ``make(model, options)``. A failure to build is sent to the
+    worker as ``("failed", "<exception line>")`` (its traceback on stderr, in the engine's log) and
+    ends the process with exit 1, so the worker reports it as a failed start, not a crash."""
+    import argparse
+    import json
+    import sys
+    import traceback
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--options", default="{}")
+    ap.add_argument("--cmd-fd", type=int, required=True)
+    ap.add_argument("--out-fd", type=int, required=True)
+    ap.add_argument("--bell-fd", type=int, required=True)
+    args = ap.parse_args(argv)
+    chan = ChildPipe(args.cmd_fd, args.out_fd, args.bell_fd)
+    try:
+        return chan, make(args.model, json.loads(args.options))
+    except BaseException as exc:
+        traceback.print_exc()
+        chan.send(("failed", "".join(traceback.format_exception_only(exc)).strip()))
+        sys.exit(1)
+
+
 class EngineProcess:
     """The worker's end: starts the engine process and routes its frames to per-request channels.
 

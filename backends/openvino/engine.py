@@ -28,12 +28,9 @@ count costs no second encoding (``LLMPipeline.generate`` takes the text). Option
 
 from __future__ import annotations
 
-import argparse
 import array
 import collections
-import json
 import os
-import sys
 import time
 import traceback
 from typing import Any
@@ -289,22 +286,9 @@ class OpenVinoEngine:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from backends._hosting.worker_pipe import ChildPipe
+    from backends._hosting.worker_pipe import start_child
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--options", default="{}")
-    ap.add_argument("--cmd-fd", type=int, required=True)
-    ap.add_argument("--out-fd", type=int, required=True)
-    ap.add_argument("--bell-fd", type=int, required=True)
-    args = ap.parse_args(argv)
-    chan = ChildPipe(args.cmd_fd, args.out_fd, args.bell_fd)
-    try:
-        engine = OpenVinoEngine(args.model, json.loads(args.options))
-    except BaseException as exc:
-        traceback.print_exc()
-        chan.send(("failed", "".join(traceback.format_exception_only(exc)).strip()))
-        sys.exit(1)
+    chan, engine = start_child(argv, OpenVinoEngine)
     chan.send(("ready", engine.info))
     try:
         engine.serve(chan)

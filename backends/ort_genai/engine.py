@@ -27,13 +27,10 @@ Options: ``batching``, ``execution_provider``, ``source_model``, ``intra_op_num_
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import queue
-import sys
 import time
-import traceback
 from typing import Any
 
 from backends.ort_genai.frames import TOKENIZE, Decoder, Out, answer_tokenize
@@ -269,22 +266,9 @@ class OrtGenaiEngine:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from backends._hosting.worker_pipe import ChildPipe
+    from backends._hosting.worker_pipe import start_child
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--options", default="{}")
-    ap.add_argument("--cmd-fd", type=int, required=True)
-    ap.add_argument("--out-fd", type=int, required=True)
-    ap.add_argument("--bell-fd", type=int, required=True)
-    args = ap.parse_args(argv)
-    pipe = ChildPipe(args.cmd_fd, args.out_fd, args.bell_fd)
-    try:
-        engine = OrtGenaiEngine(args.model, json.loads(args.options))
-    except BaseException as exc:
-        traceback.print_exc()
-        pipe.send(("failed", "".join(traceback.format_exception_only(exc)).strip()))
-        sys.exit(1)
+    pipe, engine = start_child(argv, OrtGenaiEngine)
     # The worker gone (EOF on commands) ends this process even in the middle of a request.
     pipe.listen(engine.on_command, on_eof=lambda: os._exit(0))
     pipe.send(("ready", engine.info))

@@ -30,12 +30,9 @@ scoring (``/v1/score``, the judge) runs here too, between generations.
 
 from __future__ import annotations
 
-import argparse
 import array
 import collections
-import json
 import os
-import sys
 import threading
 import time
 import traceback
@@ -313,22 +310,9 @@ def run(make_engine, argv: list[str] | None = None) -> None:
         make_engine: the engine class (:class:`TransformersEngine` or a subclass).
         argv: ``--model M --options JSON --cmd-fd N --out-fd M --bell-fd B``.
     """
-    from backends._hosting.worker_pipe import ChildPipe
+    from backends._hosting.worker_pipe import start_child
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--options", default="{}")
-    ap.add_argument("--cmd-fd", type=int, required=True)
-    ap.add_argument("--out-fd", type=int, required=True)
-    ap.add_argument("--bell-fd", type=int, required=True)
-    args = ap.parse_args(argv)
-    chan = ChildPipe(args.cmd_fd, args.out_fd, args.bell_fd)
-    try:
-        engine = make_engine(args.model, json.loads(args.options))
-    except BaseException as exc:
-        traceback.print_exc()
-        chan.send(("failed", "".join(traceback.format_exception_only(exc)).strip()))
-        sys.exit(1)
+    chan, engine = start_child(argv, make_engine)
     chan.send(("ready", engine.info()))
     try:
         engine.serve(chan)
