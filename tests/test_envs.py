@@ -104,8 +104,10 @@ def test_background_installers_run_at_the_lowest_priority_in_a_session_of_their_
     its own, not the engine's), and that group's weight is the lowest too; without it, neither."""
     from bakeoff.host.envs import _run
 
-    probe = ("import os; g = open('/proc/self/autogroup').read().split() if os.path.exists('/proc/self/autogroup') else ['-', 'nice', '19'];"
-             "print('PROBE', os.nice(0), os.getsid(0) == os.getpid(), g[-1])")
+    # /proc/self/autogroup reads empty for a task whose cgroup is not the root task group (a
+    # container's): no autogroup applies there, so the group's weight is reported as '-'.
+    probe = ("import os; g = open('/proc/self/autogroup').read().split() if os.path.exists('/proc/self/autogroup') else [];"
+             "print('PROBE', os.nice(0), os.getsid(0) == os.getpid(), (g or ['-'])[-1])")
     log = tmp_path / "install.log"
     _run([sys.executable, "-c", probe], log, 60, background=True)
     _run([sys.executable, "-c", probe], log, 60)
@@ -135,7 +137,8 @@ def test_background_priority_retries_the_kernels_autogroup_rate_limit():
              "    return builtins.open(path, mode, *a, **k)\n"
              "procs.open = fake_open\n"
              "procs.background_preexec()\n"
-             "g = open('/proc/self/autogroup').read().split()[-1] if os.path.exists('/proc/self/autogroup') else '-'\n"
+             "g = (open('/proc/self/autogroup').read().split() if os.path.exists('/proc/self/autogroup') else None) or ['-']\n"
+             "g = g[-1]\n"
              "print(len(tries), os.nice(0), g)\n")
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, start_new_session=True,
                          cwd=str(Path(__file__).resolve().parent.parent), timeout=60)
