@@ -55,8 +55,9 @@ CHILD = textwrap.dedent("""
             pipe.send(("tok", rid, [1], "a"))
             os._exit(7)
         for i in range(body["n"]):
-            pipe.send(("tok", rid, [i], str(i)), urgent=(i == 0))  # only the first rings
-            if i == 0:
+            # only the first is urgent (unless "every": each token urgent, "gap" after each)
+            pipe.send(("tok", rid, [i], str(i)), urgent=(i == 0 or body.get("every", False)))
+            if i == 0 or body.get("every"):
                 time.sleep(body.get("gap", 0))
         if body.get("end", True):
             pipe.send(("end", rid, "length", {{}}))
@@ -128,6 +129,61 @@ def test_unrung_frames_arrive_by_the_timer_in_order(child_script):
         assert 0.3 <= waited < 2
         got, _ = asyncio.run(_collect(proc, 2, {"n": 3}))  # the end frame rings: drained at once
         assert [m[0] for m in got] == ["tok", "tok", "tok", "end"]
+    finally:
+        proc.proc.kill()
+        proc.proc.wait()
+
+
+def test_unurgent_frames_ring_at_most_once_per_lazy_bell_period():
+    """A frame not marked urgent rings when no bell rang in the last ``LAZY_BELL_S`` (so the
+    worker needs no fixed timer to find it); one right after a bell does not; urgent ones always."""
+    import os
+
+    from backends._hosting import worker_pipe
+    from backends._hosting.worker_pipe import ChildPipe
+
+    out_r, out_w = os.pipe()
+    bell_r, bell_w = os.pipe()
+    cmd_r, _cmd_w = os.pipe()
+    pipe = ChildPipe(cmd_r, out_w, bell_w)
+    os.set_blocking(bell_r, False)
+
+    def rings() -> int:
+        try:
+            return len(os.read(bell_r, 4096))
+        except BlockingIOError:
+            return 0
+
+    pipe.send(("tok", 1, b"", None), urgent=False)  # no bell yet: rings
+    pipe.send(("tok", 1, b"", None), urgent=False)  # right after it: silent
+    assert rings() == 1
+    time.sleep(worker_pipe.LAZY_BELL_S * 3)
+    pipe.send(("tok", 1, b"", None), urgent=False)  # none for a while: rings
+    pipe.send(("end", 1, "stop", {}))  # urgent: rings however recent the last
+    assert rings() == 2
+    assert len(list(FrameReader().feed(os.read(out_r, 1 << 16)))) == 4
+
+
+def test_a_slow_stream_wakes_the_worker_about_twice_per_token(child_script):
+    """The worker drains on the doorbell and checks once more soon after (an unrung frame written
+    just after a bell is there then); it does not poll every ``poll_interval_s`` while a request
+    is open: 10 tokens 50 ms apart took 250 timer wake-ups at a 2 ms period before, now a few per
+    token (issue 28: the polling cost a 25 ms/token model's worker ~1.6 ms of CPU per token)."""
+    proc = EngineProcess([sys.executable, str(child_script), "--mode", "ok"], poll_interval_s=0.002)
+    proc.wait_ready()
+    calls = []
+    on_timer = proc._on_timer
+
+    def counted():
+        calls.append(1)
+        on_timer()
+
+    proc._on_timer = counted
+    try:
+        got, took = asyncio.run(_collect(proc, 1, {"n": 10, "every": True, "gap": 0.05}))
+        assert [m[0] for m in got] == ["tok"] * 10 + ["end"]
+        assert took >= 0.45
+        assert len(calls) <= 40, (len(calls), took)
     finally:
         proc.proc.kill()
         proc.proc.wait()

@@ -6,8 +6,9 @@ its tokens/s 2-4x (``benchmarks/bench_ort_genai.py``), so the worker lost 5-35% 
 bare loop's decode speed however it handed tokens over. With the engine in a child process,
 the engine's thread only pickles a small frame and ``os.write``s it, and the HTTP side runs
 on another core. The second cost is waking the other process (see :class:`ChildPipe`), so
-only urgent frames (a stream's first token, a token after a pause, the end) ring a doorbell;
-the rest wait in a pipe the worker drains on its own timer.
+only urgent frames (a stream's first token, a token after a pause, the end) ring a doorbell at
+once; the rest ring at most once per :data:`LAZY_BELL_S` and otherwise wait in a pipe the worker
+checks again shortly after each drain that found frames.
 
 Frames are ``struct('<I') length + pickle``; both processes are the same interpreter of the
 same environment, started by the worker, so pickle is not a trust boundary. Standard
@@ -24,10 +25,15 @@ import pickle
 import struct
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 _LEN = struct.Struct("<I")
+# A frame not marked urgent rings the doorbell when none rang for this long (ChildPipe.send); the
+# worker's follow-up check after a drain that found frames waits longer (EngineProcess.min_poll_s).
+LAZY_BELL_S = 0.001
+SAFETY_POLL_S = 0.05  # the worker's check while requests are open and no frame came
 
 
 def encode_frame(msg: Any) -> bytes:
@@ -93,6 +99,12 @@ class ChildPipe:
     us with a reader asleep in ``read`` (woken by every frame). A frame per token with a
     sleeping reader cost the loop ~10% of its tokens/s; hence few frames, and few wake-ups.
 
+    A frame not marked urgent still rings when no bell was rung in the last
+    :data:`LAZY_BELL_S`: the worker no longer polls the data pipe on a fixed timer while requests
+    are open (it checks again :data:`LAZY_BELL_S` or more after a drain that found frames, see
+    :class:`EngineProcess`), so an unrung frame always follows a bell by less than that check's
+    delay and is picked up by it.
+
     Args:
         cmd_fd: read end of the worker-to-engine pipe.
         out_fd: write end of the data pipe.
@@ -104,6 +116,7 @@ class ChildPipe:
         self.lock = threading.Lock()
         self.reader = FrameReader()
         self.polling = False  # the command pipe set non-blocking by poll()
+        self.last_bell = float("-inf")
 
     def send(self, msg: Any, urgent: bool = True) -> None:
         """Write one frame (thread-safe); ring the doorbell when ``urgent``.
@@ -114,8 +127,10 @@ class ChildPipe:
         frame = encode_frame(msg)
         with self.lock:
             write_all(self.out_fd, frame)
-            if urgent:
+            now = time.monotonic()
+            if urgent or now - self.last_bell >= LAZY_BELL_S:
                 os.write(self.bell_fd, b"\0")
+                self.last_bell = now
 
     def poll(self) -> list[Any]:
         """The commands that have arrived, without waiting (for an engine loop that reads its own
@@ -196,8 +211,13 @@ class EngineProcess:
     The child gets ``--cmd-fd N --out-fd M --bell-fd B`` appended to ``argv``; its first frame
     is ``("ready", info)`` or ``("failed", message)``. Afterwards every frame is
     ``(kind, request_id, ...)`` and goes to the channel opened for that request id. The data
-    pipe is drained when the doorbell rings and, while any request is open, every
-    ``poll_interval_s`` (frames the engine did not mark urgent wait at most that long).
+    pipe is drained when the doorbell rings, and again ``poll_interval_s`` after any drain that
+    found frames (a frame the engine wrote without ringing, within :data:`LAZY_BELL_S` of a bell,
+    is there by then); a check that finds nothing waits for the next bell, with a safety check
+    every :data:`SAFETY_POLL_S` while requests are open. The fixed 2 ms timer this replaces woke
+    the worker 500 times a second whatever the engine did: on a model at 25 ms per token that
+    was 12 wake-ups and ~1.6 ms of the worker's CPU per token, on a 2-core host beside the
+    engine's threads (``benchmarks/bench_fidelity.py``, 2026-12-03).
 
     Args:
         argv: the child's command line.
@@ -218,7 +238,7 @@ class EngineProcess:
                                      pass_fds=(cmd_r, out_w, bell_w), env=env)
         for fd in (cmd_r, out_w, bell_w):
             os.close(fd)
-        self.poll_interval_s = max(poll_interval_s, 0.0005)
+        self.poll_interval_s = max(poll_interval_s, 1.5 * LAZY_BELL_S)
         self.reader = FrameReader()
         self.channels: dict[Any, Any] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -315,9 +335,20 @@ class EngineProcess:
 
     def _on_timer(self) -> None:
         self.timer = None
-        self._drain()
+        got = self._drain()
         if self.channels and not self.dead:
-            self.timer = self.loop.call_later(self.poll_interval_s, self._on_timer)
+            self.timer = self.loop.call_later(self.poll_interval_s if got else SAFETY_POLL_S, self._on_timer)
+
+    def _check_soon(self) -> None:
+        """After a drain that found frames: check again within ``poll_interval_s``."""
+        if self.dead or self.loop is None:
+            return
+        due = self.loop.time() + self.poll_interval_s
+        if self.timer is not None:
+            if self.timer.when() <= due:
+                return
+            self.timer.cancel()
+        self.timer = self.loop.call_at(due, self._on_timer)
 
     def _on_bell(self) -> None:
         try:
@@ -326,18 +357,22 @@ class EngineProcess:
             return
         except OSError:
             rung = b""
-        self._drain()
+        if self._drain():
+            self._check_soon()
         if not rung:  # the child closed its end: it exited
             self._died(self._exit_reason())
 
-    def _drain(self) -> None:
+    def _drain(self) -> bool:
+        """Route every frame in the data pipe; True if there was any."""
+        got = False
         while True:
             try:
                 data = os.read(self.out_r, 1 << 20)
             except (BlockingIOError, OSError):
-                return
+                return got
             if not data:
-                return
+                return got
+            got = True
             for msg in self.reader.feed(data):
                 chan = self.channels.get(msg[1])
                 if chan is not None:
