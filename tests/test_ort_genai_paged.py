@@ -268,3 +268,72 @@ def test_cuda_backend_defaults_to_paged_continuous_batching(tiny, ort_python, tm
                 break
     finally:
         b.stop()
+
+
+class _FakeOg:
+    """A fake of the ``onnxruntime_genai`` Engine API (named so: og.Engine on a paged graph runs on
+    CUDA only), behaving as og 0.18.0 did on the H200 with ``fixture:tiny-qwen3``: a greedy turn
+    whose first token is the model's EOS ends with ``finish_reason`` EOS and no token event unless
+    the turn asks for a minimum number of tokens; afterwards ``run`` returns no events."""
+
+    class EngineEventFlags:
+        TOKEN, FAILED = SimpleNamespace(value=1), SimpleNamespace(value=4)
+
+    class FinishReason:
+        NONE, EOS, MAX_GENERATED_TOKENS = "NONE", "EOS", "MAX_GENERATED_TOKENS"
+
+    def __init__(self, honour_min: bool = True):
+        self.honour_min, self.runs, self.turn = honour_min, 0, None
+        og = self
+
+        class TurnOptions:
+            def __init__(self, req):
+                self.min_tokens = 0
+                og.turn = self
+
+            def set_do_sample(self, v): pass
+            def set_max_generated_tokens(self, n): pass
+
+            def set_min_generated_tokens(self, n):
+                self.min_tokens = n
+
+        class Engine:
+            def __init__(self, model):
+                self.done = False
+
+            def get_capabilities(self):
+                return SimpleNamespace(configured_max_batch_size=8, max_request_length=512, max_scheduled_tokens=2048)
+
+            def create_event_buffer(self, n): return None
+
+            def create_request(self):
+                return SimpleNamespace(begin_turn=lambda ids, opts: None, close=lambda: None)
+
+            def run(self, buf):
+                og.runs += 1
+                if self.done:
+                    return []
+                self.done = True
+                if og.turn.min_tokens >= 1 and og.honour_min:
+                    return [SimpleNamespace(flags=SimpleNamespace(value=1), token=7, error_code=0,
+                                            finish_reason=og.FinishReason.MAX_GENERATED_TOKENS)]
+                return [SimpleNamespace(flags=SimpleNamespace(value=0), token=0, error_code=0, finish_reason=og.FinishReason.EOS)]
+
+        self.TurnOptions, self.Engine = TurnOptions, Engine
+
+
+def test_og_engine_inspection_asks_for_a_token_and_ends_with_the_turn():
+    """The paged inspection's og.Engine token (``_inspect_child._og_engine_token``): a model whose
+    greedy answer to the probe prompt is EOS still yields one token (the turn asks for at least
+    one), and a turn that ends without a token is reported with its finish reason at once instead
+    of 1000 empty Engine steps (on the H200, 2026-12-04, the trained fixture's paged export was
+    disqualified as ``og.Engine gave no token in 1000 steps``)."""
+    from adapters.ort_genai_export import _inspect_child
+
+    og = _FakeOg()
+    caps = _inspect_child._og_engine_token(og, og_model=None)
+    assert caps["configured_max_batch_size"] == 8 and og.runs == 1
+    stubborn = _FakeOg(honour_min=False)
+    with pytest.raises(RuntimeError, match="finished the turn without a token .finish reason EOS"):
+        _inspect_child._og_engine_token(stubborn, og_model=None)
+    assert stubborn.runs == 1

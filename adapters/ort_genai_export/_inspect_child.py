@@ -122,8 +122,14 @@ def _og_engine_token(og, og_model, max_runs: int = 1000) -> dict[str, int]:
     """One token of a 3-token prompt through ``og.Engine``, the only og API that feeds a paged
     graph (``og.Generator`` makes 2-D ids); returns the Engine's capabilities.
 
+    The turn asks for at least one token (``set_min_generated_tokens(1)``): a trained model may
+    answer the prompt with its EOS, and og.Engine then ends the turn (``finish_reason`` EOS) without
+    a token event (seen on the H200 with ``fixture:tiny-qwen3``, 2026-12-04: 1000 steps, no token).
+    The loop ends when the turn finishes, whatever its reason.
+
     Raises:
-        RuntimeError: the request failed, or gave no token within ``max_runs`` Engine steps.
+        RuntimeError: the request failed, finished without a token (the reason named), or gave no
+        token within ``max_runs`` Engine steps.
     """
     import numpy as np
 
@@ -134,19 +140,24 @@ def _og_engine_token(og, og_model, max_runs: int = 1000) -> dict[str, int]:
     opts = og.TurnOptions(req)
     opts.set_do_sample(False)
     opts.set_max_generated_tokens(1)
+    opts.set_min_generated_tokens(1)
     req.begin_turn(np.asarray([1, 2, 3], dtype=np.int32), opts)
     token, failed = int(og.EngineEventFlags.TOKEN.value), int(og.EngineEventFlags.FAILED.value)
-    got = None
+    got, finished = None, None
     for _ in range(max_runs):
         for ev in engine.run(buf) or ():
             if int(ev.flags.value) & failed:
                 raise RuntimeError(f"og.Engine request failed: error_code={ev.error_code}")
             if int(ev.flags.value) & token:
                 got = int(ev.token)
-        if got is not None:
+            if ev.finish_reason != og.FinishReason.NONE:
+                finished = ev.finish_reason
+        if got is not None or finished is not None:
             break
     req.close()
     if got is None:
+        if finished is not None:
+            raise RuntimeError(f"og.Engine finished the turn without a token (finish reason {finished})")
         raise RuntimeError(f"og.Engine gave no token in {max_runs} steps")
     return {"configured_max_batch_size": int(caps.configured_max_batch_size),
             "max_request_length": int(caps.max_request_length), "max_scheduled_tokens": int(caps.max_scheduled_tokens)}
