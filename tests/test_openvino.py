@@ -179,3 +179,48 @@ def test_a_task_the_architecture_has_no_export_config_for_is_unsupported_archite
                          "qwen3_5_moe")
     assert f.failure_class == "unsupported-architecture"
     assert "only supports the tasks image-text-to-text" in f.message and "'qwen3_5_moe'" in f.message
+
+
+FAKE_ENGINE = """
+import json, os, signal, sys
+sys.path.insert(0, {root!r})
+from backends._hosting.worker_pipe import start_child
+# a fake engine process (named so): like openvino 2026.4.1's ContinuousBatchingPipeline on an AMX
+# host with the 42 M-parameter qwen3-small IR, it dies of SIGFPE at load under one thread
+def make(model, options):
+    if options.get("inference_num_threads") == 1:
+        os.kill(os.getpid(), signal.SIGFPE)
+    return {{"threads": options.get("inference_num_threads")}}
+pipe, info = start_child(sys.argv[1:], make)
+pipe.send(("ready", {{"engine": "fake", **info}}))
+pipe.wait()
+"""
+
+
+@pytest.mark.parametrize("is_default", [True, False])
+def test_a_load_death_under_bakeoffs_thread_default_falls_back_to_the_plugins(tmp_path, monkeypatch, is_default):
+    """The OpenVINO worker: an engine process that dies of a signal at load with bakeoff's
+    default ``INFERENCE_NUM_THREADS`` starts once more with the plugin's default and says so in
+    ``inference_num_threads_fallback`` (bakeoff's choice must not be what fails the engine); a
+    thread count the user set is kept and the failure stands."""
+    from backends._hosting.worker_pipe import EngineExited
+    from backends.openvino import worker
+
+    script = tmp_path / "fake_engine.py"
+    script.write_text(FAKE_ENGINE.format(root=str(Path(__file__).resolve().parent.parent)))
+    monkeypatch.setattr(worker.OpenVinoProxy, "_argv",
+                        staticmethod(lambda model, options: [sys.executable, str(script), "--model", model,
+                                                             "--options", json.dumps(options)]))
+    options = {"inference_num_threads": 1, "inference_num_threads_is_default": is_default, "stream_interval_ms": 2}
+    if not is_default:
+        with pytest.raises(EngineExited) as err:
+            worker.OpenVinoProxy("ir", options)
+        assert err.value.returncode < 0
+        return
+    proxy = worker.OpenVinoProxy("ir", options)
+    try:
+        info = proxy.info()
+        assert info["threads"] is None
+        assert "died of SIGFPE at load with INFERENCE_NUM_THREADS=1" in info["inference_num_threads_fallback"]
+    finally:
+        proxy.proc.proc.kill()

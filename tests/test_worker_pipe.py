@@ -164,6 +164,53 @@ def test_unurgent_frames_ring_at_most_once_per_lazy_bell_period():
     assert len(list(FrameReader().feed(os.read(out_r, 1 << 16)))) == 4
 
 
+def test_a_steps_frames_leave_in_one_write_with_one_doorbell(monkeypatch):
+    """``ChildPipe.batch()``: the frames one thread sends inside (an engine step's, one per stream)
+    leave as one write with one doorbell if any was urgent, in order; another thread's frame is
+    written at once meanwhile; a nested batch leaves the writing to the outer one."""
+    import os
+    import threading
+
+    from backends._hosting import worker_pipe
+    from backends._hosting.worker_pipe import ChildPipe
+
+    out_r, out_w = os.pipe()
+    bell_r, bell_w = os.pipe()
+    cmd_r, _cmd_w = os.pipe()
+    pipe = ChildPipe(cmd_r, out_w, bell_w)
+    os.set_blocking(bell_r, False)
+    writes: list[int] = []
+    real_write_all = worker_pipe.write_all
+    monkeypatch.setattr(worker_pipe, "write_all", lambda fd, data: (writes.append(fd), real_write_all(fd, data)))
+
+    def rings() -> int:
+        try:
+            return len(os.read(bell_r, 4096))
+        except BlockingIOError:
+            return 0
+
+    with pipe.batch():
+        for rid in range(32):
+            pipe.send(("tok", rid, b"\0\0\0\0", None), urgent=True)
+        with pipe.batch():
+            pipe.send(("end", 7, "stop", {}))
+        other = threading.Thread(target=pipe.send, args=(("start", 99, 3), False))
+        other.start()
+        other.join()
+        assert writes == [out_w]  # the other thread's frame only
+        assert [f[1] for f in FrameReader().feed(os.read(out_r, 1 << 16))] == [99]
+    assert writes == [out_w, out_w] and rings() <= 2  # the other thread's (lazy) bell and the batch's
+    frames = list(FrameReader().feed(os.read(out_r, 1 << 16)))
+    assert [f[1] for f in frames] == list(range(32)) + [7]
+    time.sleep(worker_pipe.LAZY_BELL_S * 3)
+    with pipe.batch():
+        pass  # nothing sent: nothing written
+    with pipe.batch():
+        pipe.send(("tok", 1, b"", None), urgent=False)
+        pipe.send(("tok", 2, b"", None), urgent=False)
+    assert len(writes) == 3 and rings() == 1  # unurgent, no bell for a while: the lazy bell, once
+
+
 def test_a_slow_stream_wakes_the_worker_about_twice_per_token(child_script):
     """The worker drains on the doorbell and checks once more soon after (an unrung frame written
     just after a bell is there then); it does not poll every ``poll_interval_s`` while a request

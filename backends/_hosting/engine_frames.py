@@ -38,9 +38,12 @@ class Out:
     A flush rings the worker's doorbell when its token is the stream's first (TTFT is never
     held) or follows the previous token by at least ``interval_s`` (a sparse stream: each
     token is an event of its own). Tokens of a dense stream leave in one frame per
-    ``interval_s`` without a doorbell; the worker's timer, same period, picks them up, so they
-    reach the client within two intervals, each listed in ``token_ids``. ``interval_s`` 0:
-    every token rings.
+    ``interval_s`` not marked urgent: the pipe rings for one when no bell rang in the last
+    ``LAZY_BELL_S`` and the worker checks again soon after any drain that found frames
+    (:mod:`backends._hosting.worker_pipe`), so they reach the client within about two
+    intervals, each listed in ``token_ids``. ``interval_s`` 0: every token rings. An engine
+    loop that serves many streams sends a step's frames inside ``ChildPipe.batch()``: one
+    write, one doorbell.
     """
 
     __slots__ = ("send", "rid", "interval_s", "decoder", "pending", "last_flush", "last_token", "last_id")

@@ -20,13 +20,14 @@ Parent side: :class:`EngineProcess`. Child side: :class:`ChildPipe`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pickle
 import struct
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 _LEN = struct.Struct("<I")
@@ -88,6 +89,14 @@ def _grow(fd: int, size: int = 1 << 20) -> None:
         pass
 
 
+class EngineExited(RuntimeError):
+    """The engine process ended while loading without saying why (``returncode`` < 0: a signal)."""
+
+    def __init__(self, returncode: int):
+        super().__init__(f"the engine process exited with code {returncode} while loading (its output is above)")
+        self.returncode = returncode
+
+
 class ChildPipe:
     """The engine process's end: frames to the worker, commands to a callback.
 
@@ -117,20 +126,49 @@ class ChildPipe:
         self.reader = FrameReader()
         self.polling = False  # the command pipe set non-blocking by poll()
         self.last_bell = float("-inf")
+        self._held: list | None = None  # [thread id, frames, urgent] while a batch() is open
 
     def send(self, msg: Any, urgent: bool = True) -> None:
-        """Write one frame (thread-safe); ring the doorbell when ``urgent``.
+        """Write one frame (thread-safe); ring the doorbell when ``urgent``. Inside
+        :meth:`batch`, on the thread that opened it, the frame waits for the batch's one write.
 
         Raises:
             BrokenPipeError: the worker is gone.
         """
         frame = encode_frame(msg)
+        held = self._held
+        if held is not None and held[0] == threading.get_ident():
+            held[1].append(frame)
+            held[2] = held[2] or urgent
+            return
         with self.lock:
-            write_all(self.out_fd, frame)
-            now = time.monotonic()
-            if urgent or now - self.last_bell >= LAZY_BELL_S:
-                os.write(self.bell_fd, b"\0")
-                self.last_bell = now
+            self._write(frame, urgent)
+
+    def _write(self, data: bytes, urgent: bool) -> None:
+        write_all(self.out_fd, data)
+        now = time.monotonic()
+        if urgent or now - self.last_bell >= LAZY_BELL_S:
+            os.write(self.bell_fd, b"\0")
+            self.last_bell = now
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Frames this thread sends inside leave as one write when it ends, with one doorbell if any
+        was urgent (an engine step's frames, one per stream; at ~3.5 ms per step every stream's
+        token was an urgent frame: 32 writes and doorbells per step at 32 streams, ~0.5 ms of the
+        decode thread's own per step on the H200, 2026-12-04). Nested, the outer batch writes;
+        other threads' frames leave at once (each stream's frames come from one thread)."""
+        if self._held is not None and self._held[0] == threading.get_ident():
+            yield
+            return
+        held = self._held = [threading.get_ident(), [], False]
+        try:
+            yield
+        finally:
+            self._held = None
+            if held[1]:
+                with self.lock:
+                    self._write(b"".join(held[1]), held[2])
 
     def poll(self) -> list[Any]:
         """The commands that have arrived, without waiting (for an engine loop that reads its own
@@ -257,7 +295,7 @@ class EngineProcess:
                     self.proc.wait()
                     raise RuntimeError(msg[1])
         rc = self.proc.wait()
-        raise RuntimeError(f"the engine process exited with code {rc} while loading (its output is above)")
+        raise EngineExited(rc)
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Route frames on ``loop`` from now on (idempotent; a new loop replaces the old one)."""

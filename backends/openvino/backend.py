@@ -115,7 +115,9 @@ class OpenVinoBackend(ChildServerBackend):
         loop of ``benchmarks/bench_fidelity.py`` reads the same."""
         opts = self.options.model_dump(include={"batching", "kv_cache_gib", "max_num_seqs", "enable_prefix_caching",
                                                 "inference_precision", "stream_interval_ms"})
-        opts["inference_num_threads"] = self.threads()[0]
+        fell_back = self.info is not None and "inference_num_threads" in self.info.fallbacks
+        opts["inference_num_threads"] = None if fell_back else self.threads()[0]
+        opts["inference_num_threads_is_default"] = self.options.inference_num_threads is None
         return opts
 
     def command(self, port: int) -> tuple[list[str], dict[str, str]]:
@@ -135,7 +137,7 @@ class OpenVinoBackend(ChildServerBackend):
                  "inference_precision": str(info.get("properties", {}).get("INFERENCE_PRECISION_HINT",
                                                                            "CPU plugin default")),
                  "inference_num_threads": f"{info.get('properties', {}).get('INFERENCE_NUM_THREADS', 'plugin default')} "
-                                          f"({self.threads()[1]})",
+                                          f"({info.get('inference_num_threads_fallback') or self.threads()[1]})",
                  "stream_interval_ms": str(info.get("stream_interval_ms")),
                  "engine_process": "the pipeline in its own process (backends/openvino/engine.py: its step() holds "
                                    "the GIL)"}
@@ -153,4 +155,5 @@ class OpenVinoBackend(ChildServerBackend):
             device=info.get("device", "cpu"), launch_command=self.launch_cmd, base_url=self.base_url,
             served_model=self.config.model, startup_s=startup_s,
             kv_cache_memory_gib=float(info["kv_cache_gib"]) if continuous else None,
-            concurrent_requests=info.get("max_num_seqs") if continuous else 1, notes=notes)
+            concurrent_requests=info.get("max_num_seqs") if continuous else 1, notes=notes,
+            fallbacks={k.removesuffix("_fallback"): str(v) for k, v in info.items() if k.endswith("_fallback")})

@@ -199,34 +199,39 @@ class OpenVinoEngine:
                 active.clear()
                 continue
             self.steps += 1
-            now = clock()
-            for rid, entry in list(active.items()):
-                handle, out, want_lp = entry[0], entry[1], entry[2]
-                ids: list[int] = []
-                lps: list[float] = []
-                while handle.can_read():
-                    for o in handle.read().values():
-                        ids += o.generated_ids
-                        if want_lp:
-                            lps += o.generated_log_probs
-                if ids:
-                    entry[4] += len(ids)
+            with chan.batch():  # this step's frames for all its streams: one write, one doorbell
+                self._hand_out(active, clock(), finished, running)
+
+    def _hand_out(self, active: dict, now: float, finished, running) -> None:
+        """Each active request's new tokens after a step; finished requests end."""
+        og = self.og
+        for rid, entry in list(active.items()):
+            handle, out, want_lp = entry[0], entry[1], entry[2]
+            ids: list[int] = []
+            lps: list[float] = []
+            while handle.can_read():
+                for o in handle.read().values():
+                    ids += o.generated_ids
                     if want_lp:
-                        out.send_ids(array.array("i", ids).tobytes(), now, True,
-                                     [(float(lp), [(int(t), float(lp))]) for t, lp in zip(ids, lps)])
-                    else:
-                        out.pending += ids
-                        out.due(now)
-                status = handle.get_status()
-                if status == running:
-                    continue
-                del active[rid]
-                if status == finished:
-                    out.finish("length" if entry[4] >= entry[3] else "stop", self.stats())
+                        lps += o.generated_log_probs
+            if ids:
+                entry[4] += len(ids)
+                if want_lp:
+                    out.send_ids(array.array("i", ids).tobytes(), now, True,
+                                 [(float(lp), [(int(t), float(lp))]) for t, lp in zip(ids, lps)])
                 else:
-                    out.fail(RuntimeError(f"openvino_genai ended the request with status {status.name}"
-                                          + (" (out of KV cache blocks)" if status == og.GenerationStatus.IGNORED
-                                             else "")))
+                    out.pending += ids
+                    out.due(now)
+            status = handle.get_status()
+            if status == running:
+                continue
+            del active[rid]
+            if status == finished:
+                out.finish("length" if entry[4] >= entry[3] else "stop", self.stats())
+            else:
+                out.fail(RuntimeError(f"openvino_genai ended the request with status {status.name}"
+                                      + (" (out of KV cache blocks)" if status == og.GenerationStatus.IGNORED
+                                         else "")))
 
     # -- LLMPipeline ----------------------------------------------------------------------------
     def loop_pipeline(self, chan) -> None:

@@ -27,6 +27,7 @@ Options: ``batching``, ``execution_provider``, ``source_model``, ``intra_op_num_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -161,10 +162,11 @@ class OrtGenaiEngine:
                 "decode_steps_total": self.decode_steps}
 
     # -- the main thread -----------------------------------------------------------------
-    def serve(self, send) -> None:
-        """Run requests from :attr:`inbox` forever (the process ends when the worker goes); ``send`` writes a frame."""
+    def serve(self, send, batch=contextlib.nullcontext) -> None:
+        """Run requests from :attr:`inbox` forever (the process ends when the worker goes); ``send``
+        writes a frame; frames sent inside ``batch()`` may leave as one write (an og.Engine step's)."""
         if self.sched is not None:
-            self.sched.loop(send)
+            self.sched.loop(send, batch)
             return
         while True:
             rid, body = self.inbox.get()
@@ -273,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
     pipe.listen(engine.on_command, on_eof=lambda: os._exit(0))
     pipe.send(("ready", engine.info))
     try:
-        engine.serve(pipe.send)
+        engine.serve(pipe.send, pipe.batch)
     except BrokenPipeError:
         os._exit(0)
 

@@ -25,6 +25,7 @@ H200's Qwen3-1.7B shape, context 40,960, paid ~0.5 s per request: issue 28).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -126,7 +127,9 @@ class EngineScheduler:
         return None
 
     # -- the loop ----------------------------------------------------------------------------
-    def loop(self, send) -> None:
+    def loop(self, send, batch=contextlib.nullcontext) -> None:
+        """Serve the inbox forever; each step's frames for all its streams are sent inside one
+        ``batch()`` (:meth:`backends._hosting.worker_pipe.ChildPipe.batch`: one write, one doorbell)."""
         owner = self.owner
         live: dict[int, tuple] = {}
         inbox, cancelled, step = owner.inbox, owner.cancelled, self.step
@@ -155,7 +158,8 @@ class EngineScheduler:
             if not live:
                 continue
             try:
-                step(live)
+                with batch():
+                    step(live)
             except Exception as exc:
                 for _req, out, _rid, _turn in live.values():
                     out.fail(RuntimeError(f"og.Engine.run failed: {exc}"))
