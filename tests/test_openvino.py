@@ -161,7 +161,9 @@ def test_the_pipeline_steps_in_its_own_process_and_streams_arrive_paced(tiny_qwe
     rec = asyncio.run(one())
     assert rec.status == "ok" and rec.output_tokens == 256
     e2e = rec.end_ns - rec.sent_ns
-    assert rec.first_token_ns - rec.sent_ns < e2e / 4, "the first token came with the rest of the stream"
+    # a burst delivers the first token with the last; a loaded host may delay the first (prefill
+    # waits for a core: 54 ms of a 162 ms request in one CI run) without making a burst
+    assert rec.end_ns - rec.first_token_ns > e2e / 2, "the first token came with the rest of the stream"
     assert rec.content_events >= 16, rec.content_events  # frames of at most one stream interval's tokens
     assert not judge([rec], {})["distorted"]
 
