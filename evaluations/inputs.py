@@ -177,6 +177,9 @@ def read_resumable(path: Path) -> tuple[dict[str, Any], Any]:
         raise foreign
     if not isinstance(meta.get("patches") or [], list) or not isinstance(meta.get("reference_options") or {}, dict):
         raise foreign
+    if not all(isinstance(x, str) for x in meta.get("patches") or []) or not isinstance(
+            meta.get("reference_model") or "", str) or not isinstance(meta.get("options") or {}, dict):
+        raise foreign  # a patch or a reference model that is not text (a census found ints: AttributeError)
     if raw.get("finished_at"):
         raise UserError(f"run {path.name} finished ({str(raw.get('status'))[:40]}); nothing to resume: start a new run")
     try:

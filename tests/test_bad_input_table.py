@@ -28,6 +28,9 @@ RUN = {"run_id": "r", "backend": "transformers", "model": "fixture:tiny-qwen3", 
 def place(tmp: Path, kind: str) -> Path:
     """A run directory or model folder a user (or an attacker) might pass."""
     d = tmp / kind
+    if kind == "loop":  # a symbolic link to itself
+        d.symlink_to(d)
+        return d
     if kind == "empty-texts":  # a calibration file with no text
         d.write_text("\n\n")
         return d
@@ -61,6 +64,15 @@ def place(tmp: Path, kind: str) -> Path:
         (d / "config.json").write_text(json.dumps({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}))
     elif kind == "badconfig":
         (d / "config.json").write_text("this is not JSON {")
+    elif kind == "cfginf":  # JSON's 1e400 reads as inf
+        (d / "config.json").write_text('{"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 1e400}')
+    elif kind in ("ref-int", "patches-int"):  # a resumable run whose run.json holds a number where text belongs
+        bad = {"reference_reason": "--reference-model", "reference_model": 5} if kind == "ref-int" else {"patches": [5]}
+        (d / "run.json").write_text(json.dumps({**RUN, **bad}))
+        (d / "verdict.json").write_text(json.dumps({**RUN, "checks": []}))
+    elif kind == "artj":  # an --artifacts folder whose job record is not JSON
+        (d / "jobs").mkdir()
+        (d / "jobs" / "j1.json").write_text("garbage")
     return d
 
 
@@ -172,6 +184,23 @@ BAKEOFF_ROWS = [
     (["jobs", "qualify", "--backends", "vllm", "--model", "org/m", "--flavors", "cpu-xl,,cpu-xl", "--dry-run"], 2,
      r"has an empty or repeated flavor"),
     (["fixture", "list", "tiny-qwen3"], 2, r"bakeoff fixture list takes no name"),
+    # found by the census of 2026-12-04 (582 inputs; issue 29's closing note)
+    (["qualify", "--backends", "transformers", "--model", "~no-such-user-census/m"], 2, r"a path starts with ~user"),
+    (["qualify", "--backends", "transformers", "--report", "x" * 300], 2, r"--report 'x+'\.\.\. is 300 bytes long"),
+    (["qualify", "--backends", "transformers", "--artifacts", "{loop}"], 2, r"/loop is a loop of symbolic links"),
+    (["qualify", "--backends", "transformers", "--artifacts", "{loop}/x"], 2, r"/loop/x is a loop of symbolic links"),
+    (["qualify", "--resume", "{loop}"], 2, r"/loop is a loop of symbolic links"),
+    (["qualify", "--backends", "transformers", "--patch", ".".join(["a"] * 5000) + "=1"], 2, r"deeper than 32 keys"),
+    (["qualify", "--resume", "{ref-int}"], 2, r"cannot resume .*run\.json or verdict\.json is not bakeoff's"),
+    (["qualify", "--resume", "{patches-int}"], 2, r"is not bakeoff's"),
+    (["calibrate", "--concurrency", ",".join(["1"] * 5000)], 2, r"--concurrency has 5,000 levels; pass at most 64"),
+    (["calibrate", "--concurrency", "1", "--out", "{loop}"], 2, r"/loop is a loop of symbolic links"),
+    (["quantize", "awq", "--model", "{cfginf}", "--out", "{tmp}/q"], 2, r"config\.json has hidden_size = inf"),
+    (["jobs", "fetch", "j1", "--artifacts", "{artj}"], 2, r"the job record .*j1\.json is not bakeoff's or is damaged"),
+    (["qualify", "--backends", "transformers"] + [x for k in ("max_batch_size", "lone_wait_ms", "stream_interval_ms")
+                                                   for x in ("--matrix", f"{k}=" + ",".join(map(str, range(1, 101))))], 2,
+     r"--matrix makes 1,000,000 cells; pass at most 64"),
+    (["quantize", "awq", "--model", "{model}", "--out", ""], 2, r"--out is empty"),
 ]
 
 # pytest evaluations/ as a user runs it: exit 4 and `ERROR: <line>`
@@ -188,6 +217,8 @@ PYTEST_ROWS = [
     (["--backend", "transformers", "--model", "{model}", "--artifacts", "{model}/runs"], r"is inside the model folder"),
     (["--resume", "{inf-options}", "--collect-only"], r"'gpu_headroom_gib' of backend transformers: not a finite number"),
     (["--baseline-run", "{checks-str}"], r"--baseline-run .*not a readable run directory \(ValidationError"),
+    (["--resume", "{ref-int}", "--collect-only"], r"is not bakeoff's"),
+    (["--resume", "{patches-int}", "--collect-only"], r"is not bakeoff's"),
 ]
 
 

@@ -92,3 +92,53 @@ def test_runs_that_are_not_bakeoffs_are_refused(tmp_path, verdict_text, message,
     (binary / "verdict.json").write_bytes(b"\xff\xfe\x00garbage")
     proc = run(BAKEOFF + [command, str(binary), "--artifacts", str(art)])
     assert proc.returncode == 2 and "cannot read run directory" in one_error_line(proc)
+
+
+def _damaged(tmp_path: Path, name: str, model: str, checks: list) -> Path:
+    import json
+
+    d = tmp_path / "runs" / name
+    d.mkdir(parents=True)
+    meta = {"run_id": name, "backend": "transformers", "model": "fixture:tiny-qwen3", "options": {}, "profile": "quick"}
+    (d / "run.json").write_text(json.dumps(meta))
+    (d / "verdict.json").write_text(json.dumps({**meta, "model": "MODEL", "status": "qualified", "checks": checks,
+                                                "finished_at": "2026-12-04T00:00:00Z"}).replace('"MODEL"', model))
+    return d
+
+
+def test_damaged_numbers_and_text_in_a_finished_run_are_shown_not_raised(tmp_path):
+    """A census of 2026-12-04 found tracebacks from finished runs a user might hand over damaged:
+    an integer too large for a float (``OverflowError`` in the report's percentages), a lone
+    surrogate in the model name (``UnicodeEncodeError`` writing report.md), negative session counts
+    and throughputs (matplotlib refused a log axis of no positive values). Each is shown, written
+    escaped or left out of the plot; the command succeeds."""
+    from bakeoff.cli.main import main
+
+    big = _damaged(tmp_path, "big", '"fixture:tiny-qwen3"', [
+        {"name": "sanity.known_answers", "status": "pass", "values": {"accuracy": 10 ** 4000}}])
+    sur = _damaged(tmp_path, "sur", '"\\ud800x"', [])
+    neg = _damaged(tmp_path, "neg", '"fixture:tiny-qwen3"', [
+        {"name": "throughput.sweep", "status": "pass",
+         "values": {"points": [{"sessions": -2, "output_tokens_per_s": -5.0, "ok": 2, "requests": 2}]}}])
+    for i, argv in enumerate((["report", str(big)], ["report", str(sur)], ["compare", str(neg), str(big)],
+                              ["compare", str(sur), str(big)])):
+        art = tmp_path / f"art{i}"
+        assert main(argv + ["--artifacts", str(art)]) == 0, argv
+        assert list(art.rglob("report.md")), argv
+    text = next((tmp_path / "art1").rglob("report.md")).read_text()
+    assert "\\ud800x" in text
+
+
+def test_an_endpoint_with_credentials_is_never_printed(monkeypatch, capsys):
+    """``--endpoint https://user:TOKEN@host`` that does not answer: the line names the endpoint
+    with its user part masked (the census saw the token printed back)."""
+    from bakeoff.cli.main import main
+
+    monkeypatch.setenv("HF_TOKEN", "hf_census_placeholder")
+    rc = main(["jobs", "status", "j1", "--endpoint", "https://u:hf_SECRETcensus123@127.0.0.1:9"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "hf_SECRETcensus123" not in err and "https://***@127.0.0.1:9 did not answer" in err, err
+    monkeypatch.setenv("HF_TOKEN", "hf_SECRETcensus123")  # a secret of the environment typed into a path
+    assert main(["qualify", "--backends", "transformers", "--model", "/nonexistent/hf_SECRETcensus123"]) == 2
+    err = capsys.readouterr().err
+    assert "hf_SECRETcensus123" not in err and "does not exist" in err, err

@@ -24,6 +24,7 @@ is split at top-level commas only).
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,9 @@ def _expand(key: str, raw: str) -> dict[str, Any]:
         raise UserError(f"--matrix {key}={raw[:40]!r}: {exc}; pass a finite value") from None
 
 
+MAX_CELLS = 64
+
+
 def parse_matrix(items: list[str]) -> list[Cell]:
     """Parse ``--matrix`` items into cells (cartesian product, first key varying slowest).
 
@@ -135,6 +139,9 @@ def parse_matrix(items: list[str]) -> list[Cell]:
         for v in values:
             _expand(key, v)  # unknown preset values fail before anything runs
         axes.append((key, values))
+    n_cells = math.prod(len(vals) for _, vals in axes)
+    if n_cells > MAX_CELLS:  # each cell is a whole qualification: a million were accepted and started
+        raise UserError(f"--matrix makes {n_cells:,} cells; pass at most {MAX_CELLS} (each cell is one qualification)")
     cells: list[Cell] = []
     for combo in itertools.product(*(vals for _, vals in axes)):
         choices = {k: v for (k, _), v in zip(axes, combo)}

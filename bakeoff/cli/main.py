@@ -16,6 +16,7 @@ from pathlib import Path
 from bakeoff.api.errors import UserError, one_line
 from bakeoff.cli.gating import EXIT_BAD_INPUT, EXIT_INTERRUPTED, GATE_STATUSES
 from bakeoff.host.procs import sigterm_as_interrupt
+from bakeoff.host.redact import redact
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKOUT = (REPO / "pyproject.toml").is_file()  # else an installed wheel: REPO is site-packages
@@ -222,6 +223,27 @@ def _check_text(argv: list[str]) -> None:
             raise UserError(f"argument {i + 1} holds a NUL character; remove it")
 
 
+def path_problem(exc: BaseException) -> str | None:
+    """One line for a path the user gave that the system cannot use (pathlib's symlink loop and
+    unknown ``~user``, a name too long, a loop of links), or None for any other error."""
+    import errno
+    import re
+
+    text = str(exc)
+    if isinstance(exc, RuntimeError):
+        m = re.match(r"Symlink loop from '(.*)'", text)
+        if m:
+            return f"{m.group(1)} is a loop of symbolic links; pass a real folder or file"
+        if "Could not determine home directory" in text:
+            return "a path starts with ~user for a user this machine does not know; pass the full path"
+        return None
+    if exc.errno == errno.ENAMETOOLONG:
+        return f"a file name is too long ({str(exc.filename)[:80]}...); pass a shorter name or path"
+    if exc.errno == errno.ELOOP:
+        return f"{exc.filename} is a loop of symbolic links; pass a real folder or file"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         sigterm_as_interrupt()
@@ -239,12 +261,18 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, ArgError):
             print(f"{exc.prog}: error: {one_line(str(exc))}; see {exc.prog} --help", file=sys.stderr)
         else:
-            print(f"bakeoff: error: {one_line(str(exc))}", file=sys.stderr)
+            print(f"bakeoff: error: {one_line(redact(str(exc)))}", file=sys.stderr)  # a secret the user typed too
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("bakeoff: interrupted; runs written so far are kept (`bakeoff qualify --resume RUN_DIR` finishes one)",
               file=sys.stderr)
         return EXIT_INTERRUPTED
+    except (OSError, RuntimeError) as exc:
+        line = path_problem(exc)
+        if line is None:
+            raise
+        print(f"bakeoff: error: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except Exception as exc:  # huggingface_hub's, raised lazily by the jobs commands
         if type(exc).__name__ != "LocalTokenNotFoundError":
             raise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from bakeoff.api.errors import EngineFailure, UserError
@@ -33,6 +34,8 @@ def cmd_quantize(args) -> int:
         except (SystemExit, OSError, ValueError, RecursionError) as exc:
             raise UserError(f"--dataset {args.dataset} holds no calibration text ({type(exc).__name__}: "
                             f"{' '.join(str(exc).split())[:100]}); pass a .jsonl with a text field, or one text per line") from None
+    if not args.out.strip():  # Path('') is the working folder: the checkpoint would land in it
+        raise UserError("--out is empty; pass a new or empty folder for the quantized checkpoint")
     out = Path(args.out).expanduser()
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {args.out} is a file; pass a new or empty folder for the quantized checkpoint")
@@ -65,6 +68,10 @@ def cmd_quantize(args) -> int:
             why = f"{type(config).__name__}: {' '.join(str(config).split())[:80]}" if isinstance(config, Exception) else \
                 f"a JSON {type(config).__name__}, not an object"
             raise UserError(f"{args.model}/config.json is not a checkpoint config ({why}); pass a Hugging Face checkpoint folder")
+        bad = [k for k, v in config.items() if isinstance(v, float) and not math.isfinite(v)]
+        if bad:  # JSON's 1e400 reads as inf: no model has an infinite size, and the engine would fail minutes later
+            raise UserError(f"{args.model}/config.json has {bad[0]} = {config[bad[0]]}; pass a checkpoint whose config "
+                            "holds finite numbers")
         existing = describe_quantization(source.path)
         if existing.get("quantized"):  # quantize_awq's own check, made before its environment is created
             raise UserError(f"{args.model} is already quantized ({existing.get('method')} {existing.get('scheme')}); "
@@ -92,6 +99,9 @@ MAX_CONCURRENCY = 100_000
 MAX_LEVEL_S = 3600.0  # one level's planned schedule (requests per session x stream time)
 
 
+MAX_LEVELS = 64
+
+
 def _levels(values: list[str]) -> list[int]:
     """``--concurrency 1,32 --concurrency 256`` -> ``[1, 32, 256]``.
 
@@ -106,6 +116,8 @@ def _levels(values: list[str]) -> list[int]:
         levels = [int(x) for x in raw]
     except ValueError:
         raise UserError(f"--concurrency takes whole numbers, e.g. 32 or 1,32,256; got {given}") from None
+    if len(levels) > MAX_LEVELS:  # each level is a measured point: 5,000 ran on for minutes, silently
+        raise UserError(f"--concurrency has {len(levels):,} levels; pass at most {MAX_LEVELS}, e.g. 1,32,256")
     if min(levels) < 1 or max(levels) > MAX_CONCURRENCY:
         raise UserError(f"--concurrency needs levels of at least 1 stream and at most {MAX_CONCURRENCY:,}, e.g. 1,32,256; "
                         f"got {given}")

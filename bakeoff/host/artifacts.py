@@ -73,7 +73,8 @@ def atomic_write_text(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        # a lone surrogate (a run's JSON may hold "\\ud800") is written escaped, not refused
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as fh:
             fh.write(redact(text))
             fh.flush()
             os.fchmod(fh.fileno(), 0o666 & ~_UMASK)  # mkstemp's 0600 would keep a shared report from readers
@@ -184,6 +185,8 @@ def plain_name(name: str, flag: str) -> str:
             or not name.isprintable()):
         raise UserError(f"{flag} {name!r} is not a plain name; reports go to artifacts/reports/NAME: pass a name "
                         "such as latest or cpu-vs-h200")
+    if len(name.encode()) > 128:  # a file name has 255 bytes at most; the run would fail at its very end
+        raise UserError(f"{flag} {name[:40]!r}... is {len(name.encode())} bytes long; pass a name of at most 128")
     return name
 
 

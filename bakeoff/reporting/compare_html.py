@@ -7,6 +7,8 @@ needle heat map, one panel per run (found = 1, not found = 0).
 
 from __future__ import annotations
 
+import math
+
 import os
 from pathlib import Path
 from typing import Any
@@ -73,7 +75,11 @@ def _series(col, key: str) -> tuple[list[int], list[float], list[float], list[fl
     xs, ys, lo, hi = [], [], [], []
     for n in sorted(col.points):
         v = col.points[n].get(key)
-        if v is None:
+        try:  # a damaged run's point (session count <= 0, a non-number, an int past float) is not drawn:
+            ok = n > 0 and math.isfinite(float(v))  # a log axis of no positive values stops matplotlib
+        except (TypeError, ValueError, OverflowError):
+            ok = False
+        if not ok:
             continue
         ci = bootstrap_mean(col.repeats(n, key))
         xs.append(n)
@@ -93,7 +99,7 @@ def _session_ticks(ax, cols) -> None:
     """Session counts as plain tick labels on a log axis (no minor labels)."""
     from matplotlib.ticker import NullFormatter
 
-    ns = sorted({n for c in cols for n in c.points})
+    ns = sorted({n for c in cols for n in c.points if isinstance(n, (int, float)) and n > 0})
     ax.set_xticks(ns, labels=[str(n) for n in ns])
     ax.xaxis.set_minor_formatter(NullFormatter())
 
@@ -111,7 +117,7 @@ def write_plots(cols, out_dir: Path) -> dict[str, str]:
     except ImportError:
         return {}
     images: dict[str, str] = {}
-    if any(c.points for c in cols):
+    if any(_series(c, "output_tokens_per_s")[0] for c in cols):  # a drawable point (sessions > 0, a finite figure)
         fig, ax = plt.subplots(figsize=(7, 4))
         for c in cols:
             xs, ys, lo, hi = _series(c, "output_tokens_per_s")

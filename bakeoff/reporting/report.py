@@ -179,7 +179,10 @@ def load_run(path: Path) -> dict[str, Any]:
     acc = checks.get("throughput.accounting", {})
 
     def pct(x):
-        return f"{x:.0%}" if isinstance(x, (int, float)) else "–"
+        try:
+            return f"{float(x):.0%}" if isinstance(x, (int, float)) and math.isfinite(float(x)) else "–"
+        except OverflowError:  # an int too large for a float (a damaged run)
+            return "–"
     return {
         "path": str(path), "run_id": v.get("run_id"), "backend": v.get("backend"), "model": v.get("model"),
         "options": ", ".join(f"{k}={val}" for k, val in (v.get("options") or {}).items()),

@@ -40,10 +40,19 @@ def _hub_errors(fn):
                 raise
             if type(exc).__name__ == "LocalTokenNotFoundError":
                 raise UserError("no Hugging Face token; log in with `hf auth login` or set HF_TOKEN") from None
-            where = getattr(args, "endpoint", None) or "the Hub"
+            where = _no_userinfo(getattr(args, "endpoint", None)) or "the Hub"
             raise UserError(f"{where} did not answer as expected ({type(exc).__name__}: {one_line(redact(str(exc)))[:200]}); "
                             "check --endpoint, the network, the token and the job id") from None
     return wrapped
+
+
+def _no_userinfo(url: str | None) -> str | None:
+    """``url`` without the ``user:password@`` part (a token in an --endpoint is never printed)."""
+    if not url:
+        return url
+    import re
+
+    return re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@", r"\1***@", url)
 
 
 def _out(text: str = "") -> None:

@@ -136,7 +136,13 @@ def submit(api, task: JobTask, request: JobRequest, script_text: str, records: P
 def load_record(records: Path, job_id: str) -> JobRecord | None:
     """The local record of ``job_id``, or None."""
     path = records / f"{job_id}.json"
-    return JobRecord.model_validate_json(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        return JobRecord.model_validate_json(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:  # pydantic's ValidationError is a ValueError
+        raise UserError(f"the job record {path} is not bakeoff's or is damaged ({type(exc).__name__}); "
+                        "remove it, or pass --artifacts where `bakeoff jobs` wrote it") from None
 
 
 def summarize(info) -> dict[str, Any]:
