@@ -70,6 +70,9 @@ def place(tmp: Path, kind: str) -> Path:
         bad = {"reference_reason": "--reference-model", "reference_model": 5} if kind == "ref-int" else {"patches": [5]}
         (d / "run.json").write_text(json.dumps({**RUN, **bad}))
         (d / "verdict.json").write_text(json.dumps({**RUN, "checks": []}))
+    elif kind == "bigint-opt":  # an option past any float in a resumable run
+        (d / "run.json").write_text(json.dumps({**RUN, "options": {"max_batch_size": 10 ** 4000}}))
+        (d / "verdict.json").write_text(json.dumps({**RUN, "checks": []}))
     elif kind == "artj":  # an --artifacts folder whose job record is not JSON
         (d / "jobs").mkdir()
         (d / "jobs" / "j1.json").write_text("garbage")
@@ -201,6 +204,7 @@ BAKEOFF_ROWS = [
                                                    for x in ("--matrix", f"{k}=" + ",".join(map(str, range(1, 101))))], 2,
      r"--matrix makes 1,000,000 cells; pass at most 64"),
     (["quantize", "awq", "--model", "{model}", "--out", ""], 2, r"--out is empty"),
+    (["qualify", "--resume", "{bigint-opt}"], 2, r"bad value for option 'max_batch_size' of backend transformers"),
 ]
 
 # pytest evaluations/ as a user runs it: exit 4 and `ERROR: <line>`

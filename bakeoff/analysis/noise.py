@@ -11,6 +11,8 @@ is made.
 
 from __future__ import annotations
 
+import math
+
 from typing import Literal
 
 import numpy as np
@@ -57,9 +59,18 @@ class Difference(Spec):
     call: Call
 
 
+def _finite(v) -> float | None:
+    """``v`` as a finite float, or None (None, NaN, infinities, non-numbers, ints past any float)."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return x if math.isfinite(x) else None
+
+
 def _clean(values) -> np.ndarray:
-    arr = np.asarray([v for v in values if v is not None], dtype=np.float64)
-    return arr[np.isfinite(arr)]
+    """The finite numbers of ``values`` (a damaged run's 10**4000 or text is left out, not raised)."""
+    return np.asarray([x for x in map(_finite, values) if x is not None], dtype=np.float64)
 
 
 def bootstrap_mean(values, confidence: float = CONFIDENCE, resamples: int = RESAMPLES, seed: int = SEED) -> Interval | None:

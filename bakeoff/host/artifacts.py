@@ -34,6 +34,10 @@ os.umask(_UMASK)
 MAX_JSON_BYTES = 512 * 2**20  # a run's JSON file larger than this is not bakeoff's (a sweep's verdict is a few MB)
 
 
+def _json_int(text: str) -> int | float:
+    return int(text) if len(text) <= 300 else float(text)
+
+
 def read_json(path: Path) -> Any:
     """The JSON in ``path``, a file of a run directory that anyone may have put there.
 
@@ -59,7 +63,9 @@ def read_json(path: Path) -> Any:
             raise ValueError(f"{Path(path).name} holds {st.st_size / 2**20:.0f} MiB, more than bakeoff writes")
         data = fh.read(MAX_JSON_BYTES + 1)
     try:
-        return json.loads(data.decode("utf-8"))  # what bakeoff writes; UTF-16 or a BOM is not its file
+        # what bakeoff writes; UTF-16 or a BOM is not its file. An integer of over 300 digits (past any
+        # float: a damaged file) reads as an infinity, which every figure shows as – (not an OverflowError)
+        return json.loads(data.decode("utf-8"), parse_int=_json_int)
     except RecursionError:
         raise ValueError(f"{Path(path).name} nests deeper than any JSON bakeoff writes") from None
 

@@ -94,7 +94,10 @@ def fmt(value: Any, digits: int = 1) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "–"
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f"{value:,.{digits}f}"
+        try:
+            return f"{value:,.{digits}f}"
+        except OverflowError:  # an int past any float (a damaged run): no figure
+            return "–"
     return str(value)
 
 
