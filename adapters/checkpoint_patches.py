@@ -137,14 +137,19 @@ def _parse_value(raw: str) -> Any:
 MAX_PATH_KEYS = 32  # a config nested deeper is no checkpoint's; 5,000 keys overflowed the JSON writer
 
 
+def _shallow(path: str, text: str) -> str:
+    """``path`` if it names at most :data:`MAX_PATH_KEYS` keys; else UserError quoting ``text``."""
+    if path.count(".") >= MAX_PATH_KEYS:
+        raise UserError(f"malformed patch {text[:60]!r}...: its path is deeper than {MAX_PATH_KEYS} keys")
+    return path
+
+
 def parse_patch(text: str) -> Patch:
     """Parse one patch from command-line syntax (see the module docstring).
 
     Raises:
         UserError: one line naming the bad patch and showing the syntax.
     """
-    if text.strip().count(".") >= MAX_PATH_KEYS * 2:  # cheap bound before the regexes
-        raise UserError(f"malformed patch {text[:60]!r}...: its path is deeper than {MAX_PATH_KEYS} keys")
     syntax = ("expected PATH=VALUE, PATH+=VALUE, PATH-=VALUE or del:PATH "
               "(e.g. quantization_config.ignore+=re:.*mtp.*, torch_dtype=bfloat16)")
     raw = text.strip()
@@ -153,9 +158,7 @@ def parse_patch(text: str) -> Patch:
         file, _, path = target.rpartition(":") if ".json:" in target else ("", "", target)
         if not path or not _PATH_RE.match(path) or (file and not file.endswith(".json")):
             raise UserError(f"malformed patch {text!r}: {syntax}")
-        if path.count(".") >= MAX_PATH_KEYS:
-            raise UserError(f"malformed patch {text[:60]!r}...: its path is deeper than {MAX_PATH_KEYS} keys")
-        return Patch(op="remove", path=path, file=file or "config.json")
+        return Patch(op="remove", path=_shallow(path, text), file=file or "config.json")
     m = _PATCH_RE.match(raw)
     if not m or not _PATH_RE.match(m.group("path").strip()):
         raise UserError(f"malformed patch {text!r}: {syntax}")
@@ -164,10 +167,7 @@ def parse_patch(text: str) -> Patch:
     if op != "set" and m.group("value") == "":
         raise UserError(f"malformed patch {text!r}: PATH+=VALUE and PATH-=VALUE need a value; "
                         "use del:PATH to remove a key")
-    path = m.group("path").strip()
-    if path.count(".") >= MAX_PATH_KEYS:
-        raise UserError(f"malformed patch {text[:60]!r}...: its path is deeper than {MAX_PATH_KEYS} keys")
-    return Patch(op=op, path=path, value=value, file=m.group("file") or "config.json")
+    return Patch(op=op, path=_shallow(m.group("path").strip(), text), value=value, file=m.group("file") or "config.json")
 
 
 def parse_patches(items: list[str]) -> list[Patch]:
