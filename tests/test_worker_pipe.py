@@ -165,8 +165,8 @@ def test_unurgent_frames_ring_at_most_once_per_lazy_bell_period():
 
 
 def test_a_steps_frames_leave_in_one_write_with_one_doorbell(monkeypatch):
-    """``ChildPipe.batch()``: the frames one thread sends inside (an engine step's, one per stream)
-    leave as one write with one doorbell if any was urgent, in order; another thread's frame is
+    """``ChildPipe.batch()``: the messages one thread sends inside (an engine step's, one per stream)
+    leave as one frame in one write with one doorbell if any was urgent, read back in order; another thread's frame is
     written at once meanwhile; a nested batch leaves the writing to the outer one."""
     import os
     import threading
@@ -200,7 +200,9 @@ def test_a_steps_frames_leave_in_one_write_with_one_doorbell(monkeypatch):
         assert writes == [out_w]  # the other thread's frame only
         assert [f[1] for f in FrameReader().feed(os.read(out_r, 1 << 16))] == [99]
     assert writes == [out_w, out_w] and rings() <= 2  # the other thread's (lazy) bell and the batch's
-    frames = list(FrameReader().feed(os.read(out_r, 1 << 16)))
+    raw = os.read(out_r, 1 << 16)
+    assert int.from_bytes(raw[:4], "little") == len(raw) - 4  # one frame: one pickle for the step
+    frames = list(FrameReader().feed(raw))
     assert [f[1] for f in frames] == list(range(32)) + [7]
     time.sleep(worker_pipe.LAZY_BELL_S * 3)
     with pipe.batch():

@@ -60,13 +60,18 @@ class Out:
     def due(self, now: float) -> bool:
         """After appending a token to :attr:`pending`: flush if its time has come; True if flushed."""
         prev, self.last_token = self.last_token, now
-        if now - prev >= self.interval_s:
-            self.flush(now, True)
-            return True
-        if now - self.last_flush >= self.interval_s:
-            self.flush(now, False)
-            return True
-        return False
+        urgent = now - prev >= self.interval_s
+        if not urgent and now - self.last_flush < self.interval_s:
+            return False
+        pending = self.pending
+        if pending and self.decoder is None:  # flush + send_ids inlined: this runs per token per step
+            raw, last = array.array("i", pending).tobytes(), pending[-1]
+            pending.clear()
+            self.send(("tok", self.rid, raw, None), urgent)
+            self.last_flush, self.last_id = now, last
+        else:
+            self.flush(now, urgent)
+        return True
 
     def flush(self, now: float, urgent: bool) -> None:
         """Send the pending token ids (``og.Engine`` events' ints)."""
