@@ -31,6 +31,7 @@ import sys
 import time
 from typing import Any
 
+from backends._hosting.engine_frames import StepFramer, emit
 from backends.ort_genai.frames import TOKENIZE, Collect, Decoder, Out, answer_tokenize, finish_name
 
 
@@ -53,6 +54,7 @@ class EngineScheduler:
         self.flags = (int(og.EngineEventFlags.TOKEN.value), int(og.EngineEventFlags.FAILED.value), og.FinishReason.NONE)
         self.seeds = True
         self._t_out: float | None = None
+        self.hand = emit  # a step's output to its frames: here, or StepFramer.put (loop)
         self.paged = paged
         self.lone_generator = not paged and owner.options.get("lone_request", "generator") == "generator"
         if paged:
@@ -129,8 +131,14 @@ class EngineScheduler:
     # -- the loop ----------------------------------------------------------------------------
     def loop(self, send, batch=contextlib.nullcontext) -> None:
         """Serve the inbox forever; each step's frames for all its streams are sent inside one
-        ``batch()`` (:meth:`backends._hosting.worker_pipe.ChildPipe.batch`: one write, one doorbell)."""
+        ``batch()`` (:meth:`backends._hosting.worker_pipe.ChildPipe.batch`: one frame, one write, one
+        doorbell). With continuous batching (a paged export, CUDA) a :class:`StepFramer` thread makes
+        them while ``Engine.run`` computes the next step; a static export's steps (CPU, where the
+        engine's threads want the cores) frame on this thread."""
         owner = self.owner
+        framer = StepFramer(batch) if self.paged else None
+        if framer is not None:
+            self.hand = framer.put
         live: dict[int, tuple] = {}
         inbox, cancelled, step = owner.inbox, owner.cancelled, self.step
         while True:
@@ -145,6 +153,7 @@ class EngineScheduler:
                 self.admit(inbox.get(), live, send)
             owner.max_running = max(owner.max_running, len(live))
             if cancelled:
+                ends = []
                 for key, (req, out, rid, turn) in list(live.items()):
                     if rid in cancelled:
                         try:
@@ -153,16 +162,21 @@ class EngineScheduler:
                             print(f"og.Request.cancel_turn failed: {exc!r}", file=sys.stderr, flush=True)
                         req.close()
                         del live[key]
-                        out.finish("abort", owner.stats())
+                        ends.append((out, "abort", None))
                 cancelled.clear()
+                if ends:
+                    self.hand(time.perf_counter(), [], ends, owner.stats())
             if not live:
                 continue
             try:
-                with batch():
+                if framer is None:
+                    with batch():
+                        step(live)
+                else:
                     step(live)
             except Exception as exc:
-                for _req, out, _rid, _turn in live.values():
-                    out.fail(RuntimeError(f"og.Engine.run failed: {exc}"))
+                failed = RuntimeError(f"og.Engine.run failed: {exc}")
+                self.hand(time.perf_counter(), [], [(e[1], None, failed) for e in live.values()], None)
                 live.clear()
 
     def run_lone(self, item: tuple, send) -> None:
@@ -203,19 +217,22 @@ class EngineScheduler:
         self._t_out = t_out = time.perf_counter()
         owner.og_s += t_out - t_in
         owner.decode_steps += 1
-        for ev in events or ():
-            entry = live.get(id(ev.request))
+        tokens: list = []
+        ends: list = []
+        for ev in events or ():  # read into plain pairs: the next run() reuses the event buffer
+            key = id(ev.request)
+            entry = live.get(key)
             if entry is None:
                 continue
-            req, out = entry[0], entry[1]
             flags = int(ev.flags.value)
             if flags & token_flag:
-                out.pending.append(int(ev.token))
-                out.due(t_out)
+                tokens.append((entry[1], int(ev.token)))
             if flags & failed_flag:
-                out.fail(RuntimeError(f"og.Engine request failed: error_code={ev.error_code}"))
-                live.pop(id(ev.request), None)
+                ends.append((entry[1], None, RuntimeError(f"og.Engine request failed: error_code={ev.error_code}")))
+                del live[key]
             elif ev.finish_reason != none:
-                out.finish(finish_name(self.og, ev.finish_reason), owner.stats())
-                live.pop(id(ev.request), None)
-                req.close()
+                ends.append((entry[1], finish_name(self.og, ev.finish_reason), None))
+                del live[key]
+                entry[0].close()
+        if tokens or ends:
+            self.hand(t_out, tokens, ends, owner.stats() if ends else None)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 28 on the H200, second session of 2026-12-04: the targets left open by runs-20261204.sh.
 # ORT GenAI CUDA fp16 (default: PagedAttention export, og.Engine continuous batching, CUDA graphs)
-# against the bare og loops with an engine step's frames sent as one frame (cb8f12b); vLLM 0.26.0
-# against `vllm bench serve` on bakeoff's own server with 16 requests per session and 7 pairs (3
+# against the bare og loops with an engine step's frames sent as one frame and made beside the next
+# step (StepFramer); vLLM 0.26.0 against `vllm bench serve` on bakeoff's own server with 16 requests
+# per session and 5 pairs (3
 # pairs of 4 requests could not resolve 8 sessions); the trained fixture qualified on CUDA with the
 # default paged export (the inspection's og.Engine token fixed in c953fb2). Same kit parts and
 # procedure as runs-20261204.sh (setup with a00, recv a01-a04, `a`, recv b00-b07, `recv b08` + `b`).
@@ -28,7 +29,7 @@ case "${1:-}" in
   b)
     bash $D install b
     cd /tmp/code
-    bash $D job j30-fidelity-vllm -- "${FID[@]}" --engines vllm --requests-per-session 16 --pairs 7 \
+    bash $D job j30-fidelity-vllm -- "${FID[@]}" --engines vllm --requests-per-session 16 --pairs 5 \
       --out /tmp/art/fidelity-vllm.json ;;
   *) echo "usage: runs-20261204b.sh setup|a|b" >&2; exit 2 ;;
 esac
