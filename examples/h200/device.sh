@@ -11,6 +11,8 @@
 #   device.sh job NAME -- CMD...   queue CMD (run from the repo with the kit on PYTHONPATH)
 #   device.sh status               the runner's progress, the GPU, the queue
 #   device.sh collect              runs (JSON, logs; no weights) as one tar.gz under $OUT
+#   device.sh wait SECS            keep the machine busy until the queue is empty or SECS pass, then
+#                                  collect (so a machine lost later loses nothing) and status
 set -uo pipefail
 K=/tmp/k; Q=$K/queue; LOGS=$K/logs
 mkdir -p "$K" "$Q" "$LOGS"
@@ -46,5 +48,7 @@ case "${1:-}" in
   collect)
     tar czf "$OUT/h200-runs.tgz" -C /tmp art --exclude='*.safetensors' --exclude='*.onnx' --exclude='*.onnx.data' \
       --exclude='*.bin' 2>/dev/null; tar czf "$OUT/h200-logs.tgz" -C "$K" logs; ls -la "$OUT" ;;
-  *) echo "usage: device.sh recv|install|job|status|collect" >&2; exit 2 ;;
+  wait) end=$((SECONDS + $2)); while [ $SECONDS -lt $end ] && [ -n "$(ls "$Q")" ]; do sleep 5; done
+    bash "$0" collect >/dev/null; bash "$0" status | tail -c 2500 ;;
+  *) echo "usage: device.sh recv|install|job|status|collect|wait" >&2; exit 2 ;;
 esac
