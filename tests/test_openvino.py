@@ -205,7 +205,7 @@ def test_a_load_death_under_bakeoffs_thread_default_falls_back_to_the_plugins(tm
     default ``INFERENCE_NUM_THREADS`` starts once more with the plugin's default and says so in
     ``inference_num_threads_fallback`` (bakeoff's choice must not be what fails the engine); a
     thread count the user set is kept and the failure stands."""
-    from backends._hosting.worker_pipe import EngineExited
+    from backends._hosting.engine_process import EngineExited
     from backends.openvino import worker
 
     script = tmp_path / "fake_engine.py"

@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from backends._hosting.worker_pipe import EngineProcess, FrameReader, encode_frame
+from backends._hosting.engine_process import EngineProcess
+from backends._hosting.worker_pipe import FrameReader, encode_frame
 from backends._hosting.worker_server import TokenChannel
 
 CHILD = textwrap.dedent("""

@@ -1,7 +1,7 @@
 """The HTTP side of a worker whose engine runs in its own process (ORT GenAI, OpenVINO GenAI).
 
 :class:`PipeEngineProxy` is the :class:`backends._hosting.worker_server.WorkerEngine` of such a
-worker: it starts the engine process (:class:`backends._hosting.worker_pipe.EngineProcess`), sends
+worker: it starts the engine process (:class:`backends._hosting.engine_process.EngineProcess`), sends
 it each request as a command and turns its frames (:mod:`backends._hosting.engine_frames`) into
 the server's stream items. Two processes because an engine loop and the HTTP loop in one
 interpreter share the GIL: a Python ``og.Generator`` loop beside the HTTP loop kept 64-106% of a
@@ -28,7 +28,7 @@ import itertools
 import os
 from typing import Any
 
-from backends._hosting.worker_pipe import EngineProcess
+from backends._hosting.engine_process import EngineProcess
 from backends._hosting.worker_server import PROMPT_TOKENS_KEY, TokenChannel
 
 

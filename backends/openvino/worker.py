@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from backends._hosting.engine_proxy import PipeEngineProxy
-from backends._hosting.worker_pipe import EngineExited
+from backends._hosting.engine_process import EngineExited
 
 
 class OpenVinoProxy(PipeEngineProxy):
