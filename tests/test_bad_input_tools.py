@@ -84,3 +84,26 @@ def test_jobs_refuse_an_unknown_fixture_before_rendering(tmp_path):
     proc = run(BAKEOFF + ["jobs", "qualify", "--backends", "vllm", "--model", "fixture:tiny-qwen4", "--dry-run"])
     assert proc.returncode == 2 and "--model: unknown fixture 'tiny-qwen4'" in one_error_line(proc)
     assert "# /// script" not in proc.stdout
+
+
+def test_quantize_suggests_the_equals_form_for_its_checkpoint(tmp_path, monkeypatch, capsys):
+    """The command ``bakeoff quantize`` prints to qualify its checkpoint is the ``--model=PATH`` form
+    the README asks for (a path starting with ``-`` is not read as an option) and quotes paths with
+    spaces; the quantization itself is a stand-in here (test_awq.py runs the real one)."""
+    import shlex
+    from types import SimpleNamespace
+
+    import adapters.awq_int4
+    from bakeoff.cli.tools import cmd_quantize
+
+    src = tmp_path / "my model"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    out = tmp_path / "w4 a16"
+    monkeypatch.setattr(adapters.awq_int4, "quantize_awq",
+                        lambda *a, **k: SimpleNamespace(model_dump=lambda: {"path": str(out)}))
+    args = SimpleNamespace(model=str(src), out=str(out), dataset=None, num_samples=8, mtp_as_released=False)
+    assert cmd_quantize(args) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("qualify it:"))
+    argv = shlex.split(line.removeprefix("qualify it:"))
+    assert f"--model={out}" in argv and f"--reference-model={src}" in argv

@@ -172,8 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_compare)
     r = sub.add_parser("report", help="write a Markdown report of run directories")
     r.add_argument("runs", nargs="*", help="run directories or folders of them (default: artifacts/runs)")
-    r.add_argument("--artifacts", default=DEFAULT_ARTIFACTS)
-    r.add_argument("--name", default="latest")
+    r.add_argument("--artifacts", default=DEFAULT_ARTIFACTS, help="folder holding runs/ and reports/ (default: %(default)s)")
+    r.add_argument("--name", default="latest",
+                   help="the report's folder under ARTIFACTS/reports/ (default: %(default)s, which qualify rewrites)")
     r.set_defaults(func=cmd_report)
     f = sub.add_parser("fixture", help="build or list bakeoff's fixture models")
     f.add_argument("action", choices=["build", "list"])

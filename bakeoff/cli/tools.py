@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from pathlib import Path
 
 from bakeoff.api.errors import EngineFailure, UserError
@@ -86,8 +87,8 @@ def cmd_quantize(args) -> int:
             print(f"--- {name}\n{text[-3000:]}")
         return 1
     print(json.dumps(result.model_dump(), indent=2, default=str))
-    print(f"\nW4A16 checkpoint: {args.out}\nqualify it: .venv/bin/pytest evaluations/ --backend vllm --model {args.out} "
-          f"--reference-model {args.model}")
+    print(f"\nW4A16 checkpoint: {args.out}\nqualify it: .venv/bin/pytest evaluations/ --backend vllm "
+          f"--model={shlex.quote(str(args.out))} --reference-model={shlex.quote(str(args.model))}")
     return 0
 
 
