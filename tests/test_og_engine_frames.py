@@ -11,6 +11,7 @@ which is what took bakeoff from 0.82 to ~0.95 of the bare og.Engine loop at 32 s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -152,3 +153,26 @@ def test_paged_loop_frames_every_stream_in_order_off_the_decode_thread(monkeypat
     decode = sched.engine.thread
     assert by_thread.get(decode, set()) <= {"start"}  # admission's frame only: tokens and ends framed beside run()
     assert any({"tok", "end"} <= kinds for t, kinds in by_thread.items() if t != decode)
+
+
+def test_a_step_whose_frames_fail_ends_its_streams_with_the_error():
+    """A stream whose frame cannot be made on the StepFramer thread (a detokenizer that raises) ends
+    with an ``err`` frame naming why, so its client sees a failed request, not a stream that stops."""
+    from backends._hosting.engine_frames import Out, StepFramer
+
+    sent: list = []
+    done = threading.Event()
+
+    def send(msg, urgent=True):
+        sent.append(msg)
+        if msg[0] in ("err", "end"):
+            done.set()
+
+    class Broken:
+        def push(self, token):
+            raise ValueError("no such token")
+
+    out = Out(send, "r1", 0.0, decoder=Broken())
+    StepFramer(contextlib.nullcontext).put(time.perf_counter(), [(out, 7)], [], None)
+    assert done.wait(5)
+    assert sent[-1][0] == "err" and "no such token" in sent[-1][2]

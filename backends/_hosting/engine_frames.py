@@ -139,8 +139,21 @@ class StepFramer:
                     emit(*item)
             except BrokenPipeError:  # the worker is gone: so is this process (as the decode thread's)
                 os._exit(0)
-            except Exception as exc:  # noqa: BLE001 - a frame lost is logged, the engine goes on
+            except Exception as exc:  # noqa: BLE001 - the step's streams end with the error, the engine goes on
                 print(f"engine frames: {exc!r}", file=sys.stderr, flush=True)
+                self._fail_streams(item, exc)
+
+    @staticmethod
+    def _fail_streams(item: tuple, exc: BaseException) -> None:
+        """End every stream of a step whose frames could not be made with an error frame (its
+        client gets a failed request with the reason, not a stream that stops without an end)."""
+        _now, tokens, ends, _stats = item
+        outs = {id(o): o for o, _t in tokens} | {id(o): o for o, _r, _e in ends}
+        for out in outs.values():
+            try:
+                out.fail(RuntimeError(f"the engine process could not frame this stream's tokens: {exc!r}"))
+            except Exception:  # noqa: BLE001 - the pipe itself is broken: the worker sees the process end
+                pass
 
 
 def emit(now: float, tokens: list, ends: list, stats: dict[str, Any] | None) -> None:
