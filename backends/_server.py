@@ -93,6 +93,20 @@ class ChildServerBackend(Backend):
     def prepare(self) -> None:
         """Work before the launch (the engine's environment, an export, a host probe)."""
 
+    def check_checkpoint(self, python, env_name: str) -> None:
+        """Before the engine reads the checkpoint: its environment must read the config and tokenizer
+        files as the reference's does (:mod:`backends._checkpoint_read`); the readings are written to
+        ``checkpoint_read.json`` in the run's engine folder.
+
+        Raises:
+            EngineFailure: ``config-rejected`` naming the file and both transformers versions.
+        """
+        from backends._checkpoint_read import check
+
+        readings = check(python, self.config.model, env_name, log=self._log if hasattr(self, "_log") else lambda s: None)
+        if readings is not None:
+            (self.workdir / "checkpoint_read.json").write_text(json.dumps(readings, indent=1))
+
     def classify_start_failure(self, exc: EngineFailure) -> EngineFailure:
         """A start failure as this engine's words classify it (default: unchanged)."""
         return exc

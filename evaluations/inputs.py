@@ -314,6 +314,11 @@ def _outside_models(artifacts: Path, models: list[str | None]) -> None:
     homes = [Path(m).expanduser() for m in models if m and not m.startswith("fixture:") and Path(m).expanduser().is_dir()]
     if any(m and m.startswith("fixture:") for m in models):
         homes.append(fixtures.cache_root())
+    from bakeoff.models import packaged
+    from bakeoff.models.resolve import packaged_name
+
+    if any(m and packaged_name(m) for m in models):
+        homes.append(packaged.cache_root())
     for home in homes:
         home = home.resolve()
         if where == home or home in where.parents:

@@ -105,7 +105,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[KEY_ENGINE] = {}
         return
     verdict = Verdict(run_id=rundir.run_id, backend=s.backend, model=s.model.label, model_path=s.model.path,
-                      options=s.options, profile=s.profile, fingerprint=fingerprint(argv=sys.argv, fixture=_fixture_facts(s.model)))
+                      options=s.options, profile=s.profile, fingerprint=fingerprint(argv=sys.argv, fixture=_fixture_facts(s.model),
+                                                                       packaged=_packaged_facts(s.model)))
     rundir.write_json("run.json", {"run_id": rundir.run_id, "backend": s.backend, "model": s.model.label,
                                    "model_path": s.model.path, "options": s.options, "profile": s.profile,
                                    "profile_settings": s.profile_cfg, "reference_model": s.reference_model.label,
@@ -124,6 +125,15 @@ def _fixture_facts(model) -> dict | None:
     if not model.fixture:
         return None
     from bakeoff.models.fixtures import provenance
+
+    return provenance(model.path)
+
+
+def _packaged_facts(model) -> dict | None:
+    """A packaged model's provenance for the fingerprint (package, version, sha256s, converter)."""
+    if not model.packaged:
+        return None
+    from bakeoff.models.packaged import provenance
 
     return provenance(model.path)
 

@@ -236,6 +236,7 @@ class OrtGenaiBackend(ChildServerBackend):
             raise EngineFailure("unavailable", f"ort-genai exports local checkpoint folders; {self.config.model!r} "
                                 "is not one (no hub access from the builder here)")
         self.python = envs.ensure(env_spec(), self._log)
+        self.check_checkpoint(self.python, env_spec().name)
         self.export_result = export(self.config.model, self.options.export_options(), log=self._log,
                                     timeout_s=self.options.export_timeout_s, use_cache=self.options.reuse_export)
         (self.workdir / "export.json").write_text(self.export_result.model_dump_json(indent=1))

@@ -254,6 +254,13 @@ class VllmBackend(ChildServerBackend):
             args.append("--trust-remote-code")
         return args + shlex.split(o.extra_args)
 
+    def prepare(self) -> None:
+        """The environment (made on first use), then its reading of the checkpoint's files
+        (:meth:`check_checkpoint`: a checkpoint vllm's transformers reads otherwise than the
+        reference's is ``config-rejected`` before a minute of engine start)."""
+        self.env_python = envs.ensure(env_spec(self.cuda))
+        self.check_checkpoint(self.env_python, env_spec(self.cuda).name)
+
     def command(self, port: int) -> tuple[list[str], dict[str, str]]:
         python = envs.ensure(env_spec(self.cuda))
         self.env_python = python

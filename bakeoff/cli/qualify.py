@@ -77,7 +77,7 @@ def _qualify(c, quiet: bool, fail_on: frozenset[str]) -> int:
     needs = {n: [str(spec.path) for spec in specs[n]] for n in c.backends}
     with Progress(choose_mode(quiet)) as progress:
         model, prewarm = steps.prepare(c.model, [spec for n in c.backends for spec in specs[n]], progress.phases, clock)
-        if model.local and not c.model.startswith("fixture:"):
+        if model.local and not model.fixture and not model.packaged:
             c.model = model.path  # absolute: the evaluation runs with the repository as its folder
         artifacts = check_writable(c.artifacts).resolve()
         runs: list[Path] = []

