@@ -28,8 +28,8 @@ from bakeoff.api.errors import UserError
 from bakeoff.analysis.noise import bootstrap_mean
 from bakeoff.reporting.compare_findings import delta_text, findings, recommendations, short_value
 from bakeoff.reporting.compare_markdown import render_markdown
-from bakeoff.reporting.compare_tables import all_failed, no_success, spec_decode_table, what_engines_said
-from bakeoff.reporting.report import fmt, load_run, summary_text
+from bakeoff.reporting.compare_tables import all_failed, no_success, spec_decode_table, what_engines_said, why_not_qualified
+from bakeoff.reporting.report import fmt, load_run, reason_line, summary_text
 
 SWEEP_METRICS = [  # (title, point key, higher is better, digits)
     ("Aggregate output tok/s", "output_tokens_per_s", True, 1),
@@ -77,6 +77,7 @@ class Column:
         self.run_id = r["run_id"]
         self.backend = r["backend"]
         self.status = r["status"]
+        self.reasons: list[str] = r["reasons"]  # why the status, recomputed from the run's checks
         self.checks = {c["name"]: c for c in self.v.get("checks", [])}
         self.info = r["info"]
         _check_shape(r)
@@ -190,6 +191,7 @@ def fingerprint_table(cols: list[Column]) -> dict[str, Any]:
     rows = [
         [cell("run")] + [cell(c.run_id, f"{c.path}/verdict.json") for c in cols],
         [cell("status")] + [cell(c.status, cls=c.status) for c in cols],
+        [cell("why")] + [{**cell(reason_line(c.reasons) or "–"), "title": "\n".join(c.reasons)[:2000]} for c in cols],
         [cell("model")] + [cell(c.model) for c in cols],
         [cell("CPU")] + [cell(c.machine["cpu"]) for c in cols],
         [cell("GPU")] + [cell(c.machine["gpu"]) for c in cols],
@@ -318,7 +320,7 @@ def build(cols: list[Column], base: int) -> dict[str, Any]:
             "verdicts": verdict_table(cols), "sweeps": sweep_tables(cols, base),
             "measurements": measurement_table(cols, base), "needles": needle_tables(cols),
             "recommendations": recommendations(cols), "findings": findings(cols),
-            "spec": spec_decode_table(cols), "words": what_engines_said(cols)}
+            "spec": spec_decode_table(cols), "words": what_engines_said(cols), "reasons": why_not_qualified(cols)}
 
 
 def write_compare(paths: list[Path], out_dir: Path, baseline: str | None = None) -> dict[str, Path]:

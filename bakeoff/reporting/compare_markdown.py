@@ -29,6 +29,17 @@ def _md_cell(c: dict[str, Any], out_dir: Path) -> str:
     return text
 
 
+def reasons_markdown(entries: list[dict[str, Any]], out_dir: Path) -> str:
+    """The "Why not qualified" section: per run that is not qualified, its status and every reason
+    whole (:func:`bakeoff.reporting.compare_tables.why_not_qualified`), all escaped."""
+    lines = ["## Why not qualified", ""]
+    for e in entries:
+        lines.append(f"- **{md_escape(e['run'])}** ({_md_cell({'text': e['run_id'], 'href': e['href']}, out_dir)}): "
+                     f"{md_escape(e['status'])}")
+        lines += [f"  - {md_escape(r)}" for r in e["reasons"]]
+    return "\n".join(lines) + "\n"
+
+
 def md_table(t: dict[str, Any], out_dir: Path) -> str:
     """A table of :func:`bakeoff.reporting.compare.build` (``title``, ``header``, ``rows`` of cells)
     as a ``###`` heading and a Markdown table."""
@@ -52,6 +63,8 @@ def render_markdown(data: dict[str, Any], out_dir: Path, images: dict[str, str])
         parts += [f"- {md_escape(f)}" for f in data["findings"]] + [""]
     parts.append("\n## Machines and configs\n\n" + md_table(data["fingerprint"], out_dir))
     parts.append("## Verdicts\n\n" + md_table(data["verdicts"], out_dir))
+    if data["reasons"]:
+        parts.append(reasons_markdown(data["reasons"], out_dir))
     if data["words"]:
         parts.append(words_markdown(data["words"]))
     parts.append("## Throughput and latency\n")
