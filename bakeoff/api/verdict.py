@@ -91,7 +91,9 @@ class Verdict(Spec):
         options: backend options.
         profile: ``quick`` or ``full``.
         status: qualified / disqualified / unavailable / incomplete.
-        reasons: one line per failed check: ``check: failure-class: summary``.
+        reasons: why the status is not ``qualified`` (:func:`decide`): one line per failed check
+            (``check: failure-class: summary``), the check a cut-off run stopped after, a required
+            check skipped (with its reason) or not run.
         checks: every check, in the order run.
         backend_info: what the engine reported at start.
         fingerprint: environment fingerprint (secrets redacted).
@@ -118,10 +120,29 @@ class Verdict(Spec):
 # A run qualifies only if these passed: a selection of modules that leaves them out (e.g.
 # ``pytest evaluations/test_throughput.py``) measures, but does not qualify.
 REQUIRED_CHECKS = ("load", "sanity.known_answers")
+# Recorded as the session ends, whatever ran before (evaluations/plugin.py): no step of the run,
+# so not the check a cut-off run stopped after.
+SESSION_END_CHECKS = ("telemetry.gpu",)
+
+
+def cut_off_reason(checks: list[Check]) -> str:
+    """Why a run that did not finish is ``incomplete``: the last check it recorded before it stopped
+    (``cut off after check sanity.tokenizer: the run did not finish``), or that none was."""
+    steps = [c.name for c in checks if c.name not in SESSION_END_CHECKS]
+    return (f"cut off after check {steps[-1]}" if steps else "cut off before its first check") + ": the run did not finish"
+
+
+def _required_reason(name: str, checks: list[Check]) -> str:
+    """Why a required check did not pass, in a run with no failure: skipped (its reason), did not run."""
+    c = next((c for c in reversed(checks) if c.name == name), None)
+    if c is None:
+        return f"{name}: required to qualify, did not run"
+    why = c.summary or "(no reason recorded)"
+    return f"{name}: required to qualify, " + (f"skipped: {why}" if c.status == "skip" else f"ended {c.status}: {why}")
 
 
 def decide(checks: list[Check], finished: bool) -> tuple[RunStatus, list[str]]:
-    """Compute a run's status from its checks.
+    """Compute a run's status from its checks, and why.
 
     Rules: a run that did not finish is ``incomplete``; a run whose only failures are of
     class ``unavailable`` is ``unavailable``; any other failed or errored check makes it
@@ -130,16 +151,19 @@ def decide(checks: list[Check], finished: bool) -> tuple[RunStatus, list[str]]:
     disqualify, they are reported).
 
     Args:
-        checks: the run's checks.
+        checks: the run's checks, in the order recorded.
         finished: whether the run reached its end.
 
     Returns:
-        ``(status, reasons)`` where reasons are one line per failed check.
+        ``(status, reasons)``; every status but ``qualified`` has at least one reason: one line
+        per failed check (``check: failure-class: summary``), for a run that did not finish first
+        the check it was cut off after (:func:`cut_off_reason`), for a required check that did not
+        pass its skip reason or that it did not run.
     """
     bad = [c for c in checks if c.status in ("fail", "error")]
-    reasons = [f"{c.name}: {c.failure_class or 'error'}: {c.summary}" for c in bad]
+    reasons = [f"{c.name}: {c.failure_class or 'error'}: {c.summary or '(no message recorded)'}" for c in bad]
     if not finished:
-        return "incomplete", reasons
+        return "incomplete", [cut_off_reason(checks), *reasons]
     if bad and all(c.failure_class == "unavailable" for c in bad):
         return "unavailable", reasons
     if bad:
@@ -149,7 +173,5 @@ def decide(checks: list[Check], finished: bool) -> tuple[RunStatus, list[str]]:
     passed = {c.name for c in checks if c.status == "pass"}
     missing = [name for name in REQUIRED_CHECKS if name not in passed]
     if missing:
-        skipped = {c.name: c.summary for c in checks if c.status == "skip"}
-        return "incomplete", [f"{name}: required to qualify, " + (f"skipped: {skipped[name]}" if name in skipped
-                                                                    else "did not run") for name in missing]
+        return "incomplete", [_required_reason(name, checks) for name in missing]
     return "qualified", reasons

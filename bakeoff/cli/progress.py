@@ -262,22 +262,30 @@ class Progress:
         return run_dir
 
 
+def verdict_rows(runs: list[Path]) -> list[tuple[str, str, str, str, str]]:
+    """``(backend, model, status, reasons, run directory name)`` per run, as the verdict table shows
+    them: the reasons recomputed from the run's checks (every status but ``qualified`` has one),
+    one short line each (the report holds them whole)."""
+    from bakeoff.reporting.report import load_run, reason_lines
+
+    rows = []
+    for p in runs:
+        r = load_run(p)
+        rows.append((str(r["backend"]), str(r["model"]), str(r["status"]), reason_lines(r["reasons"]), p.name))
+    return rows
+
+
 def print_verdicts(runs: list[Path]) -> list[tuple[str, str, str]]:
     """Print the verdict table; returns ``(backend, status, run directory)`` per run."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    from bakeoff.reporting.report import load_run
-
     t = Table(title="bakeoff verdicts")
     for col in ("backend", "model", "status", "reasons", "run"):
         t.add_column(col)
-    outcomes = []
-    for p in runs:
-        r = load_run(p)
-        reasons = "\n".join(str(x) for x in r["verdict"].get("reasons") or [])[:300]  # the engines' words: text, not markup
-        t.add_row(*(escape(str(x)) for x in (r["backend"], r["model"], r["status"], reasons, p.name)))
-        outcomes.append((r["backend"], r["status"], str(p)))
+    rows = verdict_rows(runs)
+    for row in rows:
+        t.add_row(*(escape(x) for x in row))  # the engines' words: text, not markup
     Console(width=160).print(t)
-    return outcomes
+    return [(backend, status, str(p)) for (backend, _m, status, _r, _n), p in zip(rows, runs)]

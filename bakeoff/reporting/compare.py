@@ -11,7 +11,8 @@ position (:mod:`bakeoff.reporting.compare_tables`). When the runs are of several
 models, every column's label names its model; a sweep point whose requests all failed is no
 measurement ("– (all requests failed)"), and its row is kept. Labels and cells are escaped in
 the Markdown (the HTML is autoescaped).
-Output: ``report.md``, ``index.html`` and the plots (:mod:`bakeoff.reporting.compare_html`).
+Output: ``report.md`` (:mod:`bakeoff.reporting.compare_markdown`), ``index.html`` and the plots
+(:mod:`bakeoff.reporting.compare_html`).
 
 Everything is recomputed from the run directories (docs/design.md "Artifacts").
 """
@@ -19,18 +20,16 @@ Everything is recomputed from the run directories (docs/design.md "Artifacts").
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from bakeoff.host.artifacts import atomic_write_text, list_runs
 from bakeoff.api.errors import UserError
 from bakeoff.analysis.noise import bootstrap_mean
 from bakeoff.reporting.compare_findings import delta_text, findings, recommendations, short_value
-from bakeoff.reporting.compare_tables import (all_failed, md_escape, no_success, spec_decode_table, what_engines_said,
-                                               words_markdown)
-from bakeoff.reporting.report import fmt, load_run, summary_text
+from bakeoff.reporting.compare_markdown import render_markdown
+from bakeoff.reporting.compare_tables import all_failed, no_success, spec_decode_table, what_engines_said, why_not_qualified
+from bakeoff.reporting.report import fmt, load_run, reason_line, summary_text
 
 SWEEP_METRICS = [  # (title, point key, higher is better, digits)
     ("Aggregate output tok/s", "output_tokens_per_s", True, 1),
@@ -63,12 +62,6 @@ MEASUREMENTS = [  # (row title, check, value key, higher is better, digits)
 ]
 
 
-def link(path: str | Path, out_dir: Path) -> str:
-    """``path`` relative to the report folder, percent-encoded (a space is ``%20``): Markdown ends
-    a link target at a space, and an HTML ``href`` must not hold one either."""
-    return quote(os.path.relpath(path, out_dir).replace(os.sep, "/"))
-
-
 def cell(text: str, href: str | None = None, cls: str = "") -> dict[str, Any]:
     """A table cell: text, an optional link (relative to the report folder), a CSS class."""
     return {"text": text, "href": href, "cls": cls}
@@ -84,6 +77,7 @@ class Column:
         self.run_id = r["run_id"]
         self.backend = r["backend"]
         self.status = r["status"]
+        self.reasons: list[str] = r["reasons"]  # why the status, recomputed from the run's checks
         self.checks = {c["name"]: c for c in self.v.get("checks", [])}
         self.info = r["info"]
         _check_shape(r)
@@ -197,6 +191,7 @@ def fingerprint_table(cols: list[Column]) -> dict[str, Any]:
     rows = [
         [cell("run")] + [cell(c.run_id, f"{c.path}/verdict.json") for c in cols],
         [cell("status")] + [cell(c.status, cls=c.status) for c in cols],
+        [cell("why")] + [{**cell(reason_line(c.reasons) or "–"), "title": "\n".join(c.reasons)[:2000]} for c in cols],
         [cell("model")] + [cell(c.model) for c in cols],
         [cell("CPU")] + [cell(c.machine["cpu"]) for c in cols],
         [cell("GPU")] + [cell(c.machine["gpu"]) for c in cols],
@@ -325,54 +320,7 @@ def build(cols: list[Column], base: int) -> dict[str, Any]:
             "verdicts": verdict_table(cols), "sweeps": sweep_tables(cols, base),
             "measurements": measurement_table(cols, base), "needles": needle_tables(cols),
             "recommendations": recommendations(cols), "findings": findings(cols),
-            "spec": spec_decode_table(cols), "words": what_engines_said(cols)}
-
-
-def _md_cell(c: dict[str, Any], out_dir: Path) -> str:
-    """A cell as Markdown: its text escaped (a label ``*x*`` or ``<b>x</b>``, a CPU name with a
-    newline, an engine's ``[grid](...)`` stay literal), bold where it fails, a link where it has one."""
-    text = md_escape(c["text"])
-    if c.get("cls") in ("fail", "error", "disqualified", "worse"):
-        text = f"**{text}**"
-    if c.get("href"):
-        return f"[{text}]({link(c['href'], out_dir)})"
-    return text
-
-
-def md_table(t: dict[str, Any], out_dir: Path) -> str:
-    lines = [f"### {md_escape(t['title'])}", "", "| " + " | ".join(md_escape(h) for h in t["header"]) + " |",
-             "|" + "---|" * len(t["header"])]
-    lines += ["| " + " | ".join(_md_cell(c, out_dir) for c in row) + " |" for row in t["rows"]]
-    return "\n".join(lines) + "\n"
-
-
-def render_markdown(data: dict[str, Any], out_dir: Path, images: dict[str, str]) -> str:
-    parts = [f"# bakeoff compare\n\n{len(data['columns'])} runs; baseline: **{md_escape(data['baseline'])}**. A difference is "
-             "called *real* only when the 95% bootstrap interval of the difference (over `--repeats`) excludes 0; "
-             "otherwise *within noise*; with 1 repeat the noise is unknown.\n",
-             "## Recommendation per objective\n\n| objective | run | why |\n|---|---|---|"]
-    parts += [f"| {md_escape(r['objective'])} | {_md_cell(cell(r['run'], r.get('href')), out_dir)} | {md_escape(r['why'])} |"
-              for r in data["recommendations"]]
-    if data["findings"]:  # built from labels, options and run ids: every one escaped
-        parts.append("\n## Option effects (runs one option apart)\n")
-        parts += [f"- {md_escape(f)}" for f in data["findings"]] + [""]
-    parts.append("\n## Machines and configs\n\n" + md_table(data["fingerprint"], out_dir))
-    parts.append("## Verdicts\n\n" + md_table(data["verdicts"], out_dir))
-    if data["words"]:
-        parts.append(words_markdown(data["words"]))
-    parts.append("## Throughput and latency\n")
-    parts += [md_table(t, out_dir) for t in data["sweeps"]]
-    parts += [f"![{name}]({quote(rel)})\n" for name, rel in images.items() if name != "needles"]
-    if data["measurements"]["rows"]:
-        parts.append("## Engine-side measurements\n\n" + md_table(data["measurements"], out_dir))
-    if data["spec"]:
-        parts.append("## Speculative decoding acceptance\n\n" + md_table(data["spec"], out_dir))
-    if data["needles"]:
-        parts.append("## Long-context needles\n")
-        parts += [md_table(t, out_dir) for t in data["needles"]]
-        if "needles" in images:
-            parts.append(f"![needles]({quote(images['needles'])})\n")
-    return "\n".join(parts) + "\n"
+            "spec": spec_decode_table(cols), "words": what_engines_said(cols), "reasons": why_not_qualified(cols)}
 
 
 def write_compare(paths: list[Path], out_dir: Path, baseline: str | None = None) -> dict[str, Path]:

@@ -8,7 +8,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from bakeoff.analysis.noise import compare as noise_compare
-from bakeoff.reporting.report import fmt, summary_text
+from bakeoff.reporting.report import fmt, reason_line, summary_text
 
 if TYPE_CHECKING:
     from bakeoff.reporting.compare import Column
@@ -33,10 +33,18 @@ def delta_text(base: list[float], other: list[float], higher_better: bool) -> tu
     return f"{d.delta_pct:+.1f}%, real", "better" if better else "worse"
 
 
+def status_why(c: Column) -> str:
+    """A run's status and, unless ``qualified``, its first reason in short (``incomplete:
+    sanity.known_answers: required to qualify, skipped: ...``), ``(+N more)`` after."""
+    if c.status == "qualified" or not c.reasons:
+        return c.status
+    return f"{c.status}: {reason_line(c.reasons[:1], 120)}" + (f" (+{len(c.reasons) - 1} more)" if len(c.reasons) > 1 else "")
+
+
 def recommendations(cols: list[Column]) -> list[dict[str, str]]:
     """One recommendation per objective, among every run. When the best figure comes from a run
-    that did not qualify, the line says so (with its status) and names the best qualified run's
-    figure, or that no qualified run measured it: a disqualified run is never dropped unsaid."""
+    that did not qualify, the line says so (with its status and why) and names the best qualified
+    run's figure, or that no qualified run measured it: a disqualified run is never dropped unsaid."""
     recs = []
 
     def row(objective: str, c: Column, why: str) -> dict[str, str]:
@@ -48,7 +56,7 @@ def recommendations(cols: list[Column]) -> list[dict[str, str]]:
         q = next(((s, qc) for s, qc in scored if qc.status == "qualified"), None)
         best_q = (f"best qualified run: {q[1].label} ({q[1].run_id}), {fmt(q[0], digits)} {unit}" if q
                   else "no qualified run measured it")
-        return f"; from a run that was not qualified ({c.status}); {best_q}"
+        return f"; from a run that was not qualified ({status_why(c)}); {best_q}"
 
     def best(objective: str, key_fn, unit: str, higher: bool = True, tie_vals=None, digits: int = 1):
         scored = [(key_fn(c), c) for c in cols]
@@ -85,7 +93,7 @@ def recommendations(cols: list[Column]) -> list[dict[str, str]]:
     stated = [c for c in cols if c.info.get("kv_cache_tokens")]
     if len(stated) == 1:
         c = stated[0]
-        status = "" if c.status == "qualified" else f", a run that was not qualified ({c.status})"
+        status = "" if c.status == "qualified" else f", a run that was not qualified ({status_why(c)})"
         recs.append({"objective": "largest KV capacity", "run": "–", "why": f"only {c.label}{status} stated a KV "
                      f"cache size ({fmt(c.info['kv_cache_tokens'], 0)} tokens): nothing to compare it with"})
     else:

@@ -50,6 +50,10 @@ with 1 repeat the noise is unknown.</p>
 {{ table(data.fingerprint, "fingerprint") }}
 <h2>Verdicts</h2>
 {{ table(data.verdicts, "verdicts") }}
+{% if data.reasons %}<h2>Why not qualified</h2>
+<ul id="reasons">{% for e in data.reasons %}<li><b>{{ e.run }}</b> (<a href="{{ rel(e.href) }}">{{ e.run_id }}</a>): {{ e.status }}
+<ul>{% for r in e.reasons %}<li>{{ r }}</li>{% endfor %}</ul></li>
+{% endfor %}</ul>{% endif %}
 {% if data.words %}<h3>What the engines said (each failed check's own words)</h3>
 <ul id="engine-words">{% for w in data.words %}<li><b>{{ w.run }}</b> · <a href="{{ rel(w.href) }}"><code>{{ w.check }}</code></a> · {{ w["class"] }}: {{ w.words }}</li>
 {% endfor %}</ul>{% endif %}

@@ -7,7 +7,9 @@
   A run whose check failed or skipped shows its status and class instead of figures;
 - what the engines said: each failed check's own words (its summary's first line, without
   vLLM's log-line prefix, trimmed), so that the Markdown holds them and not only the HTML's
-  tooltips.
+  tooltips;
+- why each run that is not qualified is not: its verdict's reasons, whole (the columns' "why"
+  row holds them in one short line).
 
 Works on :class:`bakeoff.reporting.compare.Column` objects; cells are the dicts of
 ``compare.cell`` (text, href, cls).
@@ -20,7 +22,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from bakeoff.analysis.failures import LOG_PREFIX
-from bakeoff.reporting.report import clip, fmt, md_escape, summary_text  # noqa: F401 - md_escape: compare's
+from bakeoff.reporting.report import WHOLE_REASON_CHARS, clip, fmt, md_escape, summary_text  # noqa: F401 - md_escape: compare's
 
 if TYPE_CHECKING:
     from bakeoff.reporting.compare import Column
@@ -75,6 +77,15 @@ def what_engines_said(cols: list[Column]) -> list[dict[str, str]]:
                         "words": engine_words(ch.get("summary")) or "(no message recorded)",
                         "href": str(c.path / f"checks/{name}.json")})
     return out
+
+
+def why_not_qualified(cols: list[Column]) -> list[dict[str, Any]]:
+    """One entry per column whose status is not ``qualified``, in column order: ``{"run": column
+    label, "run_id", "status", "reasons": its verdict's reasons, each on one line and whole (up to
+    :data:`bakeoff.reporting.report.WHOLE_REASON_CHARS`), "href": its verdict.json}``."""
+    return [{"run": c.label, "run_id": c.run_id, "status": c.status, "href": str(c.path / "verdict.json"),
+             "reasons": [clip(" ".join(str(r).split()), WHOLE_REASON_CHARS) for r in c.reasons]}
+            for c in cols if c.status != "qualified"]
 
 
 def _spec_config(c: Column) -> dict[str, Any]:

@@ -1,19 +1,25 @@
 """``bakeoff report``: a Markdown report of run directories (verdict table + sweep table).
 
-Everything shown is recomputed from the run directories (docs/design.md "Artifacts").
+Everything shown is recomputed from the run directories (docs/design.md "Artifacts"), the
+verdicts' reasons too: every status but ``qualified`` says why, in one short line in the verdict
+table (:func:`reason_line`) and whole under "Why not qualified".
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from jinja2 import Environment
+from markupsafe import Markup
 
 from bakeoff.host.artifacts import atomic_write_text, list_runs, read_json
 from bakeoff.api.errors import UserError
+from bakeoff.analysis.failures import LOG_PREFIX
 
 TEMPLATE = """# bakeoff report
 
@@ -21,11 +27,22 @@ TEMPLATE = """# bakeoff report
 
 ## Verdicts
 
-| backend | model | options | status | failed checks (class: evidence) | run |
+| backend | model | options | status | why | run |
 |---|---|---|---|---|---|
 {% for r in runs -%}
-| {{ r.backend }} | {{ r.model }} | {{ r.options or "" }} | **{{ r.status }}** | {% for f in r.failures %}{{ f }}{% if not loop.last %}<br>{% endif %}{% endfor %} | {{ r.run_id }} |
+| {{ r.backend }} | {{ r.model }} | {{ r.options or "" }} | **{{ r.status }}** | {{ r.why }} | {{ r.run_id }} |
 {% endfor %}
+{% set unqualified = runs|rejectattr("status", "equalto", "qualified")|list %}{% if unqualified -%}
+## Why not qualified
+
+{% for r in unqualified -%}
+### {{ r.backend }} on {{ r.model }}{% if r.options %} ({{ r.options }}){% endif %}: {{ r.status }}
+
+Run [{{ r.run_id }}]({{ r.verdict_href|safe }}):
+
+{% for reason in r.reasons %}- {{ whole(reason) }}
+{% endfor %}
+{% endfor %}{% endif -%}
 ## Engines
 
 | backend | engine | version | device | start s | KV cache tokens | max concurrency |
@@ -76,6 +93,36 @@ def summary_text(check: dict[str, Any] | None, default: str = "") -> str:
     return default if s is None else s if isinstance(s, str) else str(s)
 
 
+TABLE_REASON_CHARS = 240  # the reasons of one run in a table cell, at most
+WHOLE_REASON_CHARS = 4000  # one reason "whole", at most (a damaged run's megabyte summary is cut)
+_LOG_PREFIX_ANYWHERE = re.compile(LOG_PREFIX.pattern.lstrip("^"))
+
+
+def _one_line(reason: Any) -> str:
+    return " ".join(str(reason).split())
+
+
+def reason_line(reasons: list[str], n: int = TABLE_REASON_CHARS) -> str:
+    """A run's reasons as one short line for a table cell; empty without reasons.
+
+    Each reason on one line, vLLM's log-line prefixes taken out (the whole text keeps them); the
+    first three share ``n`` characters, each cut at a word boundary with an ellipsis but to no less
+    than 80 (its check and failure class, which lead, stay whole); ``(+N more)`` says how many are
+    left out.
+    """
+    lines = [_LOG_PREFIX_ANYWHERE.sub("", _one_line(r)) for r in reasons]
+    if not lines:
+        return ""
+    each = max(80, n // min(3, len(lines)))
+    return "; ".join(clip(x, each) for x in lines[:3]) + (f" (+{len(lines) - 3} more)" if len(lines) > 3 else "")
+
+
+def reason_lines(reasons: list[str], n: int = 200, most: int = 4) -> str:
+    """A run's reasons for a console cell: one line each, cut to ``n`` characters, ``most`` of them."""
+    lines = [clip(_LOG_PREFIX_ANYWHERE.sub("", _one_line(r)), n) for r in reasons[:most]]
+    return "\n".join(lines + ([f"(+{len(reasons) - most} more)"] if len(reasons) > most else []))
+
+
 _MD_SPECIAL = re.compile(r"([\\`*\[\]<|])|^>|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")  # a ">" inside text is no quote
 STATUSES = ("qualified", "disqualified", "unavailable", "incomplete")  # bakeoff/api/verdict.py's
 
@@ -109,10 +156,12 @@ def _recomputed(v: dict[str, Any]) -> tuple[str, list[str]]:
     recorded = v.get("status")
     if recorded is not None and recorded not in STATUSES:  # damage shown as it is, not judged into a status
         return f"unknown status {str(recorded)[:40]!r}", [f"verdict.json says status {str(recorded)[:40]!r}, not a verdict status"]
-    try:
-        checks = [Check.model_validate(c) for c in v.get("checks", [])]
+    try:  # a summary of another type (a damaged run) is its text: the reasons are still recomputed
+        checks = [Check.model_validate({**c, "summary": summary_text(c)}) for c in v.get("checks", [])]
     except (ValueError, RecursionError):
-        return str(recorded), [r for r in (v.get("reasons") or []) if isinstance(r, str)] if isinstance(v.get("reasons"), list) else []
+        reasons = [r for r in (v.get("reasons") or []) if isinstance(r, str)] if isinstance(v.get("reasons"), list) else []
+        return str(recorded), reasons or ([] if recorded == "qualified" else
+                                          [f"verdict.json records no reason for {recorded} and its checks are not bakeoff's"])
     return decide(checks, finished=v.get("finished_at") is not None)
 
 
@@ -172,8 +221,6 @@ def load_run(path: Path) -> dict[str, Any]:
     _require_verdict_shape(v, path)
     checks = {c["name"]: c for c in v.get("checks", [])}
     v["status"], v["reasons"] = _recomputed(v)
-    fails = [f"{c['name']}: {c.get('failure_class') or 'error'}: {clip(summary_text(c), 160)}"
-             for c in v.get("checks", []) if c["status"] in ("fail", "error")]
     sweep = checks.get("throughput.sweep", {}).get("values", {})
     ka = checks.get("sanity.known_answers", {})
     dg = checks.get("sanity.degeneration", {})
@@ -189,7 +236,7 @@ def load_run(path: Path) -> dict[str, Any]:
     return {
         "path": str(path), "run_id": v.get("run_id"), "backend": v.get("backend"), "model": v.get("model"),
         "options": ", ".join(f"{k}={val}" for k, val in (v.get("options") or {}).items()),
-        "status": v.get("status"), "failures": fails,
+        "status": v.get("status"), "reasons": v["reasons"], "why": reason_line(v["reasons"]),
         "info": v.get("backend_info") or {}, "points": sweep.get("points") or [], "warmup": sweep.get("warmup"),
         "sanity": {"accuracy": pct(ka.get("values", {}).get("accuracy")) if ka else "–",
                    "flagged": (f"{dg['values'].get('flagged')}/{dg['values'].get('outputs')}" if dg.get("values") else "–"),
@@ -211,9 +258,13 @@ def write_report(run_paths: list[Path], out_dir: Path) -> Path:
     runs = [load_run(p) for p in list_runs(run_paths)]
     if not runs:
         raise UserError(f"no run directory (with verdict.json) under {', '.join(map(str, run_paths))}")
-    # every value a run gives is escaped as it is written (finalize): a model name "<img onerror=...>" is text
-    env = Environment(trim_blocks=False, lstrip_blocks=False, keep_trailing_newline=True, finalize=md_escape)
-    text = env.from_string(TEMPLATE).render(runs=runs, fmt=fmt)
+    for r in runs:  # relative to the report, percent-encoded: a link that a space does not end
+        r["verdict_href"] = quote(os.path.relpath(Path(r["path"]) / "verdict.json", out_dir).replace(os.sep, "/"))
+    # every value a run gives is escaped as it is written (finalize): a model name "<img onerror=...>" is text;
+    # but a link target made here (percent-encoded, ``|safe``), whose "_" or "\\" an escape would change
+    env = Environment(trim_blocks=False, lstrip_blocks=False, keep_trailing_newline=True,
+                      finalize=lambda x: x if isinstance(x, Markup) else md_escape(x))
+    text = env.from_string(TEMPLATE).render(runs=runs, fmt=fmt, whole=lambda r: clip(_one_line(r), WHOLE_REASON_CHARS))
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "report.md", text)
     return out_dir / "report.md"
