@@ -27,7 +27,7 @@ from bakeoff.api.verdict import Check
 from bakeoff.host import procs
 from bakeoff.host.envs import freeze
 from bakeoff.host.telemetry import GpuSampler, load_nvml
-from evaluations.reference import is_reference_run
+from evaluations.reference import is_reference_run, reference_options
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -111,6 +111,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                    "model_path": s.model.path, "options": s.options, "profile": s.profile,
                                    "profile_settings": s.profile_cfg, "reference_model": s.reference_model.label,
                                    "reference_reason": s.reference_reason, "reference_options": s.reference_options,
+                                   "reference_options_resolved": reference_options(s),
                                    "patches": s.patches, "source_model_path": s.source_model.path if s.source_model else None,
                                    "command": sys.argv, "cwd": os.getcwd()})
     config.stash[KEY_SETTINGS] = s

@@ -31,17 +31,24 @@ from bakeoff.api.specs import BackendConfig
 from bakeoff.analysis.generic_probes import chat_template_of, generic_probes
 from evaluations.probing import run_probes
 
-REFERENCE_CACHE_VERSION = 2  # 2: outputs carry top-k logprobs
+REFERENCE_CACHE_VERSION = 3  # 2: outputs carry top-k logprobs; 3: keyed by the resolved options (float32 on CPU)
 
 
 # The reference generates one request at a time (``generate``), whatever the transformers backend's
 # default (continuous batching, its serving mode): ``--reference-opt batching=...`` alone changes it.
 REFERENCE_DEFAULTS = {"batching": "none"}
+# On a CPU the reference computes in float32 whatever the checkpoint's dtype: it is the yardstick, not
+# a measured engine; float32 is the most exact and the least host-dependent (bf16 kernels differ between
+# the AVX2 and AVX-512 hosts, and an AVX2 CPU emulates bf16 several times slower:
+# bakeoff/host/cpu_dtype.py). On CUDA the checkpoint's dtype. ``--reference-opt dtype=...`` changes it.
+REFERENCE_CPU_DTYPE = "float32"
 
 
 def reference_options(settings) -> dict:
-    """The reference's options: ``--reference-opt`` over :data:`REFERENCE_DEFAULTS`."""
-    return {**REFERENCE_DEFAULTS, **settings.reference_options}
+    """The reference's options: ``--reference-opt`` over :data:`REFERENCE_DEFAULTS` (and
+    :data:`REFERENCE_CPU_DTYPE` on a host without CUDA)."""
+    cpu = {} if envs.has_cuda() else {"dtype": REFERENCE_CPU_DTYPE}
+    return {**REFERENCE_DEFAULTS, **cpu, **settings.reference_options}
 
 
 def is_reference_run(settings) -> bool:
@@ -104,7 +111,7 @@ def reference(settings, run, probes):
 
     items, _ = probes
     key = hashlib.sha256(json.dumps([REFERENCE_CACHE_VERSION, settings.reference_model.path,
-                                     _model_stamp(settings.reference_model), settings.reference_options,
+                                     _model_stamp(settings.reference_model), reference_options(settings),
                                      [[p.prompt, p.expected, p.match] for p in items]]).encode()).hexdigest()[:16]
     cache = envs.cache_root() / "reference" / f"{key}.json"
     if cache.is_file():
@@ -114,7 +121,7 @@ def reference(settings, run, probes):
         info = ref.start()
         result = {"ok": True, "outputs": run_probes(ref, items, logprobs=PROBE_LOGPROBS),
                   "engine": {"device": info.device, "engine_version": info.engine_version,
-                             "options": settings.reference_options}}
+                             "options": reference_options(settings), "dtype": info.notes.get("dtype")}}
     except EngineFailure as exc:
         result = {"ok": False, "error": f"{exc.failure_class}: {exc.message}", "log_tail": ref.log_tail(60)}
     finally:

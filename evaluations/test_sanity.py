@@ -157,6 +157,7 @@ def test_reference_agreement(run, settings, engine, reference, probe_outputs):
             c.evidence("reference_error.txt", reference.get("error", "") + "\n\n" + reference.get("log_tail", ""))
             c.skip(f"the transformers reference could not run: {reference.get('error')}")
         ref_outs = reference["outputs"]
+        c.values["reference_engine"] = reference.get("engine")  # its device, dtype (float32 on CPU) and options
         agr = agreement(probe_outputs, ref_outs)
         c.evidence("agreement.json", agr)
         ties = [r["outcome"] == "tie" for r in agr["rows"]]

@@ -11,7 +11,8 @@ from pydantic import Field
 from backends.transformers.preflight import rule as preflight_rule
 from backends._hosting.threads import default_threads
 from backends._server import ChildServerBackend
-from bakeoff.host.envs import child_env
+from bakeoff.host.cpu_dtype import default_dtype
+from bakeoff.host.envs import child_env, has_cuda
 from bakeoff.api.specs import BackendInfo, Spec
 
 
@@ -98,10 +99,21 @@ class TransformersBackend(ChildServerBackend):
             return None, "torch's default (the model runs on CUDA)"
         return default_threads()
 
+    def dtype(self) -> tuple[str, str | None]:
+        """The worker's ``dtype`` and, when bakeoff chose it, why: ``auto`` on a CPU is the
+        checkpoint's dtype where the CPU computes it natively, else float32
+        (:func:`bakeoff.host.cpu_dtype.default_dtype`)."""
+        if self.options.dtype != "auto":
+            return self.options.dtype, None
+        if self.options.device == "cuda" or (self.options.device == "auto" and has_cuda()):
+            return "auto", None
+        choice = default_dtype(self.config.model)
+        return choice.dtype or "auto", f"bakeoff's default (dtype=auto on CPU): {choice.note}"
+
     def worker_options(self) -> dict:
         """The worker's options: the backend's, ``num_threads`` resolved (:meth:`threads`; the worker
-        applies it only where the model runs on CPU)."""
-        return {**self.options.model_dump(), "num_threads": self.threads()[0]}
+        applies it only where the model runs on CPU) and ``dtype`` (:meth:`dtype`)."""
+        return {**self.options.model_dump(), "num_threads": self.threads()[0], "dtype": self.dtype()[0]}
 
     def command(self, port: int) -> tuple[list[str], dict[str, str]]:
         cmd = [sys.executable, "-m", "backends.transformers.worker", "--model", self.config.model,
@@ -120,7 +132,8 @@ class TransformersBackend(ChildServerBackend):
             concurrent_requests=(None if info.get("batching") == "continuous" else
                                  self.options.max_batch_size if info.get("batching") == "static" else 1),
             fallbacks={"batching": str(info["batching_fallback"])} if info.get("batching_fallback") else {},
-            notes={"dtype": str(info.get("dtype")), "torch": str(info.get("torch_version")),
+            notes={"dtype": str(info.get("dtype")), **({"dtype_choice": self.dtype()[1]} if self.dtype()[1] else {}),
+                   "torch": str(info.get("torch_version")),
                    "trust_remote_code": str(info.get("trust_remote_code")),
                    "scheduling": ("continuous batching (transformers ContinuousBatchingManager, paged KV cache; "
                                   + str(info.get("paused_path")) + ")"

@@ -239,6 +239,11 @@ class VllmBackend(ChildServerBackend):
             val = getattr(o, key)
             if val is not None:
                 args += ["--" + key.replace("_", "-"), str(val)]
+        if o.dtype is None and not self.cuda:  # a bf16 checkpoint on a CPU without native bf16: float32
+            choice = default_dtype(self.config.model)
+            self.dtype_note = choice.note
+            if choice.dtype:
+                args += ["--dtype", choice.dtype]
         if o.enforce_eager if o.enforce_eager is not None else not self.cuda:
             args.append("--enforce-eager")
         for key in ("enable_prefix_caching", "enable_chunked_prefill", "async_scheduling"):
@@ -347,6 +352,8 @@ class VllmBackend(ChildServerBackend):
         blocks = HYBRID_BLOCK_LINE.findall(log)
         if blocks:  # whole blocks are what the prefix cache can hit and what a request takes
             notes["kv_block_size_tokens"] = blocks[-1]
+        if getattr(self, "dtype_note", None):
+            notes["dtype_choice"] = f"bakeoff's default (dtype unset): {self.dtype_note}"
         if getattr(self, "cpu_memory_note", None):
             notes["gpu_memory_utilization"] = self.cpu_memory_note
         patched = env_patches.summary(self.environment_record())
