@@ -201,18 +201,24 @@ def check_options(req: Request, names: list[str]) -> tuple[list[Run], dict[str, 
         UserError: a malformed item, an unknown key or a bad value (naming the valid keys), a
             ``--matrix`` axis no backend has, an option set both ways.
     """
-    from bakeoff.analysis.matrix import baselines_first, cells_for, merge_options, parse_matrix
+    from bakeoff.analysis.matrix import baselines_first, cells_for, merge_options, parse_matrix, scoped_items
     from bakeoff.api.options import parse_options, split_backend_opts
 
     per = ({n: dict(req.options) for n in names} if req.options is not None
            else split_backend_opts(req.backend_opt, names))
-    cells = baselines_first(parse_matrix(req.matrix))  # a quantized-KV cell is judged against its auto cell
+    scoped = scoped_items(req.matrix, names)  # BACKEND:key=... axes for one backend
+    shared = [i for i in req.matrix if ":" not in i.partition("=")[0]]
     runs: list[Run] = []
     left_out: dict[str, list[str]] = {}
     for n in names:
+        cells = baselines_first(parse_matrix(scoped[n]))  # a quantized-KV cell is judged against its auto cell
         mine, left_out[n] = cells_for(cells, backends.resolve(n).Options.model_fields.__contains__)
         runs += [Run(n, cell, merge_options(per[n], cell)) for cell in mine]
-    for axis in cells[0].choices:
+        own = parse_matrix([i for i in scoped[n] if i not in shared])[0].choices
+        for axis in own:
+            if axis in left_out[n]:
+                raise UserError(f"--matrix {n}:{axis} is not an option of {n}; check its spelling or drop the axis")
+    for axis in parse_matrix(shared)[0].choices:
         if all(axis in left_out[n] for n in names):
             raise UserError(f"--matrix {axis} is an option of none of {', '.join(names)}; "
                             "check its spelling (a preset: speculative, prefix_cache) or drop the axis")

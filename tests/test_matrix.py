@@ -118,3 +118,25 @@ def test_qualify_runs_a_backend_once_when_the_matrix_is_not_its_own(tmp_path, mo
     assert "--backend-opt=kv_cache_dtype=fp8" in calls[1] and f"--baseline-run={tmp_path / 'art' / 'runs' / 'run1'}" in calls[1]
     assert not any(a.startswith("--backend-opt") for a in calls[2])
     assert "ort-genai: --matrix kv_cache_dtype not varied (no such option of ort-genai)" in capsys.readouterr().out
+
+
+def test_a_scoped_axis_varies_one_backend_only():
+    """``--matrix ort-genai:precision=int4,fp32``: ORT GenAI's lossy default beside its lossless export,
+    optimum-ort (which has a ``precision`` option too) once, vLLM once."""
+    from evaluations.inputs import Request, check_request
+
+    c = check_request(Request(entry="qualify", backends=["ort-genai", "optimum-ort", "vllm"], model="fixture:tiny-qwen3",
+                              matrix=["ort-genai:precision=int4,fp32"]))
+    assert [(r.backend, r.options) for r in c.runs] == [
+        ("ort-genai", {"precision": "int4"}), ("ort-genai", {"precision": "fp32"}), ("optimum-ort", {}), ("vllm", {})]
+
+
+@pytest.mark.parametrize("items, message", [
+    (["openvino:precision=int4,fp32"], "scoped to 'openvino', not a backend of this run"),
+    (["vllm:precision=int4,fp32"], "--matrix vllm:precision is not an option of vllm"),
+])
+def test_a_bad_scope_is_one_line(items, message):
+    from evaluations.inputs import Request, check_request
+
+    with pytest.raises(UserError, match=message):
+        check_request(Request(entry="qualify", backends=["ort-genai", "vllm"], model="fixture:tiny-qwen3", matrix=items))

@@ -108,6 +108,30 @@ def _expand(key: str, raw: str) -> dict[str, Any]:
 MAX_CELLS = 64
 
 
+def scoped_items(items: list[str], backends_: list[str]) -> dict[str, list[str]]:
+    """The ``--matrix`` items each backend runs: ``BACKEND:key=v1,v2`` for that backend alone (the
+    real model's ``--matrix ort-genai:precision=int4,fp32`` sets ORT GenAI's lossy default beside its
+    lossless export, without a ``precision`` axis for optimum-ort), unscoped ones for all.
+
+    Raises:
+        UserError: a scope that names no backend of this run.
+    """
+    out: dict[str, list[str]] = {b: [] for b in backends_}
+    for item in items:
+        head = item.partition("=")[0]
+        if ":" in head:
+            scope, _, rest = item.partition(":")
+            scope = scope.strip()
+            if scope not in out:
+                raise UserError(f"--matrix {item[:60]!r} is scoped to {scope[:40]!r}, not a backend of this run "
+                                f"({', '.join(backends_)}); write BACKEND:key=v1,v2 or drop the scope")
+            out[scope].append(rest)
+        else:
+            for b in backends_:
+                out[b].append(item)
+    return out
+
+
 def parse_matrix(items: list[str]) -> list[Cell]:
     """Parse ``--matrix`` items into cells (cartesian product, first key varying slowest).
 

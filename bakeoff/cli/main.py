@@ -150,9 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run every backend on a recorded, patched copy of the checkpoint (repeatable): "
                         "quantization_config.ignore+=re:.*mtp\\..*, PATH=VALUE, del:PATH; or 'preflight' for the "
                         "patches the pre-flight rules suggest")
-    q.add_argument("--matrix", action="append", default=[], metavar="KEY=V1,V2",
+    q.add_argument("--matrix", action="append", default=[], metavar="[BACKEND:]KEY=V1,V2",
                    help="run every combination (repeatable): a backend option or a preset "
-                        "(speculative=none,ngram,mtp; prefix_cache=on,off)")
+                        "(speculative=none,ngram,mtp; prefix_cache=on,off); BACKEND: varies that backend only")
     q.add_argument("--repeats", type=int, default=None, help="measure each sweep point R times (noise estimate; "
                    "default 1, at most 100)")
     q.add_argument("--quiet", action="store_true", help="no live table and no pytest output (each run keeps it "
