@@ -145,6 +145,23 @@ def test_a_sleeping_engine_is_a_hang_with_flat_cpu(fresh):
     assert window["used"] < 0.1 * window["window_s"], window  # flat: under 10% of one core
 
 
+@pytest.mark.parametrize("busy_before", ["burn 0.8", "stall"])
+def test_work_before_the_silence_does_not_hide_a_hang(fresh, busy_before):
+    """The window starts inside the silence: CPU the engine spent just before it (a previous
+    request's prefill, or this request's own before its tokens stopped) does not count as
+    progress, so the hang is told at the first check (at most a quarter timeout later)."""
+    if busy_before == "stall":
+        exc, took = _failure(fresh, "stall 4")
+    else:
+        assert send(fresh, busy_before)[0].status == "ok"
+        exc, took = _failure(fresh, "sleep 4")
+    assert exc is not None and exc.failure_class == "hang", exc
+    assert took < (0.5 if busy_before == "stall" else 0) + 1.25 * TIMEOUT_S + TICK_S + SLACK_S, took
+    record = json.loads(exc.evidence["hang.json"])
+    assert record["progress"]["window"]["used"] < 0.1 * record["progress"]["window"]["window_s"], record
+    assert record["bytes"] > 0 if busy_before == "stall" else record["bytes"] == 0, record
+
+
 def test_a_stopped_engine_is_a_hang_within_two_timeouts(fresh):
     stopped = {}
 

@@ -88,29 +88,29 @@ class _Conn(asyncio.Protocol):
 
         Args:
             timeout_s: no byte within this many seconds ends the read, unless ``patience`` says on.
-            patience: optional async callable, given the seconds waited when nothing arrived in
-                time: returns the seconds to go on waiting, or None to give up
+            patience: optional async callable, given the seconds since this read began waiting when
+                nothing arrived in time: returns the seconds to go on waiting, or None to give up
                 (:class:`bakeoff.loadgen.progress.Patience`: wait on while the engine computes).
 
         Raises:
             TransportError: ``timeout`` when nothing arrives within ``timeout_s`` (and ``patience``
                 gave up).
         """
-        wait_s, waited_s = timeout_s, 0.0
+        wait_s, silent_since = timeout_s, None
         while not self.chunks:
             if self.eof:
                 return None
             fut = self.loop.create_future()
             self.waiter = fut
             self.wait_since = time.monotonic()
+            silent_since = silent_since or self.wait_since
             self.timeout_s = wait_s
             try:
                 await fut
             finally:
                 self.waiter = None
             if fut.result() == "timeout" and not self.chunks and not self.eof:
-                waited_s += time.monotonic() - self.wait_since
-                more_s = await patience(waited_s) if patience is not None else None
+                more_s = await patience(time.monotonic() - silent_since) if patience is not None else None
                 if more_s is None:
                     raise TransportError("timeout", f"no byte for {timeout_s:g} s")
                 wait_s = more_s  # bytes that came during the check are read at the loop's top

@@ -5,8 +5,9 @@ can read the engine's progress (a :class:`Progress`: the CPU time of the process
 launched, or a server's own token counters), the HTTP reader asks this module instead
 (docs/design.md "Failure classes", the hang rule):
 
-- the engine's progress over the window of silence (from the newest sample taken at least a
-  timeout before the check, about when the last byte came, to now) at or above the source's
+- the engine's progress over a window inside the silence (from the first sample taken after the
+  last byte, or the send, to now; where none was taken, from now over a quarter timeout more; later,
+  from the previous check) at or above the source's
   ``min_rate_per_s``: it computes, the request keeps waiting, up to an overall deadline counted
   from the request's send (``deadline_s``, a multiple of the timeout); past it the request ends
   ``slo-miss``: slow, with the rate measured, never ``hang``;
@@ -30,6 +31,9 @@ from typing import Callable, Literal
 
 # Seconds: concurrent checks at one watchdog tick share one fresh sample.
 REUSE_S = 0.25
+# Seconds: a sample taken this much before a silence began still starts its window (the send's own
+# sample is read in the executor as the request is written).
+SAMPLE_SLACK_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -136,15 +140,12 @@ class ProgressWatch:
             return self.samples[-1]
         return await asyncio.get_running_loop().run_in_executor(None, self._sample)
 
-    def window(self, t_s: float, value: float) -> Window | None:
-        """Progress from the newest sample at least a timeout before ``t_s`` to ``(t_s, value)``;
-        None when there is no such sample."""
-        cutoff = t_s - self.timeout_s
-        base = max((s for s in list(self.samples) if s[0] <= cutoff), default=None)
-        if base is None:
-            return None
-        p = self.progress
-        return Window(base[0], t_s, max(0.0, value - base[1]), p.unit, p.min_rate_per_s, p.source)
+    def baseline(self, since_s: float, until_s: float) -> tuple[float, float] | None:
+        """The oldest sample taken inside a silence that began at ``since_s`` (``SAMPLE_SLACK_S``
+        earlier at most: the send's sample lands as the request goes out) and no later than
+        ``until_s``; None when there is none."""
+        inside = [s for s in list(self.samples) if since_s - SAMPLE_SLACK_S <= s[0] <= until_s]
+        return min(inside, default=None)
 
     def patience(self, t_send_s: float) -> "Patience":
         """The check of one request sent at ``t_send_s`` (monotonic seconds)."""
@@ -168,27 +169,37 @@ class Patience:
         self.whole: Window | None = None
         self.checks = 0
         self.reason = ""
-        self._first: tuple[float, float] | None = None
+        self._first: tuple[float, float] | None = None  # the first window's start: the whole's
+        self._last: tuple[float, float] | None = None  # this silence's previous check
 
     async def __call__(self, waited_s: float) -> float | None:
-        """Seconds to keep waiting for the next byte, or None to end the request (by :attr:`outcome`)."""
+        """Seconds to keep waiting for the next byte, or None to end the request (by :attr:`outcome`).
+
+        Args:
+            waited_s: seconds since the last byte (or the send): the silence so far.
+        """
         w = self.watch
         t, value = await w.sample_now()
         self.checks += 1
-        win = w.window(t, value) if value is not None else None
-        self.window = win
-        if win is None:
-            self.outcome, self.reason = "hang", (f"the engine's progress could not be read ({w.progress.source})"
-                                                 if value is None else "no earlier progress sample to compare with")
+        left_s = self.t_send_s + w.deadline_s - t
+        if value is None:
+            self.outcome, self.reason = "hang", f"the engine's progress could not be read ({w.progress.source})"
             return None
-        if self._first is None:
-            self._first = (win.start_s, value - win.used)
-        self.whole = Window(self._first[0], t, max(0.0, value - self._first[1]), win.unit, win.min_rate_per_s,
-                            win.source)
+        since_s = t - waited_s
+        if self._last is not None and since_s > self._last[0] + SAMPLE_SLACK_S:
+            self._last = None  # a byte came after the last check: a new silence, a new window
+        base = self._last or w.baseline(since_s, t - w.timeout_s / 4)
+        self._last = (t, value)
+        if base is None:  # no sample inside the silence yet: measure over a quarter timeout from now
+            self._first = self._first or (t, value)
+            return max(0.05, min(w.timeout_s / 4, left_s))
+        p = w.progress
+        self.window = win = Window(base[0], t, max(0.0, value - base[1]), p.unit, p.min_rate_per_s, p.source)
+        self._first = self._first or base
+        self.whole = Window(self._first[0], t, max(0.0, value - self._first[1]), p.unit, p.min_rate_per_s, p.source)
         if not win.computing:
             self.outcome, self.reason = "hang", f"no progress: {win.words()}"
             return None
-        left_s = self.t_send_s + w.deadline_s - t
         if left_s <= 0.05:
             self.outcome, self.reason = "slow", f"still computing: {win.words()}"
             return None

@@ -9,6 +9,7 @@ written in its prompt, so one server plays every case:
 - ``burn-head S``: burns S seconds on the event loop before the response head (a server that
   answers nothing until its engine is done);
 - ``sleep S``: sends the head and sleeps S seconds without CPU (a wedged engine), then answers;
+- ``stall S``: burns 0.5 s, streams two tokens, then sleeps S seconds (wedged mid-stream);
 - anything else: answers at once.
 
 ``GET /metrics`` shows vLLM's counters: ``vllm:iteration_tokens_total_count`` grows by one every
@@ -67,7 +68,7 @@ def slow_app(metrics: bool = True):
     async def completions(request):
         body = await request.json()
         words = str(body.get("prompt") or "").split()
-        what, seconds = (words[0], float(words[1])) if len(words) == 2 and words[0] in ("burn", "burn-head", "sleep") \
+        what, seconds = (words[0], float(words[1])) if len(words) == 2 and words[0] in ("burn", "burn-head", "sleep", "stall") \
             else ("now", 0.0)
         if what == "burn-head":
             burn(seconds, counters)
@@ -76,6 +77,11 @@ def slow_app(metrics: bool = True):
         if what == "burn":
             await asyncio.to_thread(burn, seconds, counters)
         elif what == "sleep":
+            await asyncio.sleep(seconds)
+        elif what == "stall":
+            await asyncio.to_thread(burn, 0.5, counters)
+            for k in range(2):
+                await resp.write(_sse({"choices": [{"index": 0, "text": f" s{k}", "token_ids": [k], "finish_reason": None}]}))
             await asyncio.sleep(seconds)
         n = int(body.get("max_tokens") or 4)
         for k in range(n):
