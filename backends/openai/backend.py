@@ -4,8 +4,11 @@ Nothing is launched and nothing is stopped: ``probe()`` checks that the server a
 OpenAI-compatible API (``GET /health``, else ``GET /v1/models``; an HTML page is not one),
 ``start()`` learns the served model name; ``stop()`` leaves the remote server alone. Every
 request (generations, ``/v1/models``, ``/health``, ``/tokenize``, ``/metrics``) honours
-``read_timeout_s``: a stall is ``hang`` with the elapsed time. Streaming goes through :class:`bakeoff.loadgen.client.OpenAIClient`
-(per-event arrival stamps, reasoning/thinking deltas counted apart from text).
+``read_timeout_s``: a stall is ``hang`` with the elapsed time, except a generation while the server's
+``/metrics`` token counters advance, where it has them (slow, not hung: docs/design.md "Failure classes";
+``BackendInfo.notes["progress"]`` says which rule applies). Streaming goes through
+:class:`bakeoff.loadgen.client.OpenAIClient` (per-event arrival stamps, reasoning/thinking deltas counted
+apart from text).
 
 The API key is read from the environment variable *named* by ``api_key_env`` at request
 time; the key itself is never written to a spec, a log or an artifact.
