@@ -13,7 +13,7 @@ launched, or a server's own token counters), the HTTP reader asks this module in
   ``slo-miss``: slow, with the rate measured, never ``hang``;
 - below it (CPU time flat: a stopped, sleeping or deadlocked engine): ``hang``, with the
   progress of that window as evidence;
-- progress that cannot be read (no baseline, the processes gone): ``hang``, as before.
+- progress that cannot be read (the processes gone, ``/metrics`` not answering): ``hang``, as before.
 
 Samples are taken lazily: when a request is sent or a chunk arrives and the newest sample is
 older than a quarter of the timeout (in the loop's executor: a read of ``/proc`` or of a
@@ -81,7 +81,7 @@ class Window:
         return self.used > 0 and self.rate_per_s >= self.min_rate_per_s
 
     def words(self) -> str:
-        """``the engine used 0.00 CPU s in the last 10.3 s (0% of the 10% ... that counts as computing)``."""
+        """E.g. ``the engine used 0.00 CPU s in 10.3 s (0% of one core; computing is 10% of one core)``."""
         rate = (f"{self.rate_per_s:.0%} of one core" if self.unit == "CPU s" else f"{self.rate_per_s:.3g} {self.unit}/s")
         floor = (f"{self.min_rate_per_s:.0%} of one core" if self.unit == "CPU s" else
                  ("any advance" if self.min_rate_per_s <= 0 else f"{self.min_rate_per_s:g} {self.unit}/s"))
