@@ -20,6 +20,7 @@ from typing import Any, AsyncIterator
 from backends.base import Backend
 from bakeoff.api.errors import EngineFailure
 from bakeoff.loadgen.client import OpenAIClient
+from bakeoff.loadgen.progress import Progress
 from bakeoff.analysis.failures import classify_start, kernel_refusal, missing_tokenizer
 from bakeoff.host.procs import ManagedProcess, describe_exit, died_by_signal, free_port
 from bakeoff.api.specs import BackendInfo, GenerationRequest, TokenEvent
@@ -197,8 +198,13 @@ class ChildServerBackend(Backend):
         return status == 200
 
     def make_client(self, served_model: str) -> OpenAIClient:
+        """The client of the launched engine: a request without a byte for the progress timeout is
+        checked against the CPU time of the engine's process group (:func:`cpu_progress`)."""
+        timeout_s = self.config.progress_timeout_s
         self.client = OpenAIClient(self.base_url, served_model, api=self.api, extra_body=self.extra_body(),
-                                   read_timeout_s=self.config.progress_timeout_s)
+                                   read_timeout_s=timeout_s,
+                                   progress=cpu_progress(self.proc) if self.proc is not None else None,
+                                   deadline_s=self.config.request_deadline_factor * timeout_s)
         return self.client
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
@@ -278,6 +284,20 @@ class ChildServerBackend(Backend):
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.stop()
+
+
+# CPU seconds per second (cores) over a window of silence at which a launched engine counts as
+# computing. An idle engine (a server's event loop, worker threads parked on a futex or a pipe)
+# uses well under 1% of a core; one computing a prefill on a contended 2-core host still gets
+# tens of percent. 10% sits between with room on both sides. A process group that spins while
+# wedged (a busy-wait, a GPU sync spin) counts as computing: it ends at the deadline as slow.
+CPU_COMPUTING_CORES = 0.10
+
+
+def cpu_progress(proc: ManagedProcess) -> Progress:
+    """The hang rule's reading of an engine bakeoff launched: its process group's CPU time."""
+    return Progress(proc.cpu_seconds, "CPU s", CPU_COMPUTING_CORES,
+                    f"CPU time of the engine's process group {proc.pgid} (psutil)")
 
 
 def _stopped_members(proc: ManagedProcess) -> list[int]:

@@ -38,7 +38,16 @@ DEFAULTS: dict[str, Any] = {
     "repeats": 1,
     "start_timeout_s": 420.0,
     "progress_timeout_s": 120.0,
+    # a request the launched engine computes without a byte ends (slo-miss, not hang) at this many
+    # progress timeouts after its send (bakeoff/loadgen/progress.py)
+    "request_deadline_factor": 5.0,
+    # long-context checks (prefix cache, needles, agents) size prompts so that, at the engine's
+    # measured prefill rate, each prompt prefills within prefill_budget_s and the check's prompts
+    # together within check_prefill_budget_s (evaluations/sizing.py)
+    "prefill_budget_s": 30.0,
+    "check_prefill_budget_s": 120.0,
 }
+TUNING = ("request_deadline_factor", "prefill_budget_s", "check_prefill_budget_s")  # Request/Checked fields, DEFAULTS
 DEFAULT_BACKENDS = {"qualify": backends.DEFAULT_QUALIFY, "pytest": ["transformers"]}
 MAX_REPEATS = 100  # each repeat measures the whole sweep again: 100 is days on a real model
 MAX_SECONDS = 7 * 24 * 3600.0  # timeouts: a week
@@ -75,6 +84,9 @@ class Request:
     resume: str | None = None
     start_timeout_s: float | None = None
     progress_timeout_s: float | None = None
+    request_deadline_factor: float | None = None
+    prefill_budget_s: float | None = None
+    check_prefill_budget_s: float | None = None
     memory_limit_gib: float | None = None
     min_probe_accuracy: float | None = None
     baseline_run: str | None = None
@@ -112,6 +124,9 @@ class Checked:
     memory_limit_gib: float | None
     min_probe_accuracy: float | None
     baseline_run: str | None
+    request_deadline_factor: float = DEFAULTS["request_deadline_factor"]
+    prefill_budget_s: float = DEFAULTS["prefill_budget_s"]
+    check_prefill_budget_s: float = DEFAULTS["check_prefill_budget_s"]
 
 
 def _flag(req: Request, name: str, flag: str) -> str:
@@ -268,6 +283,11 @@ def check_request(req: Request) -> Checked:
     timeouts = {k: DEFAULTS[k] if getattr(req, k) is None else getattr(req, k) for k in ("start_timeout_s", "progress_timeout_s")}
     for k, fl in (("start_timeout_s", "--start-timeout"), ("progress_timeout_s", "--progress-timeout")):
         _number(fl, timeouts[k], 0, MAX_SECONDS, f"a positive number of seconds up to {MAX_SECONDS:.0f}", low_open=True)
+    tuning = {k: DEFAULTS[k] if getattr(req, k) is None else getattr(req, k) for k in TUNING}
+    _number("--request-deadline-factor", tuning["request_deadline_factor"], 1, 1000, "a number of progress timeouts "
+            "from 1 to 1000")
+    for k, fl in (("prefill_budget_s", "--prefill-budget"), ("check_prefill_budget_s", "--check-prefill-budget")):
+        _number(fl, tuning[k], 0, MAX_SECONDS, f"a positive number of seconds up to {MAX_SECONDS:.0f}", low_open=True)
     _number("--memory-limit-gib", req.memory_limit_gib, 0, MAX_MEMORY_GIB, "a positive number of GiB", low_open=True)
     _number("--min-probe-accuracy", req.min_probe_accuracy, 0, 1, "between 0 and 1")
     model = DEFAULTS["model"] if req.model is None else req.model
@@ -304,7 +324,7 @@ def check_request(req: Request) -> Checked:
                    reference_options=ref_options, patches=list(req.patch), preflight=not req.no_preflight,
                    repeats=repeats, start_timeout_s=timeouts["start_timeout_s"],
                    progress_timeout_s=timeouts["progress_timeout_s"], memory_limit_gib=req.memory_limit_gib,
-                   min_probe_accuracy=req.min_probe_accuracy, baseline_run=req.baseline_run)
+                   min_probe_accuracy=req.min_probe_accuracy, baseline_run=req.baseline_run, **tuning)
 
 
 def _outside_models(artifacts: Path, models: list[str | None]) -> None:

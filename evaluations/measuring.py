@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from bakeoff.models.fixtures.corpus import KV_KEYS, kv_haystack, kv_pair, kv_prompt, kv_value
@@ -119,13 +120,40 @@ def filler_units(n: int, fixture: bool, seed: int, exclude: str = "") -> list[st
     return [GENERIC_FILLER.strip() for _ in range(n)]
 
 
-def tokens_per_unit(engine, fixture: bool, k: int = 40) -> tuple[float, str]:
-    """Prompt tokens per haystack unit, from the engine's usage on k and 2k units.
+@dataclass(frozen=True)
+class Calibration:
+    """What two short requests say about an engine's prompts (:func:`calibrate`).
+
+    Attributes:
+        tokens_per_unit: prompt tokens per haystack unit.
+        source: ``engine-usage`` or ``estimate`` (the engine reported no prompt usage).
+        prefill_tokens_per_s: prompt tokens per second of TTFT of the longer request (its fixed
+            overhead included: a lower bound at that length; longer prompts prefill slower, by
+            attention), None when it could not be timed.
+        probe_tokens: that request's prompt tokens.
+        probe_ttft_ms: its TTFT in ms.
+    """
+
+    tokens_per_unit: float
+    source: str
+    prefill_tokens_per_s: float | None = None
+    probe_tokens: int | None = None
+    probe_ttft_ms: float | None = None
+
+    def values(self) -> dict[str, Any]:
+        return {"prefill_tokens_per_s": None if self.prefill_tokens_per_s is None else round(self.prefill_tokens_per_s, 1),
+                "prefill_measured_on": (f"a {self.probe_tokens}-token prompt, TTFT {self.probe_ttft_ms:.0f} ms"
+                                        if self.probe_tokens and self.probe_ttft_ms else "not measured")}
+
+
+def calibrate(engine, fixture: bool, k: int = 40) -> Calibration:
+    """Prompt tokens per haystack unit, from the engine's usage on k and 2k units, and the prefill
+    rate from the TTFT of the longer one (``max_tokens`` 1, sent alone).
 
     Returns:
-        ``(tokens_per_unit, source)``; source ``engine-usage`` or ``estimate`` (1 token per
-        fixture pair, each pair being one token of its tokenizer / 20 per generic sentence, when
-        the engine reports no prompt usage).
+        The :class:`Calibration`; ``tokens_per_unit`` falls back to an estimate (1 token per
+        fixture pair, each pair being one token of its tokenizer / 20 per generic sentence) when
+        the engine reports no prompt usage, and the probe's tokens are then counted with it.
     """
     # k units, then fewer when the engine refuses the longer prompt: a tokenizer that spends many
     # tokens per word (a fixture's small vocabulary under a real-size model, examples/h200/) puts
@@ -136,10 +164,25 @@ def tokens_per_unit(engine, fixture: bool, k: int = 40) -> tuple[float, str]:
                 for n in (n_units, 2 * n_units)]
         recs = send(engine, reqs)
         if all(r.status == "ok" and r.input_tokens for r in recs):
-            return max(0.5, (recs[1].input_tokens - recs[0].input_tokens) / n_units), "engine-usage"
+            per_unit = max(0.5, (recs[1].input_tokens - recs[0].input_tokens) / n_units)
+            return _with_rate(Calibration(per_unit, "engine-usage"), recs[1], recs[1].input_tokens)
         if all(r.status == "ok" for r in recs):  # answered without usage: fewer units will not help
-            break
-    return (1.0 if fixture else 20.0), "estimate"
+            per_unit = 1.0 if fixture else 20.0
+            return _with_rate(Calibration(per_unit, "estimate"), recs[1], int(per_unit * 2 * n_units))
+    return Calibration(1.0 if fixture else 20.0, "estimate")
+
+
+def _with_rate(cal: Calibration, rec: RequestRecord, tokens: int) -> Calibration:
+    t = ttft_ms(rec)
+    if not t or not tokens:
+        return cal
+    return Calibration(cal.tokens_per_unit, cal.source, tokens / (t / 1e3), tokens, t)
+
+
+def tokens_per_unit(engine, fixture: bool, k: int = 40) -> tuple[float, str]:
+    """``(tokens_per_unit, source)`` of :func:`calibrate`."""
+    cal = calibrate(engine, fixture, k)
+    return cal.tokens_per_unit, cal.source
 
 
 def _join(units: list[str], fixture: bool) -> str:

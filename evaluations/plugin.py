@@ -10,16 +10,15 @@ from pathlib import Path
 
 import pytest
 
-import backends
 from bakeoff.host.artifacts import RunDir
 from bakeoff.api.errors import EngineFailure, UserError, one_line
 from bakeoff.host.fingerprint import fingerprint
 from bakeoff.host.run import CheckFailed, CheckSkipped, RunContext
 from bakeoff.api.specs import BackendConfig
 from bakeoff.api.verdict import Verdict
-from evaluations.inputs import DEFAULTS, PROFILES, check_request, resume_request
+from evaluations.inputs import check_request, resume_request
 from evaluations.session import (KEY_ENGINE, KEY_RUN, KEY_SETTINGS, KEY_TELEMETRY, MODULE_ORDER,
-                                 RELEVANT_PACKAGES, Settings, load_resume, request_from, settings_from)
+                                 RELEVANT_PACKAGES, Settings, add_options, load_resume, request_from, settings_from)
 from backends import preflight
 from evaluations import patching
 from bakeoff.analysis.cuda_errors import classify
@@ -31,35 +30,7 @@ from evaluations.reference import is_reference_run, reference_options
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    g = parser.getgroup("bakeoff", "bakeoff evaluations")
-    # defaults: evaluations/inputs.py DEFAULTS (one table with bakeoff qualify); None: not given (--resume tells)
-    g.addoption("--backend", default=None, help=f"backend to qualify: {', '.join(backends.names())} (default: transformers)")
-    g.addoption("--model", default=None, help=f"checkpoint folder, hub id, or fixture:NAME (default: {DEFAULTS['model']})")
-    g.addoption("--backend-opt", action="append", default=[], metavar="KEY=VALUE", help="engine option (repeatable)")
-    g.addoption("--artifacts", default=None, help="where run directories go (default: the checkout's artifacts/; installed: ./artifacts)")
-    g.addoption("--profile", default=None, help=f"{' | '.join(PROFILES)} (default: {DEFAULTS['profile']})")
-    g.addoption("--reference-model", default=None, help="model the transformers reference runs (default: --model)")
-    g.addoption("--reference-opt", action="append", default=[], metavar="KEY=VALUE",
-                help="option of the transformers reference (e.g. device=cpu to judge a GPU run against a CPU reference)")
-    g.addoption("--min-probe-accuracy", type=float, default=None,
-                help="known-answer accuracy required (default: 90%% of what a fixture's builder measured; 0.8 on other shipped probes, 0.6 on generic probes)")
-    g.addoption("--start-timeout", type=float, default=None, help=f"seconds allowed for the engine to start (default: {DEFAULTS['start_timeout_s']:.0f})")
-    g.addoption("--progress-timeout", type=float, default=None,
-                help=f"seconds without a byte from the engine before a request is a hang (default: {DEFAULTS['progress_timeout_s']:.0f})")
-    g.addoption("--memory-limit-gib", type=float, default=None,
-                help="cap the engine child's address space (RLIMIT_AS) in GiB; for Python workers "
-                     "(transformers, ort-genai), not vLLM whose virtual size is huge")
-    g.addoption("--no-preflight", action="store_true",
-                help="do not predict the loader's verdict from config.json; let the engine decide")
-    g.addoption("--patch", action="append", default=[], metavar="PATCH",
-                help="run on a recorded, patched copy of the checkpoint (repeatable): PATH=VALUE, PATH+=VALUE, "
-                     "PATH-=VALUE, del:PATH, or 'preflight' for the pre-flight rules' suggested patches")
-    g.addoption("--resume", default=None, metavar="RUN_DIR",
-                help="continue a cut-off run: same backend, model and options; completed checks are kept")
-    g.addoption("--requests-log", action="store_true", help="write every request to requests.jsonl")
-    g.addoption("--repeats", type=int, default=None, help=f"measure each sweep point this many times (noise; default {DEFAULTS['repeats']})")
-    g.addoption("--baseline-run", default=None, metavar="RUN_DIR",
-                help="run of the same backend with kv_cache_dtype auto: capacity.kv_cache states this run's KV ratio against it")
+    add_options(parser)
 
 
 EVALUATIONS_DIR = Path(__file__).resolve().parent
@@ -275,6 +246,7 @@ def engine_state(request, pytestconfig, settings, run) -> dict:
         cfg = BackendConfig(backend=settings.backend, model=settings.model.path, model_label=settings.model.label,
                             options=settings.options, workdir=str(run.dir.path / "engine"),
                             start_timeout_s=settings.start_timeout_s, progress_timeout_s=settings.progress_timeout_s,
+                            request_deadline_factor=settings.request_deadline_factor,
                             memory_limit_gib=settings.memory_limit_gib)
         backend = settings.backend_cls(cfg)
         state["backend"] = backend
@@ -335,6 +307,15 @@ def engine(engine_state):
     if "stopped" in engine_state:
         pytest.skip(engine_state["stopped"])
     return engine_state["backend"]
+
+
+@pytest.fixture(scope="session")
+def prompt_calibration(engine, settings):
+    """Tokens per haystack unit and the engine's prefill rate, measured once for the long-context
+    checks (:func:`evaluations.measuring.calibrate`; their lengths: ``evaluations/sizing.py``)."""
+    from evaluations.measuring import calibrate, is_fixture
+
+    return calibrate(engine, is_fixture(settings))
 
 
 @pytest.hookimpl(wrapper=True)

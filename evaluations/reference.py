@@ -74,7 +74,8 @@ def reference_config(settings, workdir, scoring: bool = False) -> BackendConfig:
         options["batching"] = "none"
     return BackendConfig(backend="transformers", model=settings.reference_model.path, options=options,
                          workdir=str(workdir), start_timeout_s=settings.start_timeout_s,
-                         progress_timeout_s=settings.progress_timeout_s)
+                         progress_timeout_s=settings.progress_timeout_s,
+                         request_deadline_factor=settings.request_deadline_factor)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import pytest
 
 import backends
 from evaluations import patching
-from evaluations.inputs import PROFILES, Checked, Request, check_request, read_resumable, resume_request  # noqa: F401
+from evaluations.inputs import DEFAULTS, PROFILES, Checked, Request, check_request, read_resumable, resume_request  # noqa: F401
 from bakeoff.api.errors import UserError
 from bakeoff.api.verdict import Verdict
 from bakeoff.host.artifacts import RunDir
@@ -58,12 +58,55 @@ class Settings:
     patched: Any = None  # its adapters.checkpoint_patches.PatchedCheckpoint
     repeats: int = 1  # --repeats: measurements of each sweep point
     baseline_run: str | None = None  # --baseline-run: the kv_cache_dtype auto run this one is judged against
+    request_deadline_factor: float = DEFAULTS["request_deadline_factor"]  # --request-deadline-factor
+    prefill_budget_s: float = DEFAULTS["prefill_budget_s"]  # --prefill-budget: per long prompt (evaluations/sizing.py)
+    check_prefill_budget_s: float = DEFAULTS["check_prefill_budget_s"]  # --check-prefill-budget: per check
 
 
 KEY_SETTINGS = pytest.StashKey[Settings]()
 KEY_RUN = pytest.StashKey[RunContext]()
 KEY_ENGINE = pytest.StashKey[dict]()
 KEY_TELEMETRY = pytest.StashKey[object]()  # a started bakeoff.host.telemetry.GpuSampler, or the reason there is none
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """The session's command-line options (the plugin's ``pytest_addoption``)."""
+    g = parser.getgroup("bakeoff", "bakeoff evaluations")
+    # defaults: evaluations/inputs.py DEFAULTS (one table with bakeoff qualify); None: not given (--resume tells)
+    g.addoption("--backend", default=None, help=f"backend to qualify: {', '.join(backends.names())} (default: transformers)")
+    g.addoption("--model", default=None, help=f"checkpoint folder, hub id, or fixture:NAME (default: {DEFAULTS['model']})")
+    g.addoption("--backend-opt", action="append", default=[], metavar="KEY=VALUE", help="engine option (repeatable)")
+    g.addoption("--artifacts", default=None, help="where run directories go (default: the checkout's artifacts/; installed: ./artifacts)")
+    g.addoption("--profile", default=None, help=f"{' | '.join(PROFILES)} (default: {DEFAULTS['profile']})")
+    g.addoption("--reference-model", default=None, help="model the transformers reference runs (default: --model)")
+    g.addoption("--reference-opt", action="append", default=[], metavar="KEY=VALUE",
+                help="option of the transformers reference (e.g. device=cpu to judge a GPU run against a CPU reference)")
+    g.addoption("--min-probe-accuracy", type=float, default=None,
+                help="known-answer accuracy required (default: 90%% of what a fixture's builder measured; 0.8 on other shipped probes, 0.6 on generic probes)")
+    g.addoption("--start-timeout", type=float, default=None, help=f"seconds allowed for the engine to start (default: {DEFAULTS['start_timeout_s']:.0f})")
+    g.addoption("--progress-timeout", type=float, default=None,
+                help=f"seconds without a byte from the engine before a request is checked for a hang: one while a launched "
+                     f"engine's CPU time advances is not (default: {DEFAULTS['progress_timeout_s']:.0f})")
+    g.addoption("--request-deadline-factor", type=float, default=None, help="a request the engine computes without a "
+                f"byte ends slow (slo-miss) this many progress timeouts after its send (default: {DEFAULTS['request_deadline_factor']:g})")
+    for flag, key, what in (("--prefill-budget", "prefill_budget_s", "each long prompt"),
+                            ("--check-prefill-budget", "check_prefill_budget_s", "a long-context check's prompts together")):
+        g.addoption(flag, type=float, default=None, help=f"seconds of prefill, at the engine's measured rate, for {what} "
+                    f"(shorter prompts where the context's would take longer; default: {DEFAULTS[key]:g})")
+    g.addoption("--memory-limit-gib", type=float, default=None,
+                help="cap the engine child's address space (RLIMIT_AS) in GiB; for Python workers "
+                     "(transformers, ort-genai), not vLLM whose virtual size is huge")
+    g.addoption("--no-preflight", action="store_true",
+                help="do not predict the loader's verdict from config.json; let the engine decide")
+    g.addoption("--patch", action="append", default=[], metavar="PATCH",
+                help="run on a recorded, patched copy of the checkpoint (repeatable): PATH=VALUE, PATH+=VALUE, "
+                     "PATH-=VALUE, del:PATH, or 'preflight' for the pre-flight rules' suggested patches")
+    g.addoption("--resume", default=None, metavar="RUN_DIR",
+                help="continue a cut-off run: same backend, model and options; completed checks are kept")
+    g.addoption("--requests-log", action="store_true", help="write every request to requests.jsonl")
+    g.addoption("--repeats", type=int, default=None, help=f"measure each sweep point this many times (noise; default {DEFAULTS['repeats']})")
+    g.addoption("--baseline-run", default=None, metavar="RUN_DIR",
+                help="run of the same backend with kv_cache_dtype auto: capacity.kv_cache states this run's KV ratio against it")
 
 
 def request_from(config: pytest.Config) -> Request:
@@ -75,7 +118,8 @@ def request_from(config: pytest.Config) -> Request:
                    patch=list(o("--patch")), no_preflight=o("--no-preflight"), repeats=o("--repeats"),
                    resume=o("--resume"), start_timeout_s=o("--start-timeout"), progress_timeout_s=o("--progress-timeout"),
                    memory_limit_gib=o("--memory-limit-gib"), min_probe_accuracy=o("--min-probe-accuracy"),
-                   baseline_run=o("--baseline-run"))
+                   baseline_run=o("--baseline-run"), request_deadline_factor=o("--request-deadline-factor"),
+                   prefill_budget_s=o("--prefill-budget"), check_prefill_budget_s=o("--check-prefill-budget"))
 
 
 def settings_from(config: pytest.Config, request: Request | None = None) -> Settings:
@@ -106,7 +150,9 @@ def settings_from(config: pytest.Config, request: Request | None = None) -> Sett
                     progress_timeout_s=c.progress_timeout_s, requests_log=config.getoption("--requests-log"),
                     memory_limit_gib=c.memory_limit_gib, backend_cls=backends.resolve(name),
                     reference_options=c.reference_options, preflight=c.preflight, patches=c.patches,
-                    source_model=source, patched=patched, repeats=c.repeats, baseline_run=c.baseline_run)
+                    source_model=source, patched=patched, repeats=c.repeats, baseline_run=c.baseline_run,
+                    request_deadline_factor=c.request_deadline_factor, prefill_budget_s=c.prefill_budget_s,
+                    check_prefill_budget_s=c.check_prefill_budget_s)
 
 
 def load_resume(config: pytest.Config) -> tuple[RunDir, Verdict, Settings]:

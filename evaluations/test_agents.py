@@ -26,7 +26,8 @@ from bakeoff.loadgen.sweep import run_request
 from bakeoff.api.specs import GenerationRequest
 from bakeoff.models.fixtures.corpus import KV_KEYS, kv_pair, kv_question, kv_value
 from evaluations.measuring import (GENERIC_FILLER, PREFIX_HITS, PREFIX_QUERIES, decode_tokens_per_s, delta,
-                                   is_fixture, read_metrics, serves_one_at_a_time, tokens_per_unit, ttft_ms, wait_counter)
+                                   is_fixture, read_metrics, serves_one_at_a_time, ttft_ms, wait_counter)
+from evaluations.sizing import Budget, fit
 
 # quick: contexts grow past vLLM's CPU KV block (128 tokens) from the second turn, so warm turns can hit.
 SIZES = {"quick": {"agents": 2, "turns": 4, "tool_tokens": 160, "max_tokens": 16},
@@ -48,15 +49,22 @@ def question(agent: int, turn: int, fixture: bool) -> str:
 
 
 @pytest.mark.check("agents.multiturn")
-def test_agents(run, settings, engine):
+def test_agents(run, settings, engine, prompt_calibration):
     fixture = is_fixture(settings)
     size = dict(SIZES.get(settings.profile, SIZES["quick"]))
     with run.check("agents.multiturn", "runtime-crash") as c:
         max_len = (engine.info.max_model_len if engine.info else None) or 2048
-        per_unit, src = tokens_per_unit(engine, fixture)
+        per_unit, src = prompt_calibration.tokens_per_unit, prompt_calibration.source
         per_turn = size["tool_tokens"] + size["max_tokens"] + 8
         if size["turns"] * per_turn > CONTEXT_BUDGET * max_len:  # keep the last turn inside the context
             size["tool_tokens"] = max(16, int(CONTEXT_BUDGET * max_len / size["turns"]) - size["max_tokens"] - 8)
+        # turn t of each agent sends t + 1 turns' tokens: within the prefill budgets (no prefix-cache hit assumed)
+        scale = fit(size["tool_tokens"] + size["max_tokens"] + 8, [t + 1 for _ in range(size["agents"])
+                                                                    for t in range(size["turns"])],
+                    prompt_calibration, Budget.of(settings), "tokens per turn")
+        if scale.capped:
+            size["tool_tokens"] = max(16, scale.tokens - size["max_tokens"] - 8)
+        c.values.update(scale.values())
         n_units = max(2, int(size["tool_tokens"] / per_unit))
         before = read_metrics(engine)
         rows: list[dict] = []

@@ -29,7 +29,8 @@ from bakeoff.models.fixtures.corpus import NEEDLE_DEPTHS, NEEDLE_FRACTIONS, need
 from bakeoff.analysis.paired import binomial_below
 from bakeoff.analysis.sanity import probe_correct
 from bakeoff.api.specs import GenerationRequest
-from evaluations.measuring import GENERIC_FILLER, is_fixture, send, serves_one_at_a_time, tokens_per_unit
+from evaluations.measuring import GENERIC_FILLER, is_fixture, send, serves_one_at_a_time
+from evaluations.sizing import Budget, fit
 
 ANSWER_TOKENS = 8
 MIN_RECORDED_RATE = 0.6
@@ -70,19 +71,26 @@ def recorded_rate(settings) -> dict | None:
 
 
 @pytest.mark.check("needles.retrieval")
-def test_needles(run, settings, engine):
+def test_needles(run, settings, engine, prompt_calibration):
     fixture = is_fixture(settings)
     record = recorded_rate(settings) if fixture else None
     with run.check("needles.retrieval", "runtime-crash") as c:
         max_len = (engine.info.max_model_len if engine.info else None) or 2048
         if record and record.get("context_tokens"):  # the lengths the fixture's builder measured
             max_len = min(max_len, int(record["context_tokens"]))
-        per_unit, src = tokens_per_unit(engine, fixture)
+        per_unit, src = prompt_calibration.tokens_per_unit, prompt_calibration.source
         fracs = NEEDLE_FRACTIONS.get(settings.profile, NEEDLE_FRACTIONS["quick"])
         depths = NEEDLE_DEPTHS.get(settings.profile, NEEDLE_DEPTHS["quick"])
+        # each needle prompt fills its fraction of a context no longer than the prefill budgets allow
+        scale = fit(max_len, [f for f in fracs for _ in depths], prompt_calibration, Budget.of(settings),
+                    "the fixture's needle context" if record else "max_model_len")
+        c.values.update(scale.values())
+        if scale.capped and record:  # the record was measured at the context's lengths: judge at those or not at all
+            c.skip(f"not judged: {scale.why}, shorter than the lengths the fixture's builder recorded its needle recall "
+                   f"at ({max_len:,}-token context); raise --prefill-budget / --check-prefill-budget to judge them")
         cases, reqs = [], []
         for fi, f in enumerate(fracs):
-            n_units = max(4, int((f * max_len - 12) / per_unit))
+            n_units = max(4, int((f * scale.tokens - 12) / per_unit))
             for di, d in enumerate(depths):
                 prompt, expected = needle_prompt(n_units, d, fixture, seed=fi * 100 + di)
                 cases.append({"fraction": f, "depth": d, "expected": expected})
@@ -111,7 +119,8 @@ def test_needles(run, settings, engine):
                    errs[0]["error_class"] or "runtime-crash")
         lens = sorted({r["prompt_tokens"] for r in rows if r["prompt_tokens"]})
         where = (f"{n_found}/{len(rows)} needles found at {len(fracs)} lengths "
-                 f"({lens[0] if lens else '?'}-{lens[-1] if lens else '?'} tokens) x {len(depths)} depths")
+                 f"({lens[0] if lens else '?'}-{lens[-1] if lens else '?'} tokens) x {len(depths)} depths"
+                 + (f" (lengths {scale.why})" if scale.capped else ""))
         if not record:
             c.skip(f"{where}; report only: {'no recorded recall rate to judge against' if not fixture else 'the fixture records no needle recall rate'}")
         rate = float(record["accuracy"])

@@ -18,7 +18,9 @@
   the hit, or with caching off, there is no hit to compare: the check skips, saying why.
 
 "Long" is ``LONG_FRACTION`` of the engine's context: 0.73 x 2,048 = 1,500 tokens on the
-fixture (the issue's example), long enough that prefill dominates TTFT. An engine caches whole
+fixture (the issue's example), long enough that prefill dominates TTFT; on an engine whose
+measured prefill rate would take longer than the budgets (``evaluations/sizing.py``: each prompt,
+and the ``2 x reps + 2`` prompts together), shorter, saying so in the values (``sizing``). An engine caches whole
 KV blocks only: where it states a block longer than that (vLLM's hybrid allocator on the
 Qwen3.5 fixture: ``Setting attention block size to 384 tokens``, ``BackendInfo.notes``
 ``kv_block_size_tokens``), the prompt is one block plus ``BLOCK_MARGIN`` tokens, so that a hit
@@ -35,7 +37,8 @@ import pytest
 from bakeoff.analysis.sanity import PROBE_LOGPROBS, TIE_TOP_K, compare_tie_aware, jsonable_logprobs
 from bakeoff.api.specs import GenerationRequest
 from evaluations.measuring import (PREFIX_HITS, PREFIX_QUERIES, delta, is_fixture, long_prompt, read_metrics, send,
-                                   summarize_ms, tokens_per_unit, ttft_ms, wait_counter)
+                                   summarize_ms, ttft_ms, wait_counter)
+from evaluations.sizing import Budget, Scale, fit
 
 LONG_FRACTION = 0.73
 BLOCK_MARGIN = 32  # prompt tokens past one whole KV block: vLLM never caches a prompt's last token
@@ -65,12 +68,20 @@ def _pair(engine, prompt: str, rid: str, max_tokens: int, logprobs: int | None =
 
 
 @pytest.fixture(scope="module")
-def long_len(engine, settings):
-    """(target prompt tokens, tokens per haystack unit, calibration source); the target covers
-    one stated KV block (module docstring), or is None when no prompt in the context can."""
+def long_len(engine, settings, prompt_calibration):
+    """(target prompt tokens, tokens per haystack unit, calibration source, :class:`Scale`); the
+    target covers one stated KV block (module docstring) within the prefill budgets
+    (``evaluations/sizing.py``: the checks send it ``2 x reps + 2`` times), or is None when no
+    prompt in the context, or in the budget, can."""
     max_len = (engine.info.max_model_len if engine.info else None) or 2048
-    per_unit, src = tokens_per_unit(engine, is_fixture(settings))
-    return prompt_target(max_len, kv_block_tokens(engine)), per_unit, src
+    cal = prompt_calibration
+    target = prompt_target(max_len, kv_block_tokens(engine))
+    sends = 2 * REPS.get(settings.profile, 3) + 2
+    scale = fit(target or 0, [1.0] * sends, cal, Budget.of(settings), "long prompt")
+    block = kv_block_tokens(engine)
+    if target is not None and scale.capped and block and scale.tokens < block + BLOCK_MARGIN:
+        target = None  # no hit is possible within the budget
+    return (scale.tokens if target is not None else None), cal.tokens_per_unit, cal.source, scale
 
 
 def prompt_target(max_len: int, block: int | None) -> int | None:
@@ -91,10 +102,11 @@ def kv_block_tokens(engine) -> int | None:
         return None
 
 
-def _no_room(c, engine) -> None:
+def _no_room(c, engine, scale: Scale) -> None:
+    where = (f"no prompt within the prefill budgets ({scale.why})" if scale.capped else
+             f"no prompt within max_model_len {engine.info.max_model_len} leaves room to fill one and answer")
     c.skip(f"the engine's KV blocks hold {kv_block_tokens(engine)} tokens (stated at start) and it caches whole blocks "
-           f"only; no prompt within max_model_len {engine.info.max_model_len} leaves room to fill one and answer, "
-           "so no prefix-cache hit is possible here")
+           f"only; {where}, so no prefix-cache hit is possible here")
 
 
 def _caching_disabled(run) -> bool:
@@ -104,11 +116,12 @@ def _caching_disabled(run) -> bool:
 
 @pytest.mark.check("prefix_cache.prefill")
 def test_prefill_cold_warm(run, settings, engine, long_len):
-    target, per_unit, src = long_len
+    target, per_unit, src, scale = long_len
     salt = zlib.crc32(run.dir.run_id.encode()) % 10_000
     with run.check("prefix_cache.prefill", "ineffective-option") as c:
+        c.values.update(scale.values())
         if target is None:
-            _no_room(c, engine)
+            _no_room(c, engine, scale)
         rows = []
         for i in range(REPS.get(settings.profile, 3)):
             prompt, _ = long_prompt(target, per_unit, is_fixture(settings), seed=salt * 100 + i)
@@ -150,15 +163,16 @@ def test_prefill_cold_warm(run, settings, engine, long_len):
                                  f"(queries {warm[0]['queries_delta']:.0f})")
         c.summary = (f"prefill {c.values['cold_prefill_tokens_per_s']} tok/s cold vs "
                      f"{c.values['warm_prefill_tokens_per_s']} tok/s warm ({c.values['warm_speedup']}x) on {tok} tokens; "
-                     f"warm hit rate {c.values['warm_hit_rate']:.0%}")
+                     f"warm hit rate {c.values['warm_hit_rate']:.0%}" + (f" (prompt {scale.why})" if scale.capped else ""))
 
 
 @pytest.mark.check("prefix_cache.correctness")
 def test_hit_equals_miss(run, settings, engine, long_len):
-    target, per_unit, _ = long_len
+    target, per_unit, _, scale = long_len
     with run.check("prefix_cache.correctness", "cache-correctness") as c:
+        c.values.update(scale.values())
         if target is None:
-            _no_room(c, engine)
+            _no_room(c, engine, scale)
         prompt, expected = long_prompt(target, per_unit, is_fixture(settings), seed=777_777)
         cold, warm = _pair(engine, prompt, "pcc", CORRECTNESS_TOKENS, logprobs=PROBE_LOGPROBS)
         c.evidence("outputs.json", {"prompt": prompt, "expected_answer": expected, "miss": cold, "hit": warm})

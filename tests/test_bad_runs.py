@@ -59,6 +59,10 @@ def test_resume_unusable_run(bad_runs, which, message):
     (["--backend", "transformers", "--repeats", "0"], "--repeats must be at least 1"),
     (["--backend", "transformers", "--start-timeout", "-5"], "--start-timeout must be a positive number"),
     (["--backend", "transformers", "--progress-timeout", "0"], "--progress-timeout must be a positive number"),
+    (["--backend", "transformers", "--request-deadline-factor", "0.5"],
+     "--request-deadline-factor must be a number of progress timeouts from 1 to 1000"),
+    (["--backend", "transformers", "--prefill-budget", "0"], "--prefill-budget must be a positive number of seconds"),
+    (["--backend", "transformers", "--check-prefill-budget", "-1"], "--check-prefill-budget must be a positive number"),
 ])
 def test_pytest_plugin_bad_options(tmp_path, args, message):
     art = tmp_path / "art"

@@ -66,6 +66,8 @@ def stall_url():
 def test_every_api_stream_is_a_hang_within_the_read_timeout(stall_url, tmp_path, api):
     b = make(tmp_path, stall_url, api=api)
     assert b.start().served_model == "fake-stall"
+    # no token counters on /metrics (it stalls): a timeout is a hang as before, and the run says so
+    assert b.info.notes["progress"].startswith("none: GET /metrics shows no token counters"), b.info.notes
     rec, took = stream_once(b)
     assert took < WITHIN_S, f"{api}: {took:.1f} s for a {TIMEOUT_S} s read timeout"
     assert rec.status == "error" and rec.error_class == "hang", rec

@@ -52,7 +52,8 @@ def test_the_judges_scorer_starts_without_continuous_batching(tmp_path):
     from evaluations.reference import reference_config
 
     settings = SimpleNamespace(reference_model=SimpleNamespace(path=str(tmp_path)), start_timeout_s=60.0,
-                               progress_timeout_s=60.0, reference_options={"batching": "continuous", "device": "cuda"})
+                               progress_timeout_s=60.0, request_deadline_factor=5.0,
+                               reference_options={"batching": "continuous", "device": "cuda"})
     assert reference_config(settings, tmp_path / "r").options == {"batching": "continuous", "device": "cuda"}
     assert reference_config(settings, tmp_path / "j", scoring=True).options == {"batching": "none", "device": "cuda"}
     assert settings.reference_options["batching"] == "continuous"  # the run's own settings untouched

@@ -57,7 +57,8 @@ def test_the_reference_generates_one_at_a_time_whatever_the_backends_default(tmp
 
     def settings(options: dict, reference_options: dict):
         return SimpleNamespace(backend="transformers", model=model, reference_model=model, options=options,
-                               reference_options=reference_options, start_timeout_s=60.0, progress_timeout_s=60.0)
+                               reference_options=reference_options, start_timeout_s=60.0, progress_timeout_s=60.0,
+                               request_deadline_factor=5.0)
 
     assert reference_config(settings({}, {}), tmp_path / "r").options == {"batching": "none"}
     assert reference_config(settings({}, {"batching": "continuous"}), tmp_path / "r").options["batching"] == "continuous"

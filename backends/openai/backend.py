@@ -4,8 +4,11 @@ Nothing is launched and nothing is stopped: ``probe()`` checks that the server a
 OpenAI-compatible API (``GET /health``, else ``GET /v1/models``; an HTML page is not one),
 ``start()`` learns the served model name; ``stop()`` leaves the remote server alone. Every
 request (generations, ``/v1/models``, ``/health``, ``/tokenize``, ``/metrics``) honours
-``read_timeout_s``: a stall is ``hang`` with the elapsed time. Streaming goes through :class:`bakeoff.loadgen.client.OpenAIClient`
-(per-event arrival stamps, reasoning/thinking deltas counted apart from text).
+``read_timeout_s``: a stall is ``hang`` with the elapsed time, except a generation while the server's
+``/metrics`` token counters advance, where it has them (slow, not hung: docs/design.md "Failure classes";
+``BackendInfo.notes["progress"]`` says which rule applies). Streaming goes through
+:class:`bakeoff.loadgen.client.OpenAIClient` (per-event arrival stamps, reasoning/thinking deltas counted
+apart from text).
 
 The API key is read from the environment variable *named* by ``api_key_env`` at request
 time; the key itself is never written to a spec, a log or an artifact.
@@ -27,9 +30,16 @@ from backends.base import Backend
 from bakeoff.api.errors import EngineFailure
 from bakeoff.loadgen.accounting import TokenCounter
 from bakeoff.loadgen.client import OpenAIClient
+from bakeoff.loadgen.progress import Progress
 from bakeoff.api.specs import BackendInfo, GenerationRequest, Spec, TokenEvent
 from backends._server import parse_prometheus
 from backends._tokenize import server_tokenize, timed_out
+
+
+# Counters on a server's /metrics that advance while its engine works (prefill, decode, steps):
+# vLLM's names (counters end in _total on the wire; the step histogram's _count), which SGLang and
+# TensorRT-LLM reuse under their own prefixes.
+PROGRESS_COUNTERS = (":prompt_tokens_total", ":generation_tokens_total", ":iteration_tokens_total_count")
 
 
 class OpenAIOptions(Spec):
@@ -44,7 +54,8 @@ class OpenAIOptions(Spec):
             re-tokenization, the last resort of token accounting.
         extra_body: JSON fields added to every request (e.g. ``{"return_token_ids": true}``
             for vLLM, so token counts come from ids).
-        read_timeout_s: no byte within this many seconds ends a request as ``hang``.
+        read_timeout_s: no byte within this many seconds ends a request as ``hang`` (where the
+            server's ``/metrics`` shows token counters, only when they did not advance).
     """
 
     base_url: str
@@ -192,8 +203,11 @@ class OpenAIBackend(Backend):
                                 f"(status {m_status}); pass --backend-opt model=NAME", {"models.txt": m_body[:2000]})
         if self.options.tokenizer:
             self.count_tokens = load_token_counter(self.options.tokenizer)
+        progress, progress_note = self._metrics_progress()
+        timeout_s = self.options.read_timeout_s
         self.client = OpenAIClient(self.base_url, model, api=self.options.api, api_key_env=self.options.api_key_env,
-                                   extra_body=self.options.extra_body, read_timeout_s=self.options.read_timeout_s)
+                                   extra_body=self.options.extra_body, read_timeout_s=timeout_s, progress=progress,
+                                   deadline_s=self.config.request_deadline_factor * timeout_s)
         version_answer = self._get("/version", 5)  # optional: a server without it (or stalling on it) has no version
         version = None
         if version_answer.status == 200:
@@ -208,10 +222,31 @@ class OpenAIBackend(Backend):
             base_url=self.base_url, served_model=model, startup_s=round(time.monotonic() - t0, 3),
             notes={k: v for k, v in {"api": self.options.api, "server_header": server,
                                      "listed_models": ",".join(listed[:10]),
-                                     "api_key_env": self.options.api_key_env,
+                                     "api_key_env": self.options.api_key_env, "progress": progress_note,
                                      "version": None if version_answer.status != 0 else
                                      f"GET /version: {version_answer.body[:120]}"}.items() if v})
         return self.info
+
+    def _metrics_progress(self) -> tuple[Progress | None, str]:
+        """The hang rule's reading of a server bakeoff did not launch (no process group to read):
+        the sum of its engine's token and step counters on ``GET /metrics`` (:data:`PROGRESS_COUNTERS`;
+        vLLM's, and SGLang's or TensorRT-LLM's of the same names), any advance counting as progress,
+        where the server exposes them; else None: a request with no byte for ``read_timeout_s`` is a
+        ``hang`` as before. Returns the reading and a note saying which."""
+        timeout_s = min(5.0, self.options.read_timeout_s)
+
+        def read() -> float | None:
+            answer = self._get("/metrics", timeout_s)
+            if answer.status != 200:
+                return None
+            found = [v for k, v in parse_prometheus(answer.body).items() if k.split("{")[0].endswith(PROGRESS_COUNTERS)]
+            return sum(found) if found else None
+
+        if read() is None:
+            return None, ("none: GET /metrics shows no token counters, so a request with no byte for read_timeout_s "
+                          "is a hang (not checked against the engine's progress)")
+        return (Progress(read, "tokens", 0.0, f"GET {self.base_url}/metrics token and step counters"),
+                "GET /metrics token and step counters: a silent request waits while they advance")
 
     def stream(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         """The client's own event stream (no extra generator layer on the per-event path).

@@ -163,7 +163,11 @@ class BackendConfig(Spec):
             scalars where they parse, strings otherwise).
         workdir: a folder the backend may write logs and scratch files into.
         start_timeout_s: deadline for ``start()``.
-        progress_timeout_s: a request with no byte for this long ends as ``hang``.
+        progress_timeout_s: a request with no byte for this long ends as ``hang``, unless the
+            engine bakeoff launched is computing (its processes' CPU time advancing: docs/design.md
+            "Failure classes", the hang rule).
+        request_deadline_factor: a request the engine computes without a byte ends at this many
+            progress timeouts after its send, as ``slo-miss`` (slow, not hung).
         memory_limit_gib: cap on the engine child's address space in GiB (``RLIMIT_AS``);
             for Python workers (transformers, ORT GenAI), not vLLM, whose virtual size is
             many times what it uses. None = no cap.
@@ -176,6 +180,7 @@ class BackendConfig(Spec):
     workdir: str
     start_timeout_s: float = Field(300.0, gt=0)
     progress_timeout_s: float = Field(120.0, gt=0)
+    request_deadline_factor: float = Field(5.0, ge=1)
     memory_limit_gib: float | None = Field(None, gt=0)
 
 

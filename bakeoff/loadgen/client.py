@@ -21,6 +21,8 @@ from urllib.parse import urlsplit
 
 from bakeoff.api.errors import EngineFailure
 from bakeoff.loadgen.http import Pool, TransportError
+from bakeoff.loadgen.logprobs import parse_logprobs
+from bakeoff.loadgen.progress import Progress, ProgressWatch, timeout_failure
 from bakeoff.loadgen.sse import SSEParser
 from bakeoff.api.specs import GenerationRequest, TokenEvent, Usage
 
@@ -33,6 +35,7 @@ TRANSPORT_HEADERS = ("via", "x-accel-buffering", "content-encoding", "content-le
 SENT_NS: contextvars.ContextVar[list | None] = contextvars.ContextVar("bakeoff_sent_ns", default=None)
 _loads = json.JSONDecoder().decode  # str in: skips json.loads' per-call encoding detection
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "messages": "/v1/messages"}
+DEADLINE_FACTOR = 5.0  # default deadline of a request the engine computes without a byte: 5 read timeouts
 
 
 class OpenAIClient:
@@ -45,11 +48,18 @@ class OpenAIClient:
         api_key_env: name of the environment variable holding the API key; the key itself
             is never stored in any spec or artifact.
         extra_body: extra JSON fields for every request (e.g. ``{"return_token_ids": true}``).
-        read_timeout_s: no byte within this many seconds ends the request as ``hang``.
+        read_timeout_s: no byte within this many seconds ends the request as ``hang``; with
+            ``progress``, only when the engine made none (:mod:`bakeoff.loadgen.progress`).
+        progress: how to read the engine's progress (its processes' CPU time, its token
+            counters); None: a timeout is a ``hang``.
+        deadline_s: with ``progress``, the longest a request waits for a byte while the engine
+            computes, from its send; past it the request ends ``slo-miss`` (slow, not hung).
+            Default: ``DEADLINE_FACTOR`` read timeouts.
     """
 
     def __init__(self, base_url: str, model: str, api: Api = "completions", api_key_env: str | None = None,
-                 extra_body: dict[str, Any] | None = None, read_timeout_s: float = 120.0):
+                 extra_body: dict[str, Any] | None = None, read_timeout_s: float = 120.0,
+                 progress: Progress | None = None, deadline_s: float | None = None):
         self.base_url = base_url.rstrip("/")
         if self.base_url.endswith("/v1"):
             self.base_url = self.base_url[:-3]
@@ -62,6 +72,8 @@ class OpenAIClient:
         # server fails later requests at once with it instead of waiting the timeout again)
         self.hung: EngineFailure | None = None
         self._pools: dict[int, Pool] = {}
+        self.watch = None if progress is None else ProgressWatch(progress, read_timeout_s,
+                                                                 deadline_s or DEADLINE_FACTOR * read_timeout_s)
 
     def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
@@ -81,13 +93,11 @@ class OpenAIClient:
             pool = self._pools[id(loop)] = Pool(connect_timeout_s=min(30.0, self.read_timeout_s))
         return pool
 
-    def _hang(self, what: str, nbytes: int, t_send_ns: int) -> EngineFailure:
-        """A request that got no byte within the read timeout, with how long it was open."""
-        elapsed_s = (time.monotonic_ns() - t_send_ns) / 1e9
-        return EngineFailure("hang", f"{what} on {self.base_url}: no byte for {self.read_timeout_s:g} s (the read "
-                             f"timeout) after {nbytes} bytes; the request was open {elapsed_s:.1f} s",
-                             {"hang.json": json.dumps({"request": what, "bytes": nbytes, "elapsed_s": round(elapsed_s, 3),
-                                                       "read_timeout_s": self.read_timeout_s})})
+    def _hang(self, what: str, nbytes: int, t_send_ns: int, patience=None) -> EngineFailure:
+        """A request that got no byte within the read timeout, with how long it was open: ``hang``,
+        or ``slo-miss`` when its checks saw the engine computing until the deadline."""
+        return timeout_failure(what, self.base_url, nbytes, (time.monotonic_ns() - t_send_ns) / 1e9,
+                               self.read_timeout_s, patience)
 
     async def _answers(self) -> bool:
         """Whether the server still accepts a connection (a cut stream from a server that is
@@ -170,7 +180,9 @@ class OpenAIClient:
 
         Raises:
             EngineFailure: ``runtime-crash`` (cannot connect, HTTP 5xx, error event),
-                ``config-rejected`` (HTTP 4xx), ``hang`` (read timeout),
+                ``config-rejected`` (HTTP 4xx), ``hang`` (read timeout; with ``progress``, a
+                window without progress), ``slo-miss`` (the engine computed without a byte
+                until the deadline),
                 ``transport-distortion`` (stream cut, ended without ``[DONE]`` /
                 ``message_stop``, malformed JSON event: raised after the rest of the stream
                 was read, so every event before and after it was yielded).
@@ -191,9 +203,11 @@ class OpenAIClient:
         resp = None
         done = False
         malformed: list[str] = []
+        watch = self.watch
+        patience = watch.patience(t_send / 1e9) if watch is not None else None
         try:
             resp = await self._pool().request("POST", self.base_url + path, headers, payload,
-                                              self.read_timeout_s, sent)
+                                              self.read_timeout_s, sent, patience)
             if holder is not None and len(holder) > 1:
                 holder[1] = {k: v for k, v in resp.headers.items() if k in TRANSPORT_HEADERS}
             if resp.status >= 400:
@@ -209,6 +223,8 @@ class OpenAIClient:
             feed = SSEParser().feed  # comments (": keep-alive") and events without data never come out
             api_is_messages, is_chat = self.api == "messages", self.api == "chat"
             async for t, piece in resp.chunks(self.read_timeout_s):
+                if watch is not None:
+                    watch.touch()  # a float comparison, a sample in the background every quarter timeout
                 for t, data, name, _ in feed(t, piece):
                     if data == "[DONE]":
                         done = True
@@ -256,8 +272,9 @@ class OpenAIClient:
             elapsed = (time.monotonic_ns() - t_send) / 1e9
             nbytes = resp.nbytes if resp is not None else exc.nbytes
             if exc.kind == "timeout":
-                hang = self._hang(f"POST {path}", nbytes, t_send)
-                self.hung = self.hung or hang
+                hang = self._hang(f"POST {path}", nbytes, t_send, patience)
+                if hang.failure_class == "hang":  # slow is not hung: later requests still go
+                    self.hung = self.hung or hang
                 raise hang from None
             if exc.kind == "connect":
                 raise EngineFailure("runtime-crash", str(exc)) from None
@@ -309,42 +326,6 @@ class OpenAIClient:
                                  logprobs=lps or None, step=step)
         if usage:
             yield TokenEvent(t_ns=t, usage=Usage(usage.get("prompt_tokens"), usage.get("completion_tokens")))
-
-
-def _token_key(token: Any) -> int | str:
-    """A logprob entry's token: the int id of ``"token_id:N"`` (vLLM's
-    ``return_tokens_as_token_ids``, bakeoff's workers), else the token text as given."""
-    if isinstance(token, str) and token.startswith("token_id:"):
-        try:
-            return int(token[9:])
-        except ValueError:
-            return token
-    return token
-
-
-def parse_logprobs(obj: Any) -> list:
-    """Per-token ``(token, logprob, {token: logprob})`` from a choice's ``logprobs``.
-
-    Both OpenAI shapes: completions (``tokens`` / ``token_logprobs`` / ``top_logprobs`` as
-    ``{token: logprob}`` maps) and chat (``content: [{token, logprob, top_logprobs: [{token,
-    logprob}]}]``). Anything else gives an empty list (logprobs are evidence, not a reason to
-    fail a stream).
-    """
-    out: list = []
-    try:
-        if isinstance(obj.get("content"), list):
-            for e in obj["content"]:
-                top = {_token_key(t["token"]): float(t["logprob"]) for t in e.get("top_logprobs") or []}
-                out.append((_token_key(e["token"]), float(e["logprob"]), top))
-            return out
-        tokens, lps = obj.get("tokens") or [], obj.get("token_logprobs") or []
-        tops = obj.get("top_logprobs") or [None] * len(tokens)
-        for tok, lp, top in zip(tokens, lps, tops):
-            out.append((_token_key(tok), float(lp) if lp is not None else float("-inf"),
-                        {_token_key(k): float(v) for k, v in (top or {}).items()}))
-    except (AttributeError, KeyError, TypeError, ValueError):
-        return []
-    return out
 
 
 def _finish(resp, timeout_s: float) -> None:

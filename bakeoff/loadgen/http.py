@@ -80,28 +80,40 @@ class _Conn(asyncio.Protocol):
         if w is not None and not w.done():
             w.set_result(None)
 
-    async def read(self, timeout_s: float) -> tuple[int, bytes] | None:
+    async def read(self, timeout_s: float, patience=None) -> tuple[int, bytes] | None:
         """Next ``(t_ns, chunk)``; None at EOF.
 
         The read timeout is enforced by the pool's watchdog (one timer for all connections,
         not one per read).
 
+        Args:
+            timeout_s: no byte within this many seconds ends the read, unless ``patience`` says on.
+            patience: optional async callable, given the seconds since this read began waiting when
+                nothing arrived in time: returns the seconds to go on waiting, or None to give up
+                (:class:`bakeoff.loadgen.progress.Patience`: wait on while the engine computes).
+
         Raises:
-            TransportError: ``timeout`` when nothing arrives within ``timeout_s``.
+            TransportError: ``timeout`` when nothing arrives within ``timeout_s`` (and ``patience``
+                gave up).
         """
+        wait_s, silent_since = timeout_s, None
         while not self.chunks:
             if self.eof:
                 return None
             fut = self.loop.create_future()
             self.waiter = fut
             self.wait_since = time.monotonic()
-            self.timeout_s = timeout_s
+            silent_since = silent_since or self.wait_since
+            self.timeout_s = wait_s
             try:
                 await fut
             finally:
                 self.waiter = None
             if fut.result() == "timeout" and not self.chunks and not self.eof:
-                raise TransportError("timeout", f"no byte for {timeout_s:g} s")
+                more_s = await patience(time.monotonic() - silent_since) if patience is not None else None
+                if more_s is None:
+                    raise TransportError("timeout", f"no byte for {timeout_s:g} s")
+                wait_s = more_s  # bytes that came during the check are read at the loop's top
         return self.chunks.popleft()
 
     def close(self) -> None:
@@ -117,8 +129,9 @@ class Response:
     """
 
     def __init__(self, pool: "Pool", conn: _Conn, status: int, headers: dict[str, str], rest: bytes, t_ns: int,
-                 head_only: bool):
+                 head_only: bool, patience=None):
         self.pool, self.conn, self.status, self.headers = pool, conn, status, headers
+        self.patience = patience  # the request's (Pool.request), asked at each read timeout of the body
         self.t_headers_ns = t_ns
         self.nbytes = 0
         self.complete = False
@@ -169,7 +182,7 @@ class Response:
             if pending:
                 t, data = pending.pop()
             else:
-                item = await self.conn.read(timeout_s)
+                item = await self.conn.read(timeout_s, self.patience)
                 if item is None:
                     if self._mode == "close":
                         self.complete, self._keep = True, False
@@ -289,7 +302,7 @@ class Pool:
                     w.set_result("timeout")
 
     async def request(self, method: str, url: str, headers: dict[str, str], body: bytes = b"",
-                      timeout_s: float = 120.0, on_sent=None) -> Response:
+                      timeout_s: float = 120.0, on_sent=None, patience=None) -> Response:
         """Send one request and read the status line and headers.
 
         Args:
@@ -300,6 +313,8 @@ class Pool:
             timeout_s: read timeout (no byte within it) in seconds.
             on_sent: called with ``time.monotonic_ns()`` taken just before the request bytes
                 are written (after a pooled or new connection is ready).
+            patience: asked when no byte came within ``timeout_s`` (head and body): seconds to
+                wait on, or None to give up (:meth:`_Conn.read`).
 
         Raises:
             TransportError: ``connect``, ``cut`` (closed before the headers), ``timeout``.
@@ -324,7 +339,7 @@ class Pool:
                 except RuntimeError as exc:  # the transport closed between the pool's check and the write
                     raise TransportError("cut" if reused else "connect", f"connection closed before the request was "
                                          f"sent: {exc}") from None
-                return await self._read_head(conn, method, timeout_s)
+                return await self._read_head(conn, method, timeout_s, patience)
             except TransportError as exc:
                 conn.close()
                 self._all.discard(conn)
@@ -334,10 +349,10 @@ class Pool:
                 raise
         raise AssertionError("unreachable")
 
-    async def _read_head(self, conn: _Conn, method: str, timeout_s: float) -> Response:
+    async def _read_head(self, conn: _Conn, method: str, timeout_s: float, patience=None) -> Response:
         buf = b""
         while True:
-            item = await conn.read(timeout_s)
+            item = await conn.read(timeout_s, patience)
             if item is None:
                 raise TransportError("cut", f"connection closed before the response headers ({len(buf)} bytes)")
             t, data = item
@@ -355,8 +370,8 @@ class Pool:
             hdrs[k.strip().lower()] = v.strip()
         if 100 <= status < 200:  # 100-continue: read the real head
             conn.chunks.appendleft((t, rest)) if rest else None
-            return await self._read_head(conn, method, timeout_s)
-        return Response(self, conn, status, hdrs, rest, t, method == "HEAD")
+            return await self._read_head(conn, method, timeout_s, patience)
+        return Response(self, conn, status, hdrs, rest, t, method == "HEAD", patience)
 
     async def aclose(self) -> None:
         """Close every connection."""
