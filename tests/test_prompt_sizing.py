@@ -92,6 +92,10 @@ def test_the_fixture_keeps_its_lengths_at_the_default_budgets(tmp_path):
         assert v["sizing"].startswith("the context's lengths") and v["prefill_tokens_per_s"] > 0, v["sizing"]
     assert needles["values"]["scale_tokens"] == needles["values"]["max_model_len"]  # the recorded lengths
     assert needles["status"] in ("pass", "fail") and "not judged" not in needles["summary"], needles["summary"]
+    # no prefix-cache counters in the transformers worker: one informational pair, and no correctness pair
+    assert prefill["status"] == "skip" and prefill["values"]["pairs"] == 1, prefill
+    correctness = checks["prefix_cache.correctness"]
+    assert correctness["status"] == "skip" and "(nothing sent)" in correctness["summary"], correctness
     v = agents["values"]  # the context's rule alone: 4 turns in 90% of the 512-token context
     assert v["tool_tokens"] == v["context_tokens"] - v["max_tokens"] - 8 == int(0.9 * 512 / 4) - 24, v
 
