@@ -43,9 +43,11 @@ DEFAULTS: dict[str, Any] = {
     "request_deadline_factor": 5.0,
     # long-context checks (prefix cache, needles, agents) size prompts so that, at the engine's
     # measured prefill rate, each prompt prefills within prefill_budget_s and the check's prompts
-    # together within check_prefill_budget_s (evaluations/sizing.py)
-    "prefill_budget_s": 30.0,
-    "check_prefill_budget_s": 120.0,
+    # together within check_prefill_budget_s (evaluations/sizing.py): 20 + 60 s keep the three checks
+    # within about 3 of the minutes a slow engine's run takes (SmolLM2-135M through the transformers
+    # worker: 1,400-token needles instead of 2,800), and never cut a fixture's lengths
+    "prefill_budget_s": 20.0,
+    "check_prefill_budget_s": 60.0,
 }
 TUNING = ("request_deadline_factor", "prefill_budget_s", "check_prefill_budget_s")  # Request/Checked fields, DEFAULTS
 DEFAULT_BACKENDS = {"qualify": backends.DEFAULT_QUALIFY, "pytest": ["transformers"]}

@@ -31,12 +31,17 @@ from bakeoff.api.specs import BackendConfig
 from bakeoff.analysis.generic_probes import chat_template_of, generic_probes
 from evaluations.probing import run_probes
 
-REFERENCE_CACHE_VERSION = 3  # 2: outputs carry top-k logprobs; 3: keyed by the resolved options (float32 on CPU)
+REFERENCE_CACHE_VERSION = 3  # 2: outputs carry top-k logprobs; 3: keyed by the resolved options (float32 on CPU, static batches)
 
 
-# The reference generates one request at a time (``generate``), whatever the transformers backend's
-# default (continuous batching, its serving mode): ``--reference-opt batching=...`` alone changes it.
-REFERENCE_DEFAULTS = {"batching": "none"}
+# The reference generates greedy requests in static batches (one left-padded ``generate`` over the
+# requests waiting, top-k logprobs read per row from the scores greedy search picks from:
+# backends/transformers/static.py), whatever the transformers backend's default: one request at a
+# time took 3 of the 10 minutes of a SmolLM2-135M run on 2 cores for its 300 probes (30 layers, a
+# launch-bound ~15 tok/s per sequence). Left padding moves float32 logits by rounding only.
+# ``--reference-opt batching=...`` changes it.
+REFERENCE_DEFAULTS = {"batching": "static"}
+REFERENCE_PROBE_CONCURRENCY = 16  # the probes in flight: the batch the reference's static batching can form
 # On a CPU the reference computes in float32 whatever the checkpoint's dtype: it is the yardstick, not
 # a measured engine; float32 is the most exact and the least host-dependent (bf16 kernels differ between
 # the AVX2 and AVX-512 hosts, and an AVX2 CPU emulates bf16 several times slower:
@@ -47,7 +52,8 @@ REFERENCE_CPU_DTYPE = "float32"
 def reference_options(settings) -> dict:
     """The reference's options: ``--reference-opt`` over :data:`REFERENCE_DEFAULTS` (and
     :data:`REFERENCE_CPU_DTYPE` on a host without CUDA)."""
-    cpu = {} if envs.has_cuda() else {"dtype": REFERENCE_CPU_DTYPE}
+    device = settings.reference_options.get("device", "auto")
+    cpu = {"dtype": REFERENCE_CPU_DTYPE} if device == "cpu" or (device == "auto" and not envs.has_cuda()) else {}
     return {**REFERENCE_DEFAULTS, **cpu, **settings.reference_options}
 
 
@@ -120,7 +126,8 @@ def reference(settings, run, probes):
     ref = backends.resolve("transformers")(reference_config(settings, run.dir.path / "engine" / "reference"))
     try:
         info = ref.start()
-        result = {"ok": True, "outputs": run_probes(ref, items, logprobs=PROBE_LOGPROBS),
+        result = {"ok": True, "outputs": run_probes(ref, items, logprobs=PROBE_LOGPROBS,
+                                                     concurrency=REFERENCE_PROBE_CONCURRENCY),
                   "engine": {"device": info.device, "engine_version": info.engine_version,
                              "options": reference_options(settings), "dtype": info.notes.get("dtype")}}
     except EngineFailure as exc:

@@ -13,9 +13,9 @@ the largest that fits all of:
 - the check's prompts' prefill together within ``Budget.check_s`` seconds (``--check-prefill-budget``),
   counting every prompt in full (no prefix-cache hit assumed, no left padding counted);
 
-at the prefill rate :func:`evaluations.measuring.calibrate` measured (prompt tokens per second of
-TTFT of a short request: its overhead included, longer prompts slower by attention, so the budget
-is an estimate, not a bound). Where the rate could not be measured the context decides, as before.
+at the prefill time :func:`evaluations.measuring.calibrate` measured on two prompts about 1:2 long
+(:meth:`~evaluations.measuring.Calibration.prefill_s`: ``a n + b n^2`` through both, so that longer
+prompts are estimated slower, as attention makes them; the budget is an estimate, not a bound). Where the rate could not be measured the context decides, as before.
 The fixtures are tiny and fast: on them the budgets never cut (thousands of tokens per second
 against a 2,048-token context), so their lengths, and the needle record they are judged
 against, stay as they were. Each check records which lengths it used and why (:meth:`Scale.values`).
@@ -83,17 +83,30 @@ def fit(context_tokens: int, weights: list[float], cal: Calibration, budget: Bud
     if not rate or not weights:
         return Scale(context_tokens, context_tokens, False, f"the context's lengths ({what} {context_tokens:,}): the "
                      "prefill rate was not measured, so no time budget applies", cal, budget)
-    per_request = rate * budget.request_s / max(weights)
-    per_check = rate * budget.check_s / sum(weights)
-    tokens = int(min(context_tokens, per_request, per_check))
-    if tokens >= context_tokens:
+
+    def longest_s(scale: float) -> float:
+        return cal.prefill_s(max(weights) * scale)
+
+    def all_s(scale: float) -> float:
+        return sum(cal.prefill_s(w * scale) for w in weights)
+
+    def fits(scale: float) -> bool:
+        return longest_s(scale) <= budget.request_s and all_s(scale) <= budget.check_s
+
+    if fits(context_tokens):
         return Scale(context_tokens, context_tokens, False, f"the context's lengths ({what} {context_tokens:,}): prefill "
                      f"{rate:,.0f} tok/s fits them within {budget.request_s:g} s per prompt and {budget.check_s:g} s "
                      "per check", cal, budget)
-    if per_request <= per_check:
-        why = (f"capped at {tokens:,} tokens ({what} {context_tokens:,}): prefill {rate:,.0f} tok/s x {budget.request_s:g} s "
+    lo, hi = 0, context_tokens  # the largest scale that fits (prefill time grows with length)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    tokens = lo
+    at = f"{max(weights) * max(tokens, 1) / max(longest_s(max(tokens, 1)), 1e-9):,.0f} tok/s at the longest"
+    if longest_s(tokens + 1) > budget.request_s:
+        why = (f"capped at {tokens:,} tokens ({what} {context_tokens:,}): prefill {at} x {budget.request_s:g} s "
                f"budget per prompt for the longest ({max(weights):g} x the scale)")
     else:
-        why = (f"capped at {tokens:,} tokens ({what} {context_tokens:,}): prefill {rate:,.0f} tok/s x {budget.check_s:g} s "
+        why = (f"capped at {tokens:,} tokens ({what} {context_tokens:,}): prefill {at} x {budget.check_s:g} s "
                f"budget for the check's {len(weights)} prompts ({sum(weights):g} x the scale together)")
     return Scale(tokens, context_tokens, True, why, cal, budget)

@@ -34,13 +34,28 @@ def test_a_slow_engine_gets_needles_its_prefill_rate_fits():
     scale = fit(8192, NEEDLES, Calibration(20.0, "engine-usage", 116.0, 2000, 17_000), DEFAULT, "max_model_len")
     # 116 tok/s x 120 s / 4.95 = 2,812 tokens of scale; 0.9 x 2,812 = 2,531 tokens for the longest (22 s < 30 s)
     assert scale.capped and scale.tokens == 2812, scale
-    assert scale.why.startswith("capped at 2,812 tokens (max_model_len 8,192): prefill 116 tok/s x 120 s budget "
-                                "for the check's 9 prompts"), scale.why
+    assert scale.why.startswith("capped at 2,812 tokens (max_model_len 8,192): prefill 116 tok/s at the longest x "
+                                "120 s budget for the check's 9 prompts"), scale.why
     v = scale.values()
     assert v["prefill_tokens_per_s"] == 116.0 and v["prefill_measured_on"] == "a 2000-token prompt, TTFT 17000 ms"
     # one long prompt: the per-prompt budget binds (116 x 30 s = 3,480)
     one = fit(8192, [1.0], Calibration(20.0, "engine-usage", 116.0, 2000, 17_000), DEFAULT, "long prompt")
     assert one.tokens == 3480 and "x 30 s budget per prompt" in one.why, one.why
+
+
+def test_longer_prompts_are_estimated_slower_through_both_calibration_prompts():
+    """Two timed prompts (800 and 1,600 tokens) give ``a n + b n^2``: SmolLM2-135M through the transformers
+    worker took 24.3 s for 5,924 tokens where the longer prompt's rate alone (417 tok/s) said 14.2 s."""
+    cal = Calibration(20.0, "engine-usage", 417.0, 1600, 3837.0, 800, 1700.0)
+    assert cal.prefill_s(1600) == pytest.approx(3.837) and cal.prefill_s(800) == pytest.approx(1.7)
+    assert 21.0 < cal.prefill_s(5924) < 26.0
+    linear = Calibration(20.0, "engine-usage", 417.0, 1600, 3837.0)  # one prompt timed: its rate
+    assert linear.prefill_s(5924) == pytest.approx(5924 / 417.0)
+    flat = Calibration(20.0, "engine-usage", 417.0, 1600, 3837.0, 800, 3000.0)  # overhead-bound: no growth shown
+    assert flat.prefill_s(5924) == pytest.approx(5924 / 417.0)
+    scale = fit(8192, [1.0] * 8, cal, DEFAULT, "long prompt")  # the prefix cache's 8 sends
+    assert scale.capped and sum(cal.prefill_s(scale.tokens) for _ in range(8)) <= 120.0 < 8 * cal.prefill_s(scale.tokens + 1)
+    assert "x 120 s budget for the check's 8 prompts" in scale.why, scale.why
 
 
 def test_a_fast_engine_keeps_the_contexts_lengths():
@@ -66,6 +81,8 @@ def test_calibration_times_the_longer_prompt(monkeypatch):
     cal = measuring.calibrate(object(), fixture=False)
     assert cal.source == "engine-usage" and cal.prefill_tokens_per_s == pytest.approx(100.0), cal
     assert cal.probe_tokens > 500 and cal.probe_ttft_ms == pytest.approx(cal.probe_tokens * 10)
+    assert cal.short_tokens == pytest.approx(cal.probe_tokens / 2, rel=0.1) and cal.short_ttft_ms == cal.short_tokens * 10
+    assert cal.prefill_s(10_000) == pytest.approx(100.0)  # no growth with length: linear
 
 
 # ---- the suite, real engine --------------------------------------------------------------------

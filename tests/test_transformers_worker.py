@@ -44,10 +44,15 @@ def _probe(b, prompt: str, max_tokens: int, logprobs: int | None = None, ignore_
     return asyncio.run(go())
 
 
-def test_the_reference_generates_one_at_a_time_whatever_the_backends_default(tmp_path):
-    """The transformers backend batches by default (static on CPU, continuous on GPU); the suite's reference
-    keeps ``generate`` one request at a time, so a default transformers run is a candidate judged
-    against it, and ``batching=none`` is the reference itself."""
+def test_the_reference_is_static_batches_in_float32_on_cpu_whatever_the_backends_default(tmp_path, monkeypatch):
+    """The transformers backend batches by default (static on CPU, continuous on GPU) in the checkpoint's
+    dtype where the CPU computes it natively; the suite's reference runs static batches in float32 on a
+    CPU, so a default transformers run is a candidate judged against it, and ``batching=static,
+    dtype=float32`` is the reference itself; on CUDA (or with ``device=cuda``) the reference keeps the
+    checkpoint's dtype."""
+    from bakeoff.host import envs as host_envs
+
+    monkeypatch.setattr(host_envs, "has_cuda", lambda: False)
     from types import SimpleNamespace
 
     from evaluations.reference import is_reference_run, reference_config
@@ -60,12 +65,16 @@ def test_the_reference_generates_one_at_a_time_whatever_the_backends_default(tmp
                                reference_options=reference_options, start_timeout_s=60.0, progress_timeout_s=60.0,
                                request_deadline_factor=5.0)
 
-    assert reference_config(settings({}, {}), tmp_path / "r").options == {"batching": "none"}
+    assert reference_config(settings({}, {}), tmp_path / "r").options == {"batching": "static", "dtype": "float32"}
     assert reference_config(settings({}, {"batching": "continuous"}), tmp_path / "r").options["batching"] == "continuous"
+    assert reference_config(settings({}, {"device": "cuda"}), tmp_path / "r").options == {"batching": "static",
+                                                                                         "device": "cuda"}
     assert not is_reference_run(settings({}, {}))
-    assert is_reference_run(settings({"batching": "none"}, {}))
-    assert is_reference_run(settings({"batching": "continuous"}, {"batching": "continuous"}))
-    assert not is_reference_run(settings({"batching": "none", "dtype": "float32"}, {}))
+    assert is_reference_run(settings({"batching": "static", "dtype": "float32"}, {}))
+    assert is_reference_run(settings({"batching": "continuous", "dtype": "float32"}, {"batching": "continuous"}))
+    assert not is_reference_run(settings({"batching": "static"}, {}))  # the checkpoint's dtype: a candidate
+    monkeypatch.setattr(host_envs, "has_cuda", lambda: True)
+    assert reference_config(settings({}, {}), tmp_path / "r").options == {"batching": "static"}
 
 
 @pytest.mark.slow
@@ -198,3 +207,38 @@ def test_static_batches_stream_each_row_as_alone_and_take_in_a_late_wave(model):
     assert chan.ids(1) == alone[1] and chan.ids(4) == alone[4]
     starts = [f[1] for f in chan.frames if f[0] == "start"]
     assert starts == [1, 4]  # one start per request: the restart is invisible to the client
+
+
+@pytest.mark.slow
+@pytest.mark.engine("transformers")
+def test_static_batches_serve_logprob_requests_as_generate_does(model, tmp_path):
+    """Greedy requests with logprobs share a left-padded static batch (the reference's probes); each
+    row's tokens and top-k logprobs are those of ``generate`` one at a time, in float32, up to
+    rounding (fails before: logprob requests ran alone, and the batch counters stayed at 0)."""
+    prompts = [f"count: {10 + 7 * i} {11 + 7 * i} {12 + 7 * i} =>" for i in range(5)] + ["copy: abc hcd =>"]
+    ref = _start(model, tmp_path / "one", batching="none", dtype="float32")
+    try:
+        want = [_probe(ref, p, 10, logprobs=5) for p in prompts]
+    finally:
+        ref.stop()
+    b = _start(model, tmp_path / "static", batching="static", dtype="float32")
+    try:
+        async def together():
+            recs = await asyncio.gather(*[run_request(b, GenerationRequest(
+                request_id=f"s{i}", prompt=p, max_tokens=10, temperature=0.0, logprobs=5)) for i, p in enumerate(prompts)])
+            await b.aclose()
+            return recs
+
+        got = asyncio.run(together())
+        _probe(b, prompts[0], 2)  # the engine's counters are sent with a request's end: one more brings the batch's
+        m = b.metrics()
+        batches, batched = m["bakeoff_worker:static_batches"], m["bakeoff_worker:requests_in_static_batches"]
+        assert batched == len(prompts) and batches < len(prompts), m
+        for w, g in zip(want, got):
+            assert g.status == "ok" and g.output_token_ids == w.output_token_ids, (g.output_text, w.output_text)
+            assert len(g.output_logprobs) == len(w.output_logprobs) == len(w.output_token_ids)
+            for (tok_a, lp_a, top_a), (tok_c, lp_c, top_c) in zip(g.output_logprobs, w.output_logprobs):
+                assert tok_a == tok_c and lp_a == pytest.approx(lp_c, abs=1e-3)
+                assert sorted(top_a, key=top_a.get)[-3:] == sorted(top_c, key=top_c.get)[-3:]
+    finally:
+        b.stop()

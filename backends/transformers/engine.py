@@ -38,6 +38,7 @@ import time
 import traceback
 from typing import Any
 
+from backends.transformers.logprobs import top_logprobs
 from backends._hosting.engine_frames import Out, answer_tokenize
 from backends.transformers.static import batch_key, serve_static
 
@@ -273,12 +274,6 @@ def threads_in_new_thread(torch) -> int:
     t.start()
     t.join()
     return got[0]
-
-
-def top_logprobs(logp, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
-    """``(logprob of token, [(id, logprob)] of the k most likely)`` from one step's log-softmax."""
-    vals, idx = logp.topk(k)
-    return float(logp[token]), list(zip(idx.tolist(), vals.tolist()))
 
 
 def hold_gpu_memory(torch, headroom_gib: float, held: list) -> float:

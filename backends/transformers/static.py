@@ -5,7 +5,10 @@ prompts at once is one ``generate`` over a left-padded batch. When the loop take
 the greedy requests already waiting (same ``ignore_eos``) join it, up to ``max_batch_size``; the
 batch runs to its longest request's end (a request that arrives later waits, as in any static
 batching server), each row's tokens streamed to its own client and each row stopped at its own
-end (its ``max_tokens``, its EOS, a cancel). Requests that sample or ask for logprobs run alone.
+end (its ``max_tokens``, its EOS, a cancel). Requests that sample run alone; greedy requests that
+ask for the same number of top logprobs share a batch, each row's top-k read from the step's scores
+greedy search picks from (as the one-at-a-time path reads them), so the reference's 300 probes need
+not run one by one.
 
 A wave of concurrent sessions reaches the engine spread over a few milliseconds (each request
 goes through the HTTP side), so the first arrival would start a batch of its own and the rest of
@@ -18,21 +21,25 @@ next tokens); one session never restarts anything.
 
 from __future__ import annotations
 
+import array
 import collections
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from backends._hosting.engine_frames import Out
+from backends.transformers.logprobs import top_logprobs
 
 RESTART_TOKENS = 4  # a batch whose rows are this young restarts to take in newcomers
 
 
 def batch_key(body: dict[str, Any]) -> tuple | None:
-    """Requests with the same key can share a batch; None: this one runs alone."""
-    if float(body.get("temperature") or 0.0) > 0 or body.get("logprobs"):
+    """Requests with the same key can share a batch (``(ignore_eos, top-k logprobs)``); None: this
+    one runs alone."""
+    if float(body.get("temperature") or 0.0) > 0:
         return None
-    return (bool(body.get("ignore_eos")),)
+    lp = body.get("logprobs")
+    return (bool(body.get("ignore_eos")), 0 if isinstance(lp, bool) else int(lp or 0))
 
 
 @dataclass
@@ -75,14 +82,15 @@ def serve_static(engine, first: tuple, chan, waiting: collections.deque) -> None
     msgs = [first] + take_compatible(key, waiting, engine.max_batch - 1)
     rows = [new_row(engine, m, chan.send) for m in msgs]
     while rows:
-        rows = generate_batch(engine, rows, key[0], chan, waiting)
+        rows = generate_batch(engine, rows, key, chan, waiting)
         if rows:  # restarted: the newcomers join
             engine.restarts += 1
             rows += [new_row(engine, m, chan.send) for m in take_compatible(key, waiting, engine.max_batch - len(rows))]
 
 
-def generate_batch(engine, rows: list[Row], ignore_eos: bool, chan, waiting: collections.deque) -> list[Row]:
-    """One left-padded ``generate`` over ``rows``, each streamed as its own request.
+def generate_batch(engine, rows: list[Row], key: tuple, chan, waiting: collections.deque) -> list[Row]:
+    """One left-padded ``generate`` over ``rows`` (their :func:`batch_key` ``key``), each streamed as
+    its own request.
 
     Returns:
         The rows to continue when the batch stopped early for newcomers (module docstring), else [].
@@ -97,7 +105,8 @@ def generate_batch(engine, rows: list[Row], ignore_eos: bool, chan, waiting: col
     eos_ids = sorted(set(eos if isinstance(eos, list) else [eos] if eos is not None else []))
     state = {"first": True, "restart": False}
     clock = time.perf_counter
-    key = (ignore_eos,)
+    ignore_eos, top_k = key
+    steps: list = []  # log-softmax of each step's scores (the whole batch), when logprobs are asked for
 
     def end_row(r: Row, reason: str) -> None:
         r.done = True
@@ -110,12 +119,16 @@ def generate_batch(engine, rows: list[Row], ignore_eos: bool, chan, waiting: col
                 state["first"] = False
                 return
             now = clock()
-            for r, t in zip(rows, value.reshape(-1).tolist()):
+            logp = steps.pop(0) if top_k and steps else None
+            for i, (r, t) in enumerate(zip(rows, value.reshape(-1).tolist())):
                 if r.done:
                     continue
                 r.gen.append(int(t))
-                r.out.pending.append(int(t))
-                r.out.due(now)
+                if logp is not None:
+                    r.out.send_ids(array.array("i", [int(t)]).tobytes(), now, True, [top_logprobs(logp[i], int(t), top_k)])
+                else:
+                    r.out.pending.append(int(t))
+                    r.out.due(now)
                 if len(r.gen) >= r.max_new:
                     end_row(r, "length")
                 elif not ignore_eos and t in eos_ids:
@@ -149,6 +162,11 @@ def generate_batch(engine, rows: list[Row], ignore_eos: bool, chan, waiting: col
             scores[:, eos_ids] = -float("inf")
             return scores
 
+    class Record(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            steps.append(torch.log_softmax(scores.float(), dim=-1))
+            return scores
+
     try:
         seqs = [r.ids + r.gen for r in rows]
         width = max(len(s) for s in seqs)
@@ -157,8 +175,11 @@ def generate_batch(engine, rows: list[Row], ignore_eos: bool, chan, waiting: col
         kwargs: dict[str, Any] = {"max_new_tokens": max(r.max_new - len(r.gen) for r in rows), "do_sample": False,
                                   "temperature": None, "top_p": None, "top_k": None, "pad_token_id": pad,
                                   "stopping_criteria": StoppingCriteriaList([RowsDone()])}
-        if ignore_eos and eos_ids:
-            kwargs["logits_processor"] = LogitsProcessorList([NoEosYet()])
+        processors = [NoEosYet()] if ignore_eos and eos_ids else []
+        if top_k:
+            processors.append(Record())  # after the EOS suppression: the scores greedy search picks from
+        if processors:
+            kwargs["logits_processor"] = LogitsProcessorList(processors)
         with torch.inference_mode():
             engine.model.generate(input_ids=input_ids, attention_mask=mask, streamer=Streamer(), **kwargs)
     except Exception as exc:  # noqa: BLE001 - every row's client learns why
