@@ -22,7 +22,14 @@ def probe_max_tokens(expected: str, match: str = "prefix") -> int:
     return min(64, len(expected) + 4)
 
 
-def run_probes(backend, probes, max_tokens: int | None = None, concurrency: int = 4,
+# Probes in flight: enough for a batching engine to batch them (the transformers worker's static
+# batches, og.Engine's, vLLM's scheduler); greedy outputs of a correct engine do not depend on it
+# beyond numerical ties, which the agreement's tie rule names. 4 left SmolLM2-135M's 300 probes at
+# 1.5 min through the transformers worker on 2 cores.
+PROBE_CONCURRENCY = 16
+
+
+def run_probes(backend, probes, max_tokens: int | None = None, concurrency: int = PROBE_CONCURRENCY,
                logprobs: int | None = None) -> list[dict]:
     """Greedy outputs for each probe, in order.
 

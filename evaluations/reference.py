@@ -41,7 +41,6 @@ REFERENCE_CACHE_VERSION = 3  # 2: outputs carry top-k logprobs; 3: keyed by the 
 # launch-bound ~15 tok/s per sequence). Left padding moves float32 logits by rounding only.
 # ``--reference-opt batching=...`` changes it.
 REFERENCE_DEFAULTS = {"batching": "static"}
-REFERENCE_PROBE_CONCURRENCY = 16  # the probes in flight: the batch the reference's static batching can form
 # On a CPU the reference computes in float32 whatever the checkpoint's dtype: it is the yardstick, not
 # a measured engine; float32 is the most exact and the least host-dependent (bf16 kernels differ between
 # the AVX2 and AVX-512 hosts, and an AVX2 CPU emulates bf16 several times slower:
@@ -126,8 +125,7 @@ def reference(settings, run, probes):
     ref = backends.resolve("transformers")(reference_config(settings, run.dir.path / "engine" / "reference"))
     try:
         info = ref.start()
-        result = {"ok": True, "outputs": run_probes(ref, items, logprobs=PROBE_LOGPROBS,
-                                                     concurrency=REFERENCE_PROBE_CONCURRENCY),
+        result = {"ok": True, "outputs": run_probes(ref, items, logprobs=PROBE_LOGPROBS),
                   "engine": {"device": info.device, "engine_version": info.engine_version,
                              "options": reference_options(settings), "dtype": info.notes.get("dtype")}}
     except EngineFailure as exc:
