@@ -93,3 +93,13 @@ def test_a_failed_generation_is_not_kept():
     again = ReferenceAnswers(["m", [], {}], ref.start, ref.score, ref.generate)
     again.generate([("0", "p", 4)])
     assert again.cached == 0 and ref.starts == 2
+
+
+def test_the_kl_report_scores_a_spread_sample_of_the_probe_outputs():
+    from evaluations.test_judge import KL_PROBES, kl_sample
+
+    outs = [{"id": f"g-{fam}-{i}"} for fam in ("count", "copy", "kv", "chat") for i in range(75)]
+    got = kl_sample(outs)
+    assert len(got) == KL_PROBES == 64 and len({o["id"] for o in got}) == 64
+    assert {o["id"].split("-")[1] for o in got} == {"count", "copy", "kv", "chat"}  # every family
+    assert kl_sample(outs[:10]) == outs[:10]

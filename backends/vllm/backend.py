@@ -27,6 +27,7 @@ from backends._server import ChildServerBackend
 from backends.vllm import option_log, placement
 from bakeoff.host import env_patches, envs
 from bakeoff.host.env_patches import SourcePatch
+from bakeoff.host.cpu_dtype import default_dtype
 from bakeoff.analysis.checkpoint_layout import MTP_PREFIXES, LayoutError, mtp_requested, read_tensors
 from bakeoff.api.errors import EngineFailure
 from bakeoff.api.specs import BackendInfo, Spec
