@@ -133,3 +133,27 @@ def test_a_predicted_refusal_ends_the_load_before_any_reference_work(tmp_path):
     assert load["status"] == "fail" and load["failure_class"] == "config-rejected", proc.stdout[-2000:]
     assert load["summary"].startswith("preflight: the builder's compressed-tensors loader reads NVFP4 and FP8 only")
     assert not (run / "engine" / "reference").exists(), "the reference was started before the predicted refusal"
+
+
+def test_a_truncated_weights_file_is_the_checkpoints_damage_before_any_engine_starts(tmp_path):
+    """A safetensors file shorter than its header says (a copy cut off): every backend's pre-flight
+    refuses it as ``load-failure`` naming the file and both sizes, so no engine is launched and blamed."""
+    from safetensors.numpy import save_file
+    import numpy as np
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    save_file({"a": np.zeros((64, 64), dtype=np.float32), "b": np.ones((32,), dtype=np.float32)},
+              str(tmp_path / "model.safetensors"))
+    whole = (tmp_path / "model.safetensors").stat().st_size
+    for backend in ("vllm", "transformers", "ort-genai"):
+        assert preflight(tmp_path, backend, cuda=False).accepted is not False, backend
+    with open(tmp_path / "model.safetensors", "r+b") as fh:
+        fh.truncate(whole - 1000)
+    for backend in ("vllm", "transformers", "ort-genai", "openvino"):
+        result = preflight(tmp_path, backend, cuda=False)
+        assert result.accepted is False and result.failure_class == "load-failure", (backend, result)
+        assert f"model.safetensors is truncated: its header describes {whole:,} bytes, the file holds {whole - 1000:,}" \
+            in result.reason and "not loadable by any engine" in result.reason
+    with pytest.raises(EngineFailure) as err:
+        raise_if_rejected(tmp_path, "vllm", cuda=False)
+    assert err.value.failure_class == "load-failure" and "truncated" in err.value.message

@@ -108,6 +108,33 @@ def read_tensors(model_path: str | Path) -> list[TensorInfo]:
     return sorted(names.values(), key=lambda t: t.name)
 
 
+def truncated_files(model_path: str | Path) -> list[str]:
+    """The checkpoint's safetensors files that are shorter than their own headers say (a copy cut
+    off, a download stopped), each as one line naming the file and both sizes; [] when every file
+    is whole or the folder holds none (headers only: no weight is read).
+
+    A file whose header cannot be read is named too (it is not a whole safetensors file)."""
+    root = Path(model_path)
+    out = []
+    for shard in sorted(root.glob("*.safetensors")):
+        try:
+            size = shard.stat().st_size
+            with shard.open("rb") as fh:
+                raw = fh.read(8)
+            head = _header(shard)
+        except (OSError, LayoutError) as exc:
+            out.append(f"{shard.name}: {exc}")
+            continue
+        n = struct.unpack("<Q", raw)[0]
+        ends = [m["data_offsets"][1] for k, m in head.items() if k != "__metadata__" and isinstance(m, dict)
+                and isinstance(m.get("data_offsets"), list) and len(m["data_offsets"]) == 2
+                and isinstance(m["data_offsets"][1], int)]
+        want = 8 + n + max(ends, default=0)
+        if size < want:
+            out.append(f"{shard.name} is truncated: its header describes {want:,} bytes, the file holds {size:,}")
+    return out
+
+
 def module_of(tensor: str) -> str:
     """``mtp.layers.0.mlp.experts.3.gate_proj.weight_packed`` -> ``mtp.layers.0.mlp.experts.3.gate_proj``."""
     return tensor.rsplit(".", 1)[0]

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from pydantic import Field
 
-from bakeoff.analysis.checkpoint_layout import mtp_requested
+from bakeoff.analysis.checkpoint_layout import mtp_requested, truncated_files
 from bakeoff.api.errors import EngineFailure
 from bakeoff.api.specs import Spec
 from bakeoff.host.artifacts import read_json
@@ -210,6 +210,11 @@ def preflight(model_path: str | Path, backend: str, rule: Callable[..., Rule] | 
         {"quantization_config": q["raw"]} if "raw" in q else {}), "architecture": arch, "dtype": dtype}
     if not cfg:
         return PreflightResult(**base, accepted=None, reason=f"no readable config.json at {model_path}; nothing to predict")
+    damaged = truncated_files(model_path)
+    if damaged:  # no engine loads it: the checkpoint's damage, named before anything starts
+        return PreflightResult(**base, accepted=False, failure_class="load-failure", rule_source="safetensors headers "
+                               "(bakeoff.analysis.checkpoint_layout.truncated_files)",
+                               reason=f"the checkpoint is damaged, not loadable by any engine: {'; '.join(damaged[:3])}")
     if rule is None:
         return PreflightResult(**base, accepted=None, reason=f"no preflight rules for backend {backend!r}")
     if cuda is None:
