@@ -27,8 +27,13 @@ CHECKOUT = (REPO / "pyproject.toml").is_file()  # else an installed wheel: REPO 
 
 PROFILES: dict[str, dict[str, Any]] = {
     # quick: CI and `make qualify`; full: the usual serving sweep (1..32 sessions).
-    "quick": {"sessions": [1, 2, 4, 8], "requests_per_session": 2, "max_tokens": 32, "warmup": 2},
-    "full": {"sessions": [1, 2, 4, 8, 16, 32], "requests_per_session": 4, "max_tokens": 128, "warmup": 4},
+    # prefill budgets of the long-context checks (evaluations/sizing.py), unless given: quick keeps a slow
+    # engine's three checks within about a minute and a half (SmolLM2-135M on 2 cores prefills 240-420
+    # tok/s), full measures longer prompts; neither cuts a fixture's lengths
+    "quick": {"sessions": [1, 2, 4, 8], "requests_per_session": 2, "max_tokens": 32, "warmup": 2,
+              "prefill_budget_s": 10.0, "check_prefill_budget_s": 30.0},
+    "full": {"sessions": [1, 2, 4, 8, 16, 32], "requests_per_session": 4, "max_tokens": 128, "warmup": 4,
+             "prefill_budget_s": 30.0, "check_prefill_budget_s": 120.0},
 }
 DEFAULTS: dict[str, Any] = {
     "model": "fixture:tiny-qwen3",
@@ -43,11 +48,9 @@ DEFAULTS: dict[str, Any] = {
     "request_deadline_factor": 5.0,
     # long-context checks (prefix cache, needles, agents) size prompts so that, at the engine's
     # measured prefill rate, each prompt prefills within prefill_budget_s and the check's prompts
-    # together within check_prefill_budget_s (evaluations/sizing.py): 20 + 60 s keep the three checks
-    # within about 3 of the minutes a slow engine's run takes (SmolLM2-135M through the transformers
-    # worker: 1,400-token needles instead of 2,800), and never cut a fixture's lengths
-    "prefill_budget_s": 20.0,
-    "check_prefill_budget_s": 60.0,
+    # together within check_prefill_budget_s (evaluations/sizing.py); unset: the profile's (PROFILES)
+    "prefill_budget_s": None,
+    "check_prefill_budget_s": None,
 }
 TUNING = ("request_deadline_factor", "prefill_budget_s", "check_prefill_budget_s")  # Request/Checked fields, DEFAULTS
 DEFAULT_BACKENDS = {"qualify": backends.DEFAULT_QUALIFY, "pytest": ["transformers"]}
@@ -127,8 +130,8 @@ class Checked:
     min_probe_accuracy: float | None
     baseline_run: str | None
     request_deadline_factor: float = DEFAULTS["request_deadline_factor"]
-    prefill_budget_s: float = DEFAULTS["prefill_budget_s"]
-    check_prefill_budget_s: float = DEFAULTS["check_prefill_budget_s"]
+    prefill_budget_s: float = PROFILES["quick"]["prefill_budget_s"]
+    check_prefill_budget_s: float = PROFILES["quick"]["check_prefill_budget_s"]
 
 
 def _flag(req: Request, name: str, flag: str) -> str:
@@ -285,7 +288,8 @@ def check_request(req: Request) -> Checked:
     timeouts = {k: DEFAULTS[k] if getattr(req, k) is None else getattr(req, k) for k in ("start_timeout_s", "progress_timeout_s")}
     for k, fl in (("start_timeout_s", "--start-timeout"), ("progress_timeout_s", "--progress-timeout")):
         _number(fl, timeouts[k], 0, MAX_SECONDS, f"a positive number of seconds up to {MAX_SECONDS:.0f}", low_open=True)
-    tuning = {k: DEFAULTS[k] if getattr(req, k) is None else getattr(req, k) for k in TUNING}
+    tuning = {k: (DEFAULTS[k] if DEFAULTS[k] is not None else PROFILES[profile][k]) if getattr(req, k) is None
+              else getattr(req, k) for k in TUNING}
     _number("--request-deadline-factor", tuning["request_deadline_factor"], 1, 1000, "a number of progress timeouts "
             "from 1 to 1000")
     for k, fl in (("prefill_budget_s", "--prefill-budget"), ("check_prefill_budget_s", "--check-prefill-budget")):

@@ -59,8 +59,8 @@ class Settings:
     repeats: int = 1  # --repeats: measurements of each sweep point
     baseline_run: str | None = None  # --baseline-run: the kv_cache_dtype auto run this one is judged against
     request_deadline_factor: float = DEFAULTS["request_deadline_factor"]  # --request-deadline-factor
-    prefill_budget_s: float = DEFAULTS["prefill_budget_s"]  # --prefill-budget: per long prompt (evaluations/sizing.py)
-    check_prefill_budget_s: float = DEFAULTS["check_prefill_budget_s"]  # --check-prefill-budget: per check
+    prefill_budget_s: float = PROFILES["quick"]["prefill_budget_s"]  # --prefill-budget: per long prompt (sizing.py)
+    check_prefill_budget_s: float = PROFILES["quick"]["check_prefill_budget_s"]  # --check-prefill-budget: per check
 
 
 KEY_SETTINGS = pytest.StashKey[Settings]()
@@ -92,7 +92,8 @@ def add_options(parser: pytest.Parser) -> None:
     for flag, key, what in (("--prefill-budget", "prefill_budget_s", "each long prompt"),
                             ("--check-prefill-budget", "check_prefill_budget_s", "a long-context check's prompts together")):
         g.addoption(flag, type=float, default=None, help=f"seconds of prefill, at the engine's measured rate, for {what} "
-                    f"(shorter prompts where the context's would take longer; default: {DEFAULTS[key]:g})")
+                    f"(shorter prompts where the context's would take longer; default: the profile's, "
+                    f"{PROFILES['quick'][key]:g} quick / {PROFILES['full'][key]:g} full)")
     g.addoption("--memory-limit-gib", type=float, default=None,
                 help="cap the engine child's address space (RLIMIT_AS) in GiB; for Python workers "
                      "(transformers, ort-genai), not vLLM whose virtual size is huge")
