@@ -14,6 +14,19 @@ from evaluations.plugin import attach_engine_evidence
 from evaluations.probing import open_ended_prompts, run_probes
 from evaluations.reference import MIN_BASELINE_ACCURACY, baseline
 
+# What a run's accuracy depends on, as the engine stated it (BackendInfo.notes): named in an accuracy
+# regression's message, so that "ORT GenAI int4 loses 11 points" reads as the configuration's cost
+# and not as the engine's fault (the same engine's lossless cell is beside it in the report).
+PRECISION_NOTES = ("export_precision", "int4_algo", "dtype", "inference_precision", "kv_cache_dtype", "quantization")
+
+
+def configuration(engine) -> str:
+    """``; configuration: export_precision int4 (observed: int4); int4_algo rtn_last (...)`` or ``""``."""
+    notes = (engine.info.notes if getattr(engine, "info", None) else None) or {}
+    parts = [f"{k} {str(notes[k])[:80]}" for k in PRECISION_NOTES if notes.get(k)]
+    return f"; configuration: {'; '.join(parts)}" if parts else ""
+
+
 # Degeneration: fail when more than a quarter of the outputs trip a detector.
 MAX_FLAGGED_FRACTION = 0.25
 OPEN_ENDED_TOKENS = 48
@@ -89,7 +102,8 @@ def test_known_answers(run, settings, engine, probes, probe_outputs, reference):
         if base.kind == "reference":
             kept = [ok for ok, ref_ok in zip(correct, base.correct) if ref_ok]
             c.values["accuracy_on_reference_correct"] = round(sum(kept) / len(kept), 4) if kept else None
-        c.require(not d.regression, f"known answers regress against {base.source}: {d.sentence(base.kind)}; e.g. {examples}")
+        c.require(not d.regression, f"known answers regress against {base.source}: {d.sentence(base.kind)}; e.g. {examples}"
+                                    + configuration(engine))
         c.summary = f"probe accuracy {acc:.0%} ({len(rows)} {source} probes), within noise of {base.kind}: {d.sentence(base.kind)}"
 
 
@@ -171,7 +185,7 @@ def test_reference_agreement(run, settings, engine, reference, probe_outputs):
         counts = (f"{agr['exact']} exact, {agr['tie']} tie, {agr['real']} real"
                   + (f", {agr['undetermined']} undetermined (no logprobs)" if agr["undetermined"] else "")
                   + f" divergences of {agr['prompts']}")
-        c.require(not d.regression, f"{d.sentence('reference')} ({counts})")  # a proven drop fails even then
+        c.require(not d.regression, f"{d.sentence('reference')} ({counts}){configuration(engine)}")  # a proven drop fails even then
         unjudgeable = agreement_unjudgeable(agr, d.baseline_accuracy, MIN_BASELINE_ACCURACY)
         if unjudgeable:
             c.skip(f"{unjudgeable}; {counts}")
