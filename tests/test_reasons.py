@@ -7,6 +7,7 @@ break it; HTML escaped) and whole in a per-run section of the same report."""
 from __future__ import annotations
 
 import html
+import shutil
 import json
 import re
 from pathlib import Path
@@ -172,3 +173,31 @@ def test_console_summary_names_every_reason(runs, capsys):
     assert [o[1] for o in outcomes] == ["incomplete", "disqualified", "unavailable", "incomplete", "qualified"]
     words = set(re.split(r"[\s│┃|]+", capsys.readouterr().out))  # the printed table's words
     assert {"sanity.tokenizer:", "unavailable:", "runtime-crash:", "garbage-output:", "skipped:"} <= words
+
+
+def test_one_engine_in_a_lossy_and_a_lossless_configuration_reads_as_the_configurations_cost(tmp_path):
+    """``--matrix ort-genai:precision=int4,fp32``: int4 disqualified for accuracy, fp32 qualified: the report
+    says the engine serves the model and int4 costs the accuracy (absent when every cell agrees)."""
+    ok = lambda name: Check(name=name, status="pass", summary="fine")  # noqa: E731
+    root = tmp_path / "art"
+
+    def cell(options: dict, checks: list[Check]) -> Path:
+        rd = RunDir.create(root, "ort-genai", "smollm2-135m-instruct")
+        run = RunContext(rd, Verdict(run_id=rd.run_id, backend="ort-genai", model="smollm2-135m-instruct", options=options))
+        for c in checks:
+            run.record(c)
+        run.finish(finished=True)
+        return rd.path
+
+    cell({"precision": "int4"}, [ok("load"), ok("sanity.known_answers"), Check(
+        name="sanity.reference_agreement", status="fail", failure_class="accuracy-regression",
+        summary="backend 38.0% vs reference 49.3%")])
+    cell({"precision": "fp32"}, [ok("load"), ok("sanity.known_answers"), ok("sanity.reference_agreement")])
+    md = write_report([root], tmp_path / "rep").read_text()
+    line = _section(md, "One engine, several configurations").strip()
+    assert line.startswith("- **ort-genai** on smollm2-135m-instruct:"), line
+    assert "precision=int4 **disqualified** (accuracy-regression)" in line and "precision=fp32 **qualified**" in line
+    assert "the engine serves the model (precision=fp32); precision=int4 costs accuracy against the reference" in line
+    single = tmp_path / "single"
+    shutil.copytree(next(root.glob("runs/*")), single / "runs" / "one")
+    assert "One engine, several configurations" not in write_report([single], tmp_path / "rep2").read_text()

@@ -195,7 +195,7 @@ def prepare(model: str, specs: list, board, clock: "StepClock") -> tuple:
     prewarm = EnvPrewarm(specs, board=board)
     t_fixture = time.monotonic()
     resolved = resolve(model, log=board.fixture_log)
-    clock.add("fixture", time.monotonic() - t_fixture, model)
+    clock.add("fixture" if resolved.fixture else "model", time.monotonic() - t_fixture, model)
     return resolved, prewarm
 
 
@@ -219,7 +219,7 @@ class StepClock:
         if prewarm.specs:
             self.add("environments", prewarm.elapsed_s(), "beside the fixture and the runs, not in the total: "
                      + "; ".join(f"{s.name} {prewarm.results.get(s.name, 'not made')}" for s in prewarm.specs),
-                     beside=True, at=1 if self.rows and self.rows[0][0] == "fixture" else 0)
+                     beside=True, at=1 if self.rows and self.rows[0][0] in ("fixture", "model") else 0)
 
     def add_run(self, label: str, seconds: float, run_dir: Path | None, waited: Next | None = None,
                 installs: list[str] | None = None) -> None:

@@ -43,6 +43,13 @@ Run [{{ r.run_id }}]({{ r.verdict_href|safe }}):
 {% for reason in r.reasons %}- {{ whole(reason) }}
 {% endfor %}
 {% endfor %}{% endif -%}
+{% if configurations -%}
+## One engine, several configurations
+
+{% for g in configurations -%}
+- **{{ g.backend }}** on {{ g.model }}: {% for cell in g.cells %}{{ cell.options or "its defaults" }} **{{ cell.status }}**{% if cell.cls %} ({{ cell.cls }}){% endif %}{% if not loop.last %}; {% endif %}{% endfor %}{% if g.note %}. {{ g.note }}{% endif %}
+{% endfor %}
+{% endif -%}
 ## Engines
 
 | backend | engine | version | device | start s | KV cache tokens | max concurrency |
@@ -249,6 +256,29 @@ def load_run(path: Path) -> dict[str, Any]:
     }
 
 
+def configurations(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Engines run on one model in several configurations (``--matrix`` cells) whose verdicts
+    differ: each cell's status and first failure class, and, where one cell qualified and another
+    was disqualified for accuracy, that the engine serves the model and the configuration costs the
+    accuracy (ORT GenAI int4 beside its lossless fp32 export)."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault((r["backend"], r["model"]), []).append(r)
+    out = []
+    for (backend, model), cells in groups.items():
+        if len({c["options"] for c in cells}) < 2 or len({c["status"] for c in cells}) < 2:
+            continue
+        rows = [{"options": c["options"], "status": c["status"],
+                 "cls": next((x.split(": ")[1] for x in c["reasons"] if x.count(": ") >= 2), None)
+                 if c["status"] == "disqualified" else None} for c in cells]
+        good = [c["options"] or "its defaults" for c in rows if c["status"] == "qualified"]
+        lossy = [c["options"] or "its defaults" for c in rows if c["cls"] == "accuracy-regression"]
+        note = (f"the engine serves the model ({', '.join(good)}); {', '.join(lossy)} costs accuracy against the "
+                "reference" if good and lossy else "")
+        out.append({"backend": backend, "model": model, "cells": rows, "note": note})
+    return out
+
+
 def write_report(run_paths: list[Path], out_dir: Path) -> Path:
     """Write ``report.md`` for the given runs (folders or their parents).
 
@@ -264,7 +294,8 @@ def write_report(run_paths: list[Path], out_dir: Path) -> Path:
     # but a link target made here (percent-encoded, ``|safe``), whose "_" or "\\" an escape would change
     env = Environment(trim_blocks=False, lstrip_blocks=False, keep_trailing_newline=True,
                       finalize=lambda x: x if isinstance(x, Markup) else md_escape(x))
-    text = env.from_string(TEMPLATE).render(runs=runs, fmt=fmt, whole=lambda r: clip(_one_line(r), WHOLE_REASON_CHARS))
+    text = env.from_string(TEMPLATE).render(runs=runs, fmt=fmt, configurations=configurations(runs),
+                                            whole=lambda r: clip(_one_line(r), WHOLE_REASON_CHARS))
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "report.md", text)
     return out_dir / "report.md"
