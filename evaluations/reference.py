@@ -185,6 +185,15 @@ def _model_stamp(model: ResolvedModel) -> list:
     return sorted((p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in Path(model.path).iterdir() if p.is_file())
 
 
+def reference_cache_key(settings, probe_set: ProbeSet) -> str:
+    """The reference outputs' cache key: the reference model (its files), its resolved options and
+    the probes as the reference computes them (:attr:`ProbeSet.reference`: its own rendering)."""
+    return hashlib.sha256(json.dumps([REFERENCE_CACHE_VERSION, settings.reference_model.path,
+                                      _model_stamp(settings.reference_model), reference_options(settings),
+                                      [[p.prompt, p.expected, p.match] for p in probe_set.reference]]).encode()
+                          ).hexdigest()[:16]
+
+
 @pytest.fixture(scope="session")
 def reference(settings, run, probe_set):
     """Greedy outputs (with top-k logprobs) of the transformers reference on its probes
@@ -200,10 +209,7 @@ def reference(settings, run, probe_set):
                 "log_tail": ""}
 
     items = probe_set.reference
-    key = hashlib.sha256(json.dumps([REFERENCE_CACHE_VERSION, settings.reference_model.path,
-                                     _model_stamp(settings.reference_model), reference_options(settings),
-                                     [[p.prompt, p.expected, p.match] for p in items]]).encode()).hexdigest()[:16]
-    cache = envs.cache_root() / "reference" / f"{key}.json"
+    cache = envs.cache_root() / "reference" / f"{reference_cache_key(settings, probe_set)}.json"
     if cache.is_file():
         return json.loads(cache.read_text())
     ref = backends.resolve("transformers")(reference_config(settings, run.dir.path / "engine" / "reference"))
