@@ -24,8 +24,10 @@ fewer than half the generic probes (the rule of ``evaluations/reference.py basel
 assertions hold either way and name no probe count or family. The engine behind (0)-(2) is the
 transformers worker on the real model in float32 (the reference's dtype), started once; (3)
 starts its own on the copy; checks outside each case's subject are deselected with ``-k``.
-Measured wall time of the module: 9.5 min on a loaded 2-core host (reference and judge answers
-cached; about 1.5 min more on a fresh cache).
+Measured wall time of the module: 8.1 min on a 2-core host under a load average of 3 (control
+2.6 min with the engine's start, permute 2.0, replace 1.9, template 1.4, truncated 2 x 5 s), with
+the reference's outputs and the judge's answers cached; a fresh cache adds the reference's
+computation (~1.5 min) and the judge's scoring (~25 s a run).
 """
 
 from __future__ import annotations
@@ -189,8 +191,8 @@ def test_2_every_fifth_token_replaced_is_garbage(tmp_path, real, engine_url, con
     assert judge["status"] == "fail" and judge["failure_class"] == "garbage-output", judge["summary"]
     assert judge["values"]["nll_gap_nats"] > judge["values"]["threshold_nats"]
     assert "garbage-output" in _failed_classes(v) <= {"garbage-output", "accuracy-regression"}
-    assert agr["status"] != "pass" or agr["values"]["exact"] == 0, agr["summary"]  # no output is the reference's
-    _known_answers_not_passed(checks["sanity.known_answers"])
+    assert agr["status"] == "pass" or agr["failure_class"] == "accuracy-regression", agr["summary"]
+    # short answers end before a 5th token: the known answers may keep most of them right (not asserted)
     # the double is what it says: every 5th token differs from the engine's, no other one
     replaced, faithful = _open_ended(run), _open_ended(control[2])
     for prompt, ids in replaced.items():
@@ -243,3 +245,9 @@ def test_4_a_truncated_weights_file_is_refused_before_any_engine_starts(tmp_path
     assert (run / "evidence" / "load" / "engine.log.tail").read_text() == ""
     engine_checks = [c for c in v["checks"] if c["name"].startswith(("sanity.", "throughput.", "capacity."))]
     assert engine_checks and all(c["status"] == "skip" and "load-failure" in c["summary"] for c in engine_checks)
+
+
+def test_the_doubles_are_named_fakes():
+    for name in ("token_doubles.py", "broken_checkpoints.py"):
+        doc = (REPO / "tests" / "fakes" / name).read_text().split('"""')[1]
+        assert "FAKE" in doc and "double" in doc.lower(), name
