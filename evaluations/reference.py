@@ -141,17 +141,17 @@ def probe_set_of(settings) -> ProbeSet:
         backend = reference
     elif model_template is None:
         backend = reference
-        rendering["chat_template"] = ("the reference's: the model under test carries no chat template"
-                                      if settings.model.local else "the reference's: the model under test is not a local folder")
+        why = "carries no chat template" if settings.model.local else "is not a local folder"
+        rendering["chat_template"] = f"the reference's: the model under test {why}"
     else:
         backend = [Probe(**p) for p in generic_probes(chat_template=model_template, special=model_special)]
-        if {p.id for p in reference} - {p.id for p in backend}:  # the chat form the reference's template gives, not this one
+        if {p.id for p in reference} - {p.id for p in backend}:  # chat probes the reference's template gives, not this one
             backend = reference
-            rendering["chat_template"] = "the reference's: the model under test's template does not render here (jinja2)"
+            rendering["chat_template"] = "the reference's: the model under test's template does not render here"
     ids = {p.id for p in reference} & {p.id for p in backend}
     if len(ids) < max(len(reference), len(backend)):
-        rendering["left_out"] = (f"{len(reference) - len(ids)} reference-only, {len(backend) - len(ids)} engine-only probes "
-                                 "(a chat form only one side's template gives)")
+        rendering["left_out"] = (f"{len(reference) - len(ids)} reference-only, {len(backend) - len(ids)} engine-only "
+                                 "probes (a chat form only one side's template gives)")
         reference, backend = [p for p in reference if p.id in ids], [p for p in backend if p.id in ids]
     by_id = {p.id: p for p in backend}
     backend = [by_id[p.id] for p in reference]
@@ -197,10 +197,11 @@ def reference_cache_key(settings, probe_set: ProbeSet) -> str:
 @pytest.fixture(scope="session")
 def reference(settings, run, probe_set):
     """Greedy outputs (with top-k logprobs) of the transformers reference on its probes
-    (:attr:`ProbeSet.reference`, cached by the prompts it saw), or None when the backend under test is the reference. Runs before the engine
-    starts, then stops, so the two never hold the device at once (a backend that attaches to a
-    running server asks for it later, at the first check that needs it). Not computed (``ok``
-    False, the reason in ``error``) once a check failed as ``hang``."""
+    (:attr:`ProbeSet.reference`, cached by the prompts it saw), or None when the backend under
+    test is the reference. Runs before the engine starts, then stops, so the two never hold the
+    device at once (a backend that attaches to a running server asks for it later, at the first
+    check that needs it). Not computed (``ok`` False, the reason in ``error``) once a check
+    failed as ``hang``."""
     if is_reference_run(settings):
         return None
     hung = next((c for c in run.verdict.checks if c.failure_class == "hang"), None)

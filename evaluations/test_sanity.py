@@ -182,7 +182,8 @@ def test_reference_agreement(run, settings, engine, reference, probe_set, probe_
                   + f" divergences of {agr['prompts']}")
         differing, rendered = probe_set.differing_ids(), ""
         if differing:  # the model under test's chat template renders these otherwise than the reference's
-            pairs = [(b, r) for b, r, o in zip(_correct(probe_outputs), _correct(ref_outs), probe_outputs) if o["id"] in differing]
+            pairs = [(b, r) for b, r, o in zip(_correct(probe_outputs), _correct(ref_outs), probe_outputs)
+                     if o["id"] in differing]
             rd = {"probes": len(pairs), "accuracy": round(sum(b for b, _ in pairs) / len(pairs), 4),
                   "reference_accuracy": round(sum(r for _, r in pairs) / len(pairs), 4)}
             c.values["rendered_differently"] = rd
