@@ -24,9 +24,9 @@ fewer than half the generic probes (the rule of ``evaluations/reference.py basel
 assertions hold either way and name no probe count or family. The engine behind (0)-(2) is the
 transformers worker on the real model in float32 (the reference's dtype), started once; (3)
 starts its own on the copy; checks outside each case's subject are deselected with ``-k``.
-Measured wall time of the module: 8.1 min on a 2-core host under a load average of 3 (control
-2.6 min with the engine's start, permute 2.0, replace 1.9, template 1.4, truncated 2 x 5 s), with
-the reference's outputs and the judge's answers cached; a fresh cache adds the reference's
+Measured wall time of the module: 7.0 to 8.1 min on a shared 2-core host (two runs; control 1.8-2.6
+min with the engine's start, permute 1.7-2.0, replace 1.8-1.9, template 1.3-1.4, truncated 2 x 5 s),
+with the reference's outputs and the judge's answers cached; a fresh cache adds the reference's
 computation (~1.5 min) and the judge's scoring (~25 s a run).
 """
 
