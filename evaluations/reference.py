@@ -1,11 +1,14 @@
 """The probes, the transformers reference's outputs on them, and what known answers are judged against.
 
 Fixtures of the evaluations plugin (registered by ``conftest.py``):
-- ``probes``: the model's shipped probes (``probes.jsonl``), else bakeoff's generic probes
-  (:mod:`bakeoff.analysis.generic_probes`, chat form too when the checkpoint has a chat template).
-- ``reference``: greedy outputs of the transformers reference on the probes, with top-k
-  logprobs (the tie rule's evidence); cached by model and prompts. None when the backend under
-  test *is* the reference (transformers, same model, default options).
+- ``probe_set``: the probes as the engine under test is sent them and as the reference computes
+  them (:class:`ProbeSet`, :func:`probe_set_of`): the model's shipped probes (``probes.jsonl``),
+  else bakeoff's generic probes (:mod:`bakeoff.analysis.generic_probes`, chat form too when a
+  checkpoint has a chat template), whose chat form each side renders with its own model's template.
+- ``probes``: ``(the engine's probes, source)``.
+- ``reference``: greedy outputs of the transformers reference on its probes, with top-k
+  logprobs (the tie rule's evidence); cached by model and the prompts it saw. None when the
+  backend under test *is* the reference (transformers, same model, default options).
 - ``known_answer_baseline``: what ``sanity.known_answers`` compares the backend with
   (see :func:`baseline`).
 """
@@ -83,16 +86,97 @@ def reference_config(settings, workdir, scoring: bool = False) -> BackendConfig:
                          request_deadline_factor=settings.request_deadline_factor)
 
 
-@pytest.fixture(scope="session")
-def probes(settings) -> tuple[list[Probe], str]:
-    """``(probes, source)``: source ``model`` (shipped with the model) or ``generic``."""
+@dataclass
+class ProbeSet:
+    """The probes of a run, as each side sees them.
+
+    A server renders a chat request with the chat template of the model it serves, so the engine
+    under test is sent the chat probes rendered with the template of ``--model`` and the reference
+    computes them rendered with its own model's: a checkpoint whose template is wrong then answers
+    worse than the reference, as it would in service. Same ids, same order on both sides, so the
+    paired comparisons (McNemar, the tie rule) pair each probe with itself.
+
+    Attributes:
+        backend: what the engine under test is sent.
+        reference: what the reference computes (its outputs are cached by these prompts).
+        source: ``model`` (shipped with the model) or ``generic``.
+        rendering: how the chat probes were rendered (``chat_template``: whose template the
+            engine's were rendered with and why; ``templates_identical``; ``prompts_differ``: how
+            many prompts differ between the two sides; ``first_difference``: the first such probe
+            with both renderings); recorded in the sanity checks' values.
+    """
+
+    backend: list[Probe]
+    reference: list[Probe]
+    source: str
+    rendering: dict[str, Any] = field(default_factory=dict)
+
+    def differing_ids(self) -> set[str]:
+        """The ids of the probes the two sides see as different prompts."""
+        return {b.id for b, r in zip(self.backend, self.reference) if b.prompt != r.prompt}
+
+
+def _template(model: ResolvedModel) -> tuple[str | None, dict[str, str]]:
+    return chat_template_of(model.path) if model.local else (None, {})
+
+
+def probe_set_of(settings) -> ProbeSet:
+    """The run's :class:`ProbeSet`: shipped probes alike on both sides; generic probes whose chat
+    form the engine's side renders with the template of ``settings.model`` and the reference's
+    with that of ``settings.reference_model``.
+
+    The engine's side falls back to the reference's rendering, saying why in ``rendering``, when
+    the model under test carries no chat template (or is not a local folder) or its template does
+    not render here; chat probes only one side has are left out of both (the reference carries
+    no template: nothing to compare them with)."""
     shipped = settings.model.probes() or settings.reference_model.probes()
     if shipped:
-        return shipped, "model"
+        return ProbeSet(shipped, shipped, "model", {"chat_template": "none: probes shipped with the model"})
+    ref_template, ref_special = _template(settings.reference_model)
+    reference = [Probe(**p) for p in generic_probes(chat_template=ref_template, special=ref_special)]
+    model_template, model_special = _template(settings.model)
+    same_model = settings.model.path == settings.reference_model.path
+    rendering: dict[str, Any] = {"chat_template": "the model under test's"}
+    if same_model:
+        backend = reference
+    elif model_template is None:
+        backend = reference
+        why = "carries no chat template" if settings.model.local else "is not a local folder"
+        rendering["chat_template"] = f"the reference's: the model under test {why}"
+    else:
+        backend = [Probe(**p) for p in generic_probes(chat_template=model_template, special=model_special)]
+        if {p.id for p in reference} - {p.id for p in backend}:  # chat probes the reference's template gives, not this one
+            backend = reference
+            rendering["chat_template"] = "the reference's: the model under test's template does not render here"
+    ids = {p.id for p in reference} & {p.id for p in backend}
+    if len(ids) < max(len(reference), len(backend)):
+        rendering["left_out"] = (f"{len(reference) - len(ids)} reference-only, {len(backend) - len(ids)} engine-only "
+                                 "probes (a chat form only one side's template gives)")
+        reference, backend = [p for p in reference if p.id in ids], [p for p in backend if p.id in ids]
+    by_id = {p.id: p for p in backend}
+    backend = [by_id[p.id] for p in reference]
+    rendering["templates_identical"] = same_model or model_template == ref_template
+    rendering["template_sha256"] = {side: hashlib.sha256(t.encode()).hexdigest()[:12] if t else None
+                                    for side, t in (("model", model_template), ("reference", ref_template))}
+    diff = [(b, r) for b, r in zip(backend, reference) if b.prompt != r.prompt]
+    rendering["prompts_differ"] = len(diff)
+    if diff:
+        b, r = diff[0]
+        rendering["first_difference"] = {"id": b.id, "engine_prompt": b.prompt, "reference_prompt": r.prompt}
+    return ProbeSet(backend, reference, "generic", rendering)
 
-    template, special = (chat_template_of(settings.reference_model.path) if settings.reference_model.local
-                         else (None, {}))
-    return [Probe(**p) for p in generic_probes(chat_template=template, special=special)], "generic"
+
+@pytest.fixture(scope="session")
+def probe_set(settings) -> ProbeSet:
+    """The run's probes on both sides (:func:`probe_set_of`)."""
+    return probe_set_of(settings)
+
+
+@pytest.fixture(scope="session")
+def probes(probe_set) -> tuple[list[Probe], str]:
+    """``(the probes the engine under test is sent, source)``: source ``model`` (shipped with
+    the model) or ``generic``."""
+    return probe_set.backend, probe_set.source
 
 
 def _model_stamp(model: ResolvedModel) -> list:
@@ -101,13 +185,23 @@ def _model_stamp(model: ResolvedModel) -> list:
     return sorted((p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in Path(model.path).iterdir() if p.is_file())
 
 
+def reference_cache_key(settings, probe_set: ProbeSet) -> str:
+    """The reference outputs' cache key: the reference model (its files), its resolved options and
+    the probes as the reference computes them (:attr:`ProbeSet.reference`: its own rendering)."""
+    return hashlib.sha256(json.dumps([REFERENCE_CACHE_VERSION, settings.reference_model.path,
+                                      _model_stamp(settings.reference_model), reference_options(settings),
+                                      [[p.prompt, p.expected, p.match] for p in probe_set.reference]]).encode()
+                          ).hexdigest()[:16]
+
+
 @pytest.fixture(scope="session")
-def reference(settings, run, probes):
-    """Greedy outputs (with top-k logprobs) of the transformers reference on the probes
-    (cached), or None when the backend under test is the reference. Runs before the engine
-    starts, then stops, so the two never hold the device at once (a backend that attaches to a
-    running server asks for it later, at the first check that needs it). Not computed (``ok``
-    False, the reason in ``error``) once a check failed as ``hang``."""
+def reference(settings, run, probe_set):
+    """Greedy outputs (with top-k logprobs) of the transformers reference on its probes
+    (:attr:`ProbeSet.reference`, cached by the prompts it saw), or None when the backend under
+    test is the reference. Runs before the engine starts, then stops, so the two never hold the
+    device at once (a backend that attaches to a running server asks for it later, at the first
+    check that needs it). Not computed (``ok`` False, the reason in ``error``) once a check
+    failed as ``hang``."""
     if is_reference_run(settings):
         return None
     hung = next((c for c in run.verdict.checks if c.failure_class == "hang"), None)
@@ -115,11 +209,8 @@ def reference(settings, run, probes):
         return {"ok": False, "error": f"not computed: the engine under test hung ({hung.name}: {hung.summary[:200]})",
                 "log_tail": ""}
 
-    items, _ = probes
-    key = hashlib.sha256(json.dumps([REFERENCE_CACHE_VERSION, settings.reference_model.path,
-                                     _model_stamp(settings.reference_model), reference_options(settings),
-                                     [[p.prompt, p.expected, p.match] for p in items]]).encode()).hexdigest()[:16]
-    cache = envs.cache_root() / "reference" / f"{key}.json"
+    items = probe_set.reference
+    cache = envs.cache_root() / "reference" / f"{reference_cache_key(settings, probe_set)}.json"
     if cache.is_file():
         return json.loads(cache.read_text())
     ref = backends.resolve("transformers")(reference_config(settings, run.dir.path / "engine" / "reference"))

@@ -45,7 +45,7 @@ def _correct(outs: list[dict]) -> list[bool]:
 
 
 @pytest.mark.check("sanity.known_answers")
-def test_known_answers(run, settings, engine, probes, probe_outputs, reference):
+def test_known_answers(run, settings, engine, probes, probe_set, probe_outputs, reference):
     """Known answers, judged against a baseline with the paired rule of :mod:`bakeoff.analysis.paired`.
 
     The baseline (:func:`evaluations.reference.baseline`): a fixture's builder record (paired
@@ -53,6 +53,9 @@ def test_known_answers(run, settings, engine, probes, probe_outputs, reference):
     other models, or the floor a negative-control fixture's trained twin promises (exact
     binomial test). ``min_probe_accuracy`` (``--min-probe-accuracy``) replaces the baseline by
     a plain bar. A baseline that fails most probes cannot judge: the check skips, saying so.
+    Values ``chat_rendering``: whose chat template rendered the chat probes the engine was sent,
+    and, when the reference's own rendering differs, the first differing prompt
+    (:class:`evaluations.reference.ProbeSet`).
     """
     items, source = probes
     with run.check("sanity.known_answers", "garbage-output") as c:
@@ -65,7 +68,8 @@ def test_known_answers(run, settings, engine, probes, probe_outputs, reference):
         for r in rows:
             per_task.setdefault(r["task"], []).append(r["correct"])
         c.values.update({"probes": len(rows), "probe_source": source, "accuracy": round(acc, 4), "errors": len(errors),
-                         "accuracy_by_task": {k: round(sum(v) / len(v), 3) for k, v in per_task.items()}})
+                         "accuracy_by_task": {k: round(sum(v) / len(v), 3) for k, v in per_task.items()},
+                         "chat_rendering": probe_set.rendering})
         if errors:
             attach_engine_evidence(c, engine, errors[0].get("error_class"))
             c.fail(f"{len(errors)}/{len(rows)} probe requests failed: {errors[0]['error']}",
@@ -150,7 +154,7 @@ def test_degeneration(run, engine, probes, probe_outputs):
 
 
 @pytest.mark.check("sanity.reference_agreement")
-def test_reference_agreement(run, settings, engine, reference, probe_outputs):
+def test_reference_agreement(run, settings, engine, reference, probe_set, probe_outputs):
     """Greedy agreement with the reference, tie-aware (vLLM's ``check_logprobs_close`` rule:
     a first divergence where each side's token is in the other's top-5 logprobs is a numerical
     tie), and the accuracy difference decided by the paired McNemar exact test with the
@@ -159,7 +163,12 @@ def test_reference_agreement(run, settings, engine, reference, probe_outputs):
     p and the smallest drop the probe count can detect. When the reference answers too few probes
     for that test (a random-weight model), only an all-exact-or-tie comparison passes; otherwise
     the check skips (:func:`bakeoff.analysis.sanity.agreement_unjudgeable`). ``engine`` comes
-    before ``reference``: a backend that did not load skips the check without a reference computed."""
+    before ``reference``: a backend that did not load skips the check without a reference computed.
+
+    Each side's chat probes are rendered with its own model's chat template
+    (:class:`evaluations.reference.ProbeSet`); where the two renderings differ, values
+    ``rendered_differently`` give both sides' accuracy on those probes beside ``chat_rendering``
+    (the first differing prompt): a wrong template shows there."""
     with run.check("sanity.reference_agreement", "accuracy-regression") as c:
         if reference is None:
             c.skip("the backend under test is the transformers reference")
@@ -181,12 +190,21 @@ def test_reference_agreement(run, settings, engine, reference, probe_outputs):
                          "tie_top_k": agr["tie_top_k"], "logprobs": agr["logprobs"],
                          "mean_first_divergence": agr["mean_first_divergence"],
                          "accuracy": round(d.candidate_accuracy, 4), "reference_accuracy": round(d.baseline_accuracy, 4),
-                         "decision": d.as_values()})
+                         "decision": d.as_values(), "chat_rendering": probe_set.rendering})
         counts = (f"{agr['exact']} exact, {agr['tie']} tie, {agr['real']} real"
                   + (f", {agr['undetermined']} undetermined (no logprobs)" if agr["undetermined"] else "")
                   + f" divergences of {agr['prompts']}")
-        c.require(not d.regression, f"{d.sentence('reference')} ({counts}){configuration(engine)}")  # a proven drop fails even then
+        differing, rendered = probe_set.differing_ids(), ""
+        if differing:  # the model under test's chat template renders these otherwise than the reference's
+            pairs = [(b, r) for b, r, o in zip(_correct(probe_outputs), _correct(ref_outs), probe_outputs)
+                     if o["id"] in differing]
+            rd = {"probes": len(pairs), "accuracy": round(sum(b for b, _ in pairs) / len(pairs), 4),
+                  "reference_accuracy": round(sum(r for _, r in pairs) / len(pairs), 4)}
+            c.values["rendered_differently"] = rd
+            rendered = (f"; {rd['probes']} chat probes rendered with the model under test's chat template, otherwise "
+                        f"than with the reference's: {rd['accuracy']:.0%} correct against {rd['reference_accuracy']:.0%}")
+        c.require(not d.regression, f"{d.sentence('reference')} ({counts}){rendered}{configuration(engine)}")  # a proven drop fails even then
         unjudgeable = agreement_unjudgeable(agr, d.baseline_accuracy, MIN_BASELINE_ACCURACY)
         if unjudgeable:
             c.skip(f"{unjudgeable}; {counts}")
-        c.summary = f"{counts}; within noise: {d.sentence('reference')}"
+        c.summary = f"{counts}; within noise: {d.sentence('reference')}{rendered}"

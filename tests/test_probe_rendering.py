@@ -1,0 +1,73 @@
+"""Each side renders the chat probes with its own model's template (``evaluations/reference.py``
+:func:`probe_set_of`): the engine under test with ``--model``'s, the reference with its own,
+same ids in the same order; the reference's outputs are keyed by the prompts it saw."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+from bakeoff.models.resolve import ResolvedModel
+from evaluations.reference import probe_set_of, reference_cache_key
+from tests.fakes.broken_checkpoints import LLAMA2_TEMPLATE
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _model(folder: Path, template: str | None) -> ResolvedModel:
+    folder.mkdir()
+    cfg = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": template} if template else cfg))
+    return ResolvedModel(label=folder.name, path=str(folder), local=True)
+
+
+def _settings(model: ResolvedModel, reference: ResolvedModel) -> SimpleNamespace:
+    return SimpleNamespace(model=model, reference_model=reference, reference_options={"device": "cpu"})
+
+
+def test_one_model_renders_once(tmp_path):
+    real = _model(tmp_path / "real", CHATML)
+    s = probe_set_of(_settings(real, real))
+    assert s.backend == s.reference and s.source == "generic" and not s.differing_ids()
+    assert s.rendering["prompts_differ"] == 0 and s.rendering["templates_identical"] is True
+    assert any("<|im_start|>assistant" in p.prompt for p in s.reference)  # chat probes there
+
+
+def test_a_wrong_template_renders_the_engines_chat_probes_otherwise(tmp_path):
+    real, wrong = _model(tmp_path / "real", CHATML), _model(tmp_path / "wrong", LLAMA2_TEMPLATE)
+    s = probe_set_of(_settings(wrong, real))
+    assert [p.id for p in s.backend] == [p.id for p in s.reference]  # paired probe by probe
+    chat = {p.id for p in s.reference if "<|im_start|>assistant" in p.prompt}
+    assert chat and s.differing_ids() == chat and s.rendering["prompts_differ"] == len(chat)
+    for b, r in zip(s.backend, s.reference):
+        assert (b.expected, b.match, b.task) == (r.expected, r.match, r.task)
+        assert ("[INST]" in b.prompt) == (b.id in chat) and "[INST]" not in r.prompt
+    first = s.rendering["first_difference"]
+    assert first["engine_prompt"].startswith("<|im_start|>[INST] ") and first["reference_prompt"].endswith("assistant\n")
+    assert s.rendering["chat_template"] == "the model under test's" and s.rendering["templates_identical"] is False
+    # the reference's outputs are keyed by what it computes: its own rendering, whatever the engine is sent
+    same = probe_set_of(_settings(real, real))
+    assert reference_cache_key(_settings(wrong, real), s) == reference_cache_key(_settings(real, real), same)
+    swapped = probe_set_of(_settings(real, wrong))  # the [INST] rendering on the reference's side
+    assert reference_cache_key(_settings(real, real), swapped) != reference_cache_key(_settings(real, real), same)
+
+
+def test_a_model_without_a_template_is_sent_the_references_rendering(tmp_path):
+    real, bare = _model(tmp_path / "real", CHATML), _model(tmp_path / "bare", None)
+    s = probe_set_of(_settings(bare, real))
+    assert s.backend == s.reference and "carries no chat template" in s.rendering["chat_template"]
+
+
+def test_a_template_that_does_not_render_here_falls_back_saying_so(tmp_path):
+    real, odd = _model(tmp_path / "real", CHATML), _model(tmp_path / "odd", "{{ raise_exception('no') }}")
+    s = probe_set_of(_settings(odd, real))
+    assert s.backend == s.reference and "does not render here" in s.rendering["chat_template"]
+
+
+def test_chat_probes_only_the_engines_template_gives_are_left_out(tmp_path):
+    bare, chat = _model(tmp_path / "bare", None), _model(tmp_path / "chat", CHATML)
+    s = probe_set_of(_settings(chat, bare))
+    assert [p.id for p in s.backend] == [p.id for p in s.reference] and not s.differing_ids()
+    assert not any("<|im_start|>" in p.prompt for p in s.backend) and "engine-only" in s.rendering["left_out"]
