@@ -224,7 +224,7 @@ class ChildServerBackend(Backend):
                     "runtime-crash", f"{self.name} {describe_exit(self.proc.poll(), log)} while serving: "
                     f"{death_cause(self.proc.poll(), log)}",
                     {"engine.log.tail": self.proc.tail(120), "client_error.txt": exc.message}),
-                    exc.message + "\n" + self.proc.tail(300), "serving"), log) from None
+                    exc.message + "\n" + self.proc.tail(300), "serving"), self.proc.head_and_tail()) from None
             if self.proc is not None and exc.failure_class == "hang":
                 if self._stacks is None:  # once: concurrent requests hang together
                     self._stacks = self.proc.dump_stacks()
@@ -239,7 +239,8 @@ class ChildServerBackend(Backend):
                 cause = last_error_line(self.proc.tail(300))
                 exc.message = f"{exc.message} | engine log: {cause}"
                 exc.evidence.setdefault("engine.log.tail", self.proc.tail(120))
-                shape_refusal(cuda_evidence(exc, exc.message + "\n" + self.proc.tail(300), "serving"), self.proc.tail(300))
+                shape_refusal(cuda_evidence(exc, exc.message + "\n" + self.proc.tail(300), "serving"),
+                              self.proc.head_and_tail())
             raise
 
     async def _settle(self, wait_s: float = 1.0) -> None:

@@ -119,3 +119,22 @@ def test_a_triton_kernel_without_triton_is_incompatible_features_naming_the_kern
 def test_a_typeerror_that_is_no_triton_launch_is_left_to_the_other_rules():
     log = f"{W} TypeError: 'function' object is not subscriptable"
     assert kernel_refusal(log) is None and classify_start(log) is None
+
+
+def test_the_kernels_line_is_found_under_many_failed_requests(tmp_path):
+    """Sixteen probes in flight each log a traceback after the engine died: the kernel's line
+    ends up far above any tail (1,698 lines, 254 KB in the real run of 2026-12-05), so the
+    root cause is looked for in the log's start too (``ManagedProcess.head_and_tail``)."""
+    from bakeoff.host.procs import ManagedProcess
+
+    per_request = "\n".join(
+        f"(APIServer pid=9673) ERROR 12-05 01:03:06 [serving.py:500] line {i}: vllm.v1.engine.exceptions."
+        "EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause."
+        for i in range(2000))
+    log = tmp_path / "vllm.log"
+    log.write_text("INFO starting\n" * 50 + GDN_LOG + "\n" + per_request + "\n")
+    proc = ManagedProcess.__new__(ManagedProcess)  # only its log is read here
+    proc.log_path = log
+    assert kernel_refusal(proc.tail(300)) is None  # the tail alone has lost it
+    exc = shape_refusal(EngineFailure("runtime-crash", "vllm exited (code 0) while serving"), proc.head_and_tail())
+    assert exc.failure_class == "incompatible-features" and "Unexpected head dim size, 32" in exc.message

@@ -155,7 +155,10 @@ def test_engines_without_the_rule_and_checkpoints_without_mtp(tmp_path):
     assert r.accepted is True and r.findings[0]["status"] == "no-mtp"
 
 
-def test_unreadable_safetensors_is_recorded_not_raised(tmp_path):
+def test_unreadable_safetensors_is_a_reason_not_a_raise(tmp_path):
+    """A safetensors file whose header cannot be read is damaged for every engine: pre-flight refuses
+    it with a reason naming the file (it raised before the truncation rule, then was recorded
+    ``unreadable`` and accepted); the MTP rule is never reached."""
     d = tmp_path / "broken"
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"architectures": ["X"], "quantization_config": CT}))
@@ -163,7 +166,7 @@ def test_unreadable_safetensors_is_recorded_not_raised(tmp_path):
     with pytest.raises(LayoutError):
         read_tensors(d)
     r = preflight(d, "vllm", cuda=False, flags=AVX512, options=MTP)
-    assert r.accepted is True and r.findings[0]["status"] == "unreadable"
+    assert r.accepted is False and "damaged" in r.reason and "model.safetensors" in r.reason, r.reason
 
 
 def test_mtp_requested_reads_the_option_forms():

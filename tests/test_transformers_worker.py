@@ -233,7 +233,11 @@ def test_static_batches_serve_logprob_requests_as_generate_does(model, tmp_path)
         _probe(b, prompts[0], 2)  # the engine's counters are sent with a request's end: one more brings the batch's
         m = b.metrics()
         batches, batched = m["bakeoff_worker:static_batches"], m["bakeoff_worker:requests_in_static_batches"]
-        assert batched == len(prompts) and batches < len(prompts), m
+        # each request counted once (restarts take newcomers in); the flushing request is counted
+        # (a batch of its own) when its end came before the metrics were read
+        extra = batched - len(prompts)
+        fresh = batches - m["bakeoff_worker:static_batch_restarts"]  # batches not restarted from another
+        assert extra in (0, 1) and fresh - extra < len(prompts), m
         for w, g in zip(want, got):
             assert g.status == "ok" and g.output_token_ids == w.output_token_ids, (g.output_text, w.output_text)
             assert len(g.output_logprobs) == len(w.output_logprobs) == len(w.output_token_ids)

@@ -81,11 +81,14 @@ def serve_static(engine, first: tuple, chan, waiting: collections.deque) -> None
     waiting.extend(chan.poll())
     msgs = [first] + take_compatible(key, waiting, engine.max_batch - 1)
     rows = [new_row(engine, m, chan.send) for m in msgs]
+    engine.batched_requests += len(rows)  # each request once, however many restarts it rides through
     while rows:
         rows = generate_batch(engine, rows, key, chan, waiting)
         if rows:  # restarted: the newcomers join
             engine.restarts += 1
-            rows += [new_row(engine, m, chan.send) for m in take_compatible(key, waiting, engine.max_batch - len(rows))]
+            joined = [new_row(engine, m, chan.send) for m in take_compatible(key, waiting, engine.max_batch - len(rows))]
+            engine.batched_requests += len(joined)
+            rows += joined
 
 
 def generate_batch(engine, rows: list[Row], key: tuple, chan, waiting: collections.deque) -> list[Row]:
@@ -190,7 +193,6 @@ def generate_batch(engine, rows: list[Row], key: tuple, chan, waiting: collectio
         return []
     finally:
         engine.batches += 1
-        engine.batched_requests += len(rows)
     live = [r for r in rows if not r.done]
     if state["restart"] and live:
         return live

@@ -226,13 +226,18 @@ class Progress:
             while proc.poll() is None:
                 tick()
                 time.sleep(self.poll_s)
-        except KeyboardInterrupt:
-            # Ctrl-C, or a SIGTERM sent to the process group, reached the child too: give it
-            # FORWARD_AFTER_S to stop on its own before passing the signal on (a SIGTERM sent to
-            # bakeoff alone did not reach it); a second signal inside its teardown would cut it.
-            try:
-                proc.wait(timeout=FORWARD_AFTER_S)
-            except subprocess.TimeoutExpired:
+        except KeyboardInterrupt as exc:
+            # Ctrl-C reached the child too (the terminal signals the whole group): give it
+            # FORWARD_AFTER_S to stop on its own before passing SIGTERM on, since a signal inside
+            # its teardown would cut it. A SIGTERM to bakeoff (``signal 15``, see
+            # sigterm_as_interrupt) may have reached bakeoff alone: passed on at once (the child
+            # ignores a second SIGTERM), else the child runs on for FORWARD_AFTER_S.
+            if not str(exc).startswith(f"signal {int(signal.SIGTERM)}"):
+                try:
+                    proc.wait(timeout=FORWARD_AFTER_S)
+                except subprocess.TimeoutExpired:
+                    pass
+            if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=30)

@@ -158,6 +158,17 @@ def tail(path: Path | str, lines: int = 80, max_bytes: int = 256_000) -> str:
     return redact("\n".join(data.splitlines()[-lines:]))
 
 
+def head(path: Path | str, max_bytes: int = 512_000) -> str:
+    """The first ``max_bytes`` of a log file, redacted; '' if absent. A root cause is written
+    before the per-request errors it causes, which can push it out of any tail."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(max_bytes).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return redact(data)
+
+
 class ManagedProcess:
     """A child process in its own session/process group, logging to a file.
 
@@ -216,6 +227,11 @@ class ManagedProcess:
 
     def tail(self, lines: int = 80) -> str:
         return tail(self.log_path, lines)
+
+    def head_and_tail(self, lines: int = 300) -> str:
+        """The log's start (bounded, :func:`head`) and its last ``lines`` lines: where a root
+        cause is looked for once many requests have failed after it."""
+        return head(self.log_path) + "\n" + tail(self.log_path, lines)
 
     def group_alive(self) -> bool:
         """Whether any process of the group is still alive."""
