@@ -1,5 +1,5 @@
 """The verdict's rules on hand-made cases: McNemar's exact test, the tie rule, the NLL judge,
-the known-answer match rule and the generic probes."""
+the known-answer match rule (the generic probes: ``tests/test_generic_probes.py``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import math
 
 import pytest
 
-from bakeoff.analysis.generic_probes import FAMILIES, chat_template_of, generic_probes, render_chat
 from bakeoff.analysis.judge import NLL_GAP_NATS, divergence, kl_topk, nll_verdict, pooled_nll
 from bakeoff.analysis.paired import (binomial_below, decide, mcnemar_exact_p, min_detectable_drop, paired_interval)
 from bakeoff.analysis.sanity import agreement, agreement_unjudgeable, compare_tie_aware, jsonable_logprobs, probe_correct
@@ -207,7 +206,7 @@ def test_kl_is_not_measurable_from_the_chosen_token_alone():
     assert mixed["kl_positions"] == 10 and mixed["kl_short_positions"] == 20 and mixed["mean_kl_nats"] == pytest.approx(0.0, abs=1e-9)
 
 
-# ---- known answers: the match rule and generic probes ----------------------------------------
+# ---- known answers: the match rule -----------------------------------------------------------
 
 def test_probe_correct_needs_a_boundary():
     assert probe_correct(" 37 38 39", "37 38") and not probe_correct("36", "37")
@@ -215,31 +214,6 @@ def test_probe_correct_needs_a_boundary():
     assert probe_correct(" 7", " 7") and probe_correct(" 7<eos>", " 7") and not probe_correct(" 70", " 7")
     assert probe_correct("The letter after J is K.", "K", "contains")
     assert not probe_correct("OK then", "K", "contains")
-
-
-def test_generic_probes_cover_six_families_deterministically():
-    probes = generic_probes()
-    assert len(probes) >= 200 and {p["task"] for p in probes} == set(FAMILIES)
-    assert len({p["id"] for p in probes}) == len(probes)
-    assert probes == generic_probes()  # seeded
-    for p in probes:
-        if p["task"] == "arithmetic":
-            a, b = p["prompt"].rsplit("\n", 1)[1].rstrip(" =").split(" + ")
-            assert p["expected"].strip() == str(int(a) + int(b))
-
-
-def test_chat_probes_render_the_checkpoint_template(tmp_path):
-    import json
-
-    tpl = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": tpl, "eos_token": "<|im_end|>"}))
-    template, special = chat_template_of(tmp_path)
-    probes = generic_probes(chat_template=template, special=special)
-    chat = [p for p in probes if p["match"] == "contains"]
-    assert len(chat) == 60 and all(p["prompt"].endswith("<|im_start|>assistant\n") for p in chat)
-    assert render_chat("{{ raise_exception('no') }}", [], {}) is None  # a template that refuses: no chat probes
-    assert chat_template_of(tmp_path / "missing") == (None, {})
 
 
 def test_a_decoder_taking_the_second_best_token_is_not_a_tie():
