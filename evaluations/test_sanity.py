@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from bakeoff.loadgen.sweep import run_request
-from bakeoff.analysis.paired import TOLERANCE, binomial_below, decide
+from bakeoff.analysis.paired import ALPHA, TOLERANCE, binomial_below, decide, fisher_greater
 from bakeoff.analysis.sanity import PROBE_LOGPROBS, agreement, agreement_unjudgeable, detectors, probe_correct
 from bakeoff.api.specs import GenerationRequest
 from evaluations.plugin import attach_engine_evidence
@@ -153,6 +153,32 @@ def test_degeneration(run, engine, probes, probe_outputs):
         c.summary = f"{len(flagged)}/{len(rows)} outputs flagged"
 
 
+TEMPLATE_DIVERGENCE_GAP = 0.25  # how much more often differently rendered probes must diverge (absolute share)
+TEMPLATE_MIN_PROBES = 10  # fewer probes rendered otherwise are reported, not judged
+
+
+def template_effect(rows: list[dict], differing: set) -> dict:
+    """Whether a chat template that differs from the reference's changes the outputs.
+
+    Rule: the share of real divergences (past the tie rule; ties and undetermined rows do not
+    count) among the probes rendered otherwise is compared with that among the probes both sides
+    saw alike, by Fisher's exact test (one-sided, :func:`bakeoff.analysis.paired.fisher_greater`); the
+    template changes the answers when ``p < ALPHA`` (0.01) and the gap is at least
+    :data:`TEMPLATE_DIVERGENCE_GAP`, over at least :data:`TEMPLATE_MIN_PROBES` probes rendered
+    otherwise. A quantized engine diverging everywhere alike is not
+    flagged by it (its accuracy is :func:`decide`'s to judge); one probe never decides.
+    """
+    diff = [r for r in rows if r["id"] in differing]
+    alike = [r for r in rows if r["id"] not in differing]
+    real_d = sum(r["outcome"] == "real" for r in diff)
+    real_a = sum(r["outcome"] == "real" for r in alike)
+    p = fisher_greater(real_d, len(diff), real_a, len(alike)) if alike else 1.0
+    gap = real_d / max(1, len(diff)) - real_a / max(1, len(alike))
+    return {"real_divergences": real_d, "alike_probes": len(alike), "alike_real_divergences": real_a,
+            "p_value": p, "template_changes_answers": (len(diff) >= TEMPLATE_MIN_PROBES and bool(alike) and p < ALPHA
+                                         and gap >= TEMPLATE_DIVERGENCE_GAP)}
+
+
 @pytest.mark.check("sanity.reference_agreement")
 def test_reference_agreement(run, settings, engine, reference, probe_set, probe_outputs):
     """Greedy agreement with the reference, tie-aware (vLLM's ``check_logprobs_close`` rule:
@@ -168,7 +194,10 @@ def test_reference_agreement(run, settings, engine, reference, probe_set, probe_
     Each side's chat probes are rendered with its own model's chat template
     (:class:`evaluations.reference.ProbeSet`); where the two renderings differ, values
     ``rendered_differently`` give both sides' accuracy on those probes beside ``chat_rendering``
-    (the first differing prompt): a wrong template shows there."""
+    (the first differing prompt), and the template's effect is judged (:func:`template_effect`):
+    chat probes rendered otherwise that diverge from the reference far more often than the probes
+    rendered alike fail the check (``accuracy-regression``: the output disagrees with the
+    reference), even when a few-shot chat form keeps the answers right."""
     with run.check("sanity.reference_agreement", "accuracy-regression") as c:
         if reference is None:
             c.skip("the backend under test is the transformers reference")
@@ -200,9 +229,18 @@ def test_reference_agreement(run, settings, engine, reference, probe_set, probe_
                      if o["id"] in differing]
             rd = {"probes": len(pairs), "accuracy": round(sum(b for b, _ in pairs) / len(pairs), 4),
                   "reference_accuracy": round(sum(r for _, r in pairs) / len(pairs), 4)}
+            rd.update(template_effect(agr["rows"], differing))
             c.values["rendered_differently"] = rd
             rendered = (f"; {rd['probes']} chat probes rendered with the model under test's chat template, otherwise "
-                        f"than with the reference's: {rd['accuracy']:.0%} correct against {rd['reference_accuracy']:.0%}")
+                        f"than with the reference's: {rd['accuracy']:.0%} correct against {rd['reference_accuracy']:.0%}, "
+                        f"{rd['real_divergences']} diverge past the tie rule against {rd['alike_real_divergences']}/"
+                        f"{rd['alike_probes']} rendered alike")
+            c.require(not rd["template_changes_answers"],
+                      f"the model under test's chat template changes what it answers: {rd['real_divergences']}/"
+                      f"{rd['probes']} chat probes rendered with it diverge from the reference past the tie rule, "
+                      f"against {rd['alike_real_divergences']}/{rd['alike_probes']} probes rendered alike (Fisher exact "
+                      f"one-sided p={rd['p_value']:.2g}); first differing prompt in values.chat_rendering ({counts})"
+                      f"{configuration(engine)}")
         c.require(not d.regression, f"{d.sentence('reference')} ({counts}){rendered}{configuration(engine)}")  # a proven drop fails even then
         unjudgeable = agreement_unjudgeable(agr, d.baseline_accuracy, MIN_BASELINE_ACCURACY)
         if unjudgeable:

@@ -71,3 +71,25 @@ def test_chat_probes_only_the_engines_template_gives_are_left_out(tmp_path):
     s = probe_set_of(_settings(chat, bare))
     assert [p.id for p in s.backend] == [p.id for p in s.reference] and not s.differing_ids()
     assert not any("<|im_start|>" in p.prompt for p in s.backend) and "engine-only" in s.rendering["left_out"]
+
+
+def test_template_effect_needs_the_differently_rendered_probes_to_diverge_more():
+    """The rule of ``sanity.reference_agreement`` for a chat template that differs from the
+    reference's: real divergences among those probes against those rendered alike (Fisher exact,
+    one-sided, p < 0.01, a gap of 25 points or more)."""
+    from bakeoff.analysis.paired import fisher_greater
+    from evaluations.test_sanity import template_effect
+
+    def rows(chat_real: int, alike_real: int) -> list[dict]:
+        chat = [{"id": f"c{i}", "outcome": "real" if i < chat_real else "exact"} for i in range(60)]
+        alike = [{"id": f"a{i}", "outcome": "real" if i < alike_real else "tie"} for i in range(240)]
+        return chat + alike
+
+    chat_ids = {f"c{i}" for i in range(60)}
+    wrong = template_effect(rows(60, 0), chat_ids)  # the real-model double: every chat reply diverges
+    assert wrong["template_changes_answers"] and wrong["p_value"] < 1e-30
+    assert not template_effect(rows(3, 10), chat_ids)["template_changes_answers"]  # diverging alike: noise
+    int4 = template_effect(rows(40, 130), chat_ids)  # a quantized engine diverging everywhere: 67% vs 54%
+    assert not int4["template_changes_answers"]
+    assert not template_effect(rows(1, 0), {"c0"})["template_changes_answers"]  # one probe never decides (p=1/300)
+    assert fisher_greater(5, 10, 5, 10) > 0.5 and fisher_greater(0, 0, 3, 10) == 1.0

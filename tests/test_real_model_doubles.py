@@ -202,6 +202,10 @@ def test_2_every_fifth_token_replaced_is_garbage(tmp_path, real, engine_url, con
 
 
 def test_3_a_wrong_chat_template_regresses_on_the_chat_probes(tmp_path, real):
+    """Llama-2's [INST] template in place of SmolLM2's ChatML: the 60 chat probes (a question after
+    three answered turns) are rendered with it; the model still answers most of them (the turns fix
+    the reply's shape), but its replies diverge from the reference's past the tie rule where the
+    probes rendered alike agree: ``template_effect`` fails the agreement as accuracy-regression."""
     copy = wrong_chat_template(real, tmp_path / "wrong-template")
     rc, v, run, out = _suite(tmp_path, "transformers", copy, f"--reference-model={real}", "--backend-opt", "dtype=float32",
                              select="test_load or test_known_answers or test_reference_agreement")
@@ -209,25 +213,23 @@ def test_3_a_wrong_chat_template_regresses_on_the_chat_probes(tmp_path, real):
     assert rc == 1 and v["status"] == "disqualified", out[-2000:]
     agr = checks["sanity.reference_agreement"]
     assert agr["status"] == "fail" and agr["failure_class"] == "accuracy-regression", agr["summary"]
-    d, vals = agr["values"]["decision"], agr["values"]
-    assert d["regression"] and d["p_value"] < 0.01 and d["b"] > d["c"], agr["summary"]
+    vals = agr["values"]
     rendering = vals["chat_rendering"]
     assert rendering["chat_template"] == "the model under test's" and rendering["templates_identical"] is False
     first = rendering["first_difference"]
     assert "[INST]" in first["engine_prompt"] and "<|im_start|>assistant" in first["reference_prompt"]
     rd = vals["rendered_differently"]
-    assert rd["probes"] == rendering["prompts_differ"] > 0 and rd["accuracy"] < rd["reference_accuracy"]
-    assert "chat probes rendered with the model under test's chat template" in agr["summary"]
-    # the probes lost are chat probes, each rendered with the wrong template; the rest agree
+    assert rd["probes"] == rendering["prompts_differ"] > 0 and rd["template_changes_answers"] is True
+    assert rd["p_value"] < 0.01 and rd["real_divergences"] > rd["alike_real_divergences"], rd
+    assert "chat template changes what it answers" in agr["summary"]
+    # the real divergences are chat probes, each rendered with the wrong template; the rest agree
     outs = json.loads((run / "evidence" / "sanity.outputs.json").read_text())["outputs"]
     rows = {r["id"]: r for r in json.loads((run / "evidence" / "sanity.reference_agreement" / "agreement.json").read_text())["rows"]}
-    lost = [o for o in outs if probe_correct(rows[o["id"]]["reference"], o["expected"], o["match"])
-            and not probe_correct(o["text"], o["expected"], o["match"])]
-    assert lost and all("[INST]" in o["prompt"] for o in lost), [o["id"] for o in lost]
+    real_div = [o for o in outs if rows[o["id"]]["outcome"] == "real"]
+    assert real_div and all("[INST]" in o["prompt"] for o in real_div), [o["id"] for o in real_div]
     assert all(rows[o["id"]]["outcome"] in ("exact", "tie") for o in outs if "[INST]" not in o["prompt"])
-    ka = checks["sanity.known_answers"]
+    ka = checks["sanity.known_answers"]  # accuracy alone: the answers stay right (a pass is what it measured)
     assert ka["values"]["chat_rendering"] == rendering
-    assert ka["status"] == "fail" or "cannot judge" in ka["summary"], ka  # not passed
 
 
 @pytest.mark.parametrize("backend", ["vllm", "transformers"])

@@ -184,3 +184,15 @@ def binomial_below(successes: int, n: int, expected: float, alpha: float = ALPHA
         return False, 1.0
     p = sum(math.comb(n, i) * p0 ** i * (1 - p0) ** (n - i) for i in range(0, successes + 1))
     return p < alpha, min(1.0, p)
+
+
+def fisher_greater(hits_a: int, n_a: int, hits_b: int, n_b: int) -> float:
+    """One-sided Fisher exact test that group a's rate exceeds group b's: ``P(X >= hits_a)`` for
+    ``X`` hypergeometric (``n_a`` drawn from ``n_a + n_b`` holding ``hits_a + hits_b`` hits).
+    For two groups of different probes (not paired): a's probes rendered otherwise than b's."""
+    total, hits = n_a + n_b, hits_a + hits_b
+    if n_a == 0 or total == 0:
+        return 1.0
+    denom = math.comb(total, n_a)
+    p = sum(math.comb(hits, k) * math.comb(total - hits, n_a - k) for k in range(hits_a, min(hits, n_a) + 1)) / denom
+    return min(1.0, p)
