@@ -21,6 +21,7 @@ from backends.base import Backend
 from bakeoff.api.errors import EngineFailure
 from bakeoff.loadgen.client import OpenAIClient
 from bakeoff.loadgen.progress import Progress
+from bakeoff.loadgen.side_http import open_bounded
 from bakeoff.analysis.failures import classify_start, kernel_refusal, missing_tokenizer
 from bakeoff.host.procs import ManagedProcess, describe_exit, died_by_signal, free_port
 from bakeoff.api.specs import BackendInfo, GenerationRequest, TokenEvent
@@ -31,8 +32,8 @@ from bakeoff.analysis.cuda_errors import classify, describe
 def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
     """GET ``url``; returns ``(status, body)``, status 0 when unreachable."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            return resp.status, resp.read().decode("utf-8", "replace")
+        status, raw, _ = open_bounded(url, timeout_s)  # no redirect followed, the body bounded (side_http)
+        return status, raw.decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, ""
     except (urllib.error.URLError, OSError, TimeoutError):

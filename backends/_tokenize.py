@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from bakeoff.loadgen.side_http import error_body, open_bounded
 from bakeoff.api.errors import EngineFailure
 
 PATHS = ("/tokenize", "/v1/tokenize")
@@ -52,10 +53,10 @@ def _post(url: str, body: dict, headers: dict[str, str], timeout_s: float) -> tu
     req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json", **headers})
     t0 = time.monotonic()
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return resp.status, resp.read().decode("utf-8", "replace")
+        status, raw, _ = open_bounded(req, timeout_s)  # no redirect followed, the body bounded (side_http)
+        return status, raw.decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode("utf-8", "replace")[:2000]
+        return exc.code, error_body(exc, timeout_s)
     except (urllib.error.URLError, OSError, TimeoutError) as exc:
         if timed_out(exc):
             elapsed_s = time.monotonic() - t0

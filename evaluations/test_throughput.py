@@ -147,7 +147,12 @@ def test_accounting(run, engine):
                          f"{ABS_TOLERANCE_TOKENS} tokens + {REL_TOLERANCE:.0%} of multi-token events",
                          "client_tokenizer": sweep.values.get("client_tokenizer"),
                          "output_tokens_sources": sweep.values.get("output_tokens_sources")})
-        worst = sorted(by["disagree"], key=lambda r: -abs((r["usage_output_tokens"] or 0) - (r["output_tokens"] or 0)))
+        impossible = [r for r in by["disagree"] if "usage impossible" in (r.get("output_tokens_source") or "")]
+
+        def gap(r) -> float:  # an impossible claim first (it may not even be a number)
+            u = r["usage_output_tokens"]
+            return float("inf") if r in impossible or not isinstance(u, int) else abs(u - (r["output_tokens"] or 0))
+        worst = sorted(by["disagree"], key=lambda r: -gap(r))
         c.evidence("accounting.json", {"rule": test_accounting.__doc__.split("(")[0].strip(), **c.values,
                                        "disagreeing": worst, "requests": rows})
         if not rows:
@@ -159,6 +164,10 @@ def test_accounting(run, engine):
                 r["client_tokenizer_tokens"] if r["client_tokenizer_tokens"] is not None else r["content_events"])
             msg = (f"{n_bad}/{n} requests: server usage differs from {basis} (e.g. {r['request_id']}: usage "
                    f"{r['usage_output_tokens']} vs {own}); the sweep's figures use the client's count")
+            if impossible:  # not a count that differs: one no stream can hold (accounting.impossible_count)
+                c.fail(f"{len(impossible)}/{n} requests: server usage impossible ({worst[0]['output_tokens_source']}, "
+                       f"e.g. {worst[0]['request_id']}: usage {worst[0]['usage_output_tokens']} vs {own}); "
+                       "the sweep's figures use the client's count")
             c.require(basis != "streamed token ids" or n_bad == 0, msg)
             c.require(n_bad < 2 or n_bad <= 0.05 * n, msg)
         if by["disputed"]:

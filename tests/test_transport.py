@@ -51,10 +51,13 @@ def backend(url: str, api: str, tmp: Path, **opts) -> OpenAIBackend:
     return b
 
 
-def one(b, rid: str, counter=None) -> RequestRecord:
+def one(b, rid: str, counter=None, max_tokens: int = 4 * N) -> RequestRecord:
+    """One request; the synthetic servers send N tokens whatever ``max_tokens`` asks (room for a
+    doubled usage of 2N to be possible by count: ``test_a_usage_over_max_tokens_is_impossible``)."""
     async def main():
         try:
-            return await run_request(b, GenerationRequest(request_id=rid, prompt="p", max_tokens=N), count_tokens=counter)
+            return await run_request(b, GenerationRequest(request_id=rid, prompt="p", max_tokens=max_tokens),
+                                     count_tokens=counter)
         finally:
             await b.aclose()
     return asyncio.run(main())
@@ -88,6 +91,14 @@ def test_backend_tokenizer_option_is_used(doubled, tmp_path, api):
     assert isinstance(b.count_tokens, TokenCounter)
     rec = one(b, f"opt-{api}", b.count_tokens)
     assert rec.accounting == "disagree" and rec.output_tokens == N
+
+
+def test_a_usage_over_max_tokens_is_impossible(doubled, tmp_path):
+    """The doubled usage (2N) against a request of max_tokens N: no server generates past it, so
+    usage is not even unverified: a mismatch naming both figures, the client's count used."""
+    rec = one(backend(doubled.url, "completions", tmp_path), "dbl-max", max_tokens=N)
+    assert rec.accounting == "disagree" and rec.accounting_mismatch and rec.output_tokens == N
+    assert rec.output_tokens_source == f"client-events (server usage impossible: {2 * N} is more than the request's max_tokens {N})"
 
 
 def test_without_a_tokenizer_usage_above_the_events_is_unverified(doubled, tmp_path):
@@ -396,3 +407,23 @@ def test_streamed_token_ids_are_not_re_tokenized():
     account(rec, [TokenEvent(i, f" t{i}", [i]) for i in range(N)], 3, N, Counter(), prompt="a b c")
     assert calls == [] and rec.text_output_tokens is None
     assert rec.accounting == "agree" and rec.output_tokens_source == "token-ids" and rec.output_tokens == N
+
+
+@pytest.mark.parametrize("usage, why", [(10 ** 18, "more than the request's max_tokens 32"), (-3, "negative"),
+                                         ("12", "not an integer"), (7.5, "not an integer"), (True, "not an integer")])
+def test_an_impossible_usage_is_evidence_never_a_figure(usage, why):
+    """``usage.completion_tokens = 10**18`` made 1.1e21 tok/s and a MemoryError in ``[t] * k``
+    (fails before); a count no stream can hold is a ``client-accounting`` mismatch with both
+    numbers kept, and the figures use the client's count (with and without token ids)."""
+    for evs, source in (([TokenEvent(i, f" t{i}") for i in range(20)], "client-events"),
+                        ([TokenEvent(i, "x", [i]) for i in range(20)], "token-ids")):
+        rec = RequestRecord(request_id="r")
+        t0 = time.monotonic()
+        account(rec, evs, None, usage, None, max_tokens=32)
+        assert time.monotonic() - t0 < 1 and len(rec.token_times_ns) == 20
+        assert rec.accounting == "disagree" and rec.accounting_mismatch and rec.output_tokens == 20
+        assert rec.output_tokens_source.startswith(source) and why in rec.output_tokens_source, rec.output_tokens_source
+        assert rec.usage_output_tokens is not None  # the claim, kept as evidence
+    ok = RequestRecord(request_id="r")
+    account(ok, [TokenEvent(i, "x", [i]) for i in range(20)], -1, 20, None, max_tokens=32)
+    assert ok.accounting == "agree" and ok.input_tokens is None  # a negative prompt count is dropped, not used

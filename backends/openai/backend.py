@@ -27,6 +27,7 @@ from typing import Any, AsyncIterator, Callable, Literal
 from pydantic import Field, field_validator
 
 from backends.base import Backend
+from bakeoff.loadgen.side_http import error_body, open_bounded
 from bakeoff.api.errors import EngineFailure
 from bakeoff.loadgen.accounting import TokenCounter
 from bakeoff.loadgen.client import OpenAIClient
@@ -112,16 +113,11 @@ class OpenAIBackend(Backend):
         timeout_s = min(timeout_s or self.options.read_timeout_s, self.options.read_timeout_s)
         req = urllib.request.Request(self.base_url + path, headers=self._auth())
         t0 = time.monotonic()
-        try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-                return Answer(path, resp.status, resp.read().decode("utf-8", "replace"), dict(resp.headers),
-                              time.monotonic() - t0)
+        try:  # no redirect followed (the key stays with its origin), the body bounded (side_http)
+            status, body, headers = open_bounded(req, timeout_s)
+            return Answer(path, status, body.decode("utf-8", "replace"), headers, time.monotonic() - t0)
         except urllib.error.HTTPError as exc:
-            try:
-                body = exc.read().decode("utf-8", "replace")[:2000]
-            except (OSError, TimeoutError):
-                body = ""
-            return Answer(path, exc.code, body, dict(exc.headers or {}), time.monotonic() - t0)
+            return Answer(path, exc.code, error_body(exc, timeout_s), dict(exc.headers or {}), time.monotonic() - t0)
         except (urllib.error.URLError, OSError, TimeoutError) as exc:
             return Answer(path, 0, f"{type(exc).__name__}: {getattr(exc, 'reason', None) or exc}", {},
                           time.monotonic() - t0, timed_out(exc), timeout_s)

@@ -32,6 +32,7 @@ from typing import IO
 
 from bakeoff.cli.phases import PhaseBoard, Throttle
 from bakeoff.host.artifacts import SWEEP_POINTS_LOG, read_json
+from bakeoff.host.procs import child_preexec
 
 STYLE = {"pass": "green", "fail": "bold red", "error": "bold red", "skip": "yellow", "info": "cyan"}
 SWEEP_CHECK = "throughput.sweep"
@@ -189,14 +190,15 @@ class Progress:
             self.rows[label] = {}
         t0 = time.monotonic()
         if self.mode == "plain":
-            proc = subprocess.Popen(cmd, env=env, cwd=cwd)
+            proc = subprocess.Popen(cmd, env=env, cwd=cwd, preexec_fn=child_preexec())  # dies with bakeoff
             self._watch(proc, lambda: self._sweep_line(label, run_file))
             self._sweep_line(label, run_file, final=True)
             return proc.returncode, read_checks(run_file)[0]
         log = Path(run_file).with_suffix(".log")
         try:
             with open(log, "wb") as out:
-                proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+                proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                        preexec_fn=child_preexec())  # SIGTERM when bakeoff dies, even by SIGKILL
                 self._watch(proc, lambda: self._update(label, run_file, time.monotonic() - t0))
         finally:  # an interruption too: the run keeps its pytest.log and no temporary file is left
             run_dir = self._keep_log(label, run_file, log, time.monotonic() - t0)

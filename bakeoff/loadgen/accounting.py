@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from bakeoff.api.errors import EngineFailure
 from bakeoff.api.specs import RequestRecord
@@ -136,16 +136,39 @@ def prompt_dispute(prompt: str | None, usage_p: int | None, count_tokens) -> tup
                  f"the server's usage.prompt_tokens {usage_p}: not the server's tokenizer")
 
 
+def impossible_count(n: Any, most: int | None = None) -> str | None:
+    """Why a server's token count cannot be true, or None: not an integer, negative, or above
+    ``most`` (a request's ``max_tokens``: no server generates past it)."""
+    if n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, int):
+        return f"not an integer ({str(n)[:40]!r})"
+    if n < 0:
+        return f"negative ({n})"
+    if most is not None and n > most:
+        return f"{n:,} is more than the request's max_tokens {most:,}"
+    return None
+
+
 def account(rec: RequestRecord, evs: list, usage_p: int | None, usage_c: int | None,
-            count_tokens: Callable[[str], int] | None, prompt: str | None = None) -> None:
+            count_tokens: Callable[[str], int] | None, prompt: str | None = None,
+            max_tokens: int | None = None) -> None:
     """Fill token counts, their agreement and per-token times of ``rec`` from its content events.
 
     Args:
         prompt: the completions prompt the server tokenized, to check the tokenizer against
             ``usage_p`` (None: chat and messages, whose template the client cannot reproduce).
+        max_tokens: the request's; a usage above it (or negative, or not an integer: see
+            :func:`impossible_count`) is evidence of a broken server, never a figure: the request's
+            accounting is ``disagree`` (``client-accounting``) and its figures use the client's count.
     """
     if evs and finish_only(evs[-1]):
         evs = evs[:-1]
+    claimed, impossible = usage_c, impossible_count(usage_c, max_tokens)
+    if impossible:
+        usage_c = None
+    if impossible_count(usage_p):
+        usage_p = None
     rec.usage_output_tokens, rec.input_tokens, rec.content_events = usage_c, usage_p, len(evs)
     have_ids = bool(evs) and all(ev.token_ids is not None for ev in evs)
     rec.client_input_tokens, disputed = prompt_dispute(prompt, usage_p, count_tokens) if not have_ids else (None, None)
@@ -189,6 +212,11 @@ def account(rec: RequestRecord, evs: list, usage_p: int | None, usage_c: int | N
         else:
             rec.accounting = "disagree"
             rec.output_tokens, rec.output_tokens_source = rec.client_output_tokens, f"{basis} (server usage disagrees)"
+    if impossible:  # the claim is kept as evidence (a string when it was not a number)
+        rec.usage_output_tokens = claimed if isinstance(claimed, int) and not isinstance(claimed, bool) else str(claimed)[:40]
+        rec.accounting = "disagree"
+        basis = "token-ids" if have_ids else ("client-tokenizer" if ks_text else "client-events")
+        rec.output_tokens, rec.output_tokens_source = rec.client_output_tokens, f"{basis} (server usage impossible: {impossible})"
     rec.accounting_mismatch = ok and rec.accounting == "disagree"
     times: list[int] = []
     for ev, k in zip(evs, ks):

@@ -76,7 +76,7 @@ async def run_request(backend, req: GenerationRequest, session: int = 0, schedul
         rec.sent_ns = holder[0]
     rec.response_headers = holder[1]
     completions = req.prompt is not None and getattr(backend, "api", "completions") == "completions"
-    account(rec, evs, usage_p, usage_c, count_tokens, req.prompt if completions else None)
+    account(rec, evs, usage_p, usage_c, count_tokens, req.prompt if completions else None, req.max_tokens)
     return rec
 
 

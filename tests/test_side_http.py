@@ -1,0 +1,143 @@
+"""Side requests (health, models, metrics, tokenize) against hostile servers on 127.0.0.1
+(bakeoff/loadgen/side_http.py): a redirect is not followed and the key never leaves its origin;
+an endless body and a trickling one are cut at their bounds, in bounded time."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from bakeoff.loadgen.side_http import BodyDeadline, BodyTooLarge, error_body, open_bounded
+
+
+class _Server:
+    """A ThreadingHTTPServer on a free port running ``handler(self)`` for every GET and POST."""
+
+    def __init__(self, handler):
+        outer = self
+        self.seen: list[dict[str, str]] = []
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                outer.seen.append(dict(self.headers))
+                handler(self)
+
+            do_POST = do_GET
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def make(handler):
+        s = _Server(handler)
+        servers.append(s)
+        return s
+    yield make
+    for s in servers:
+        s.close()
+
+
+def _ok(h, body=b'{"ok": true}'):
+    h.send_response(200)
+    h.send_header("Content-Length", str(len(body)))
+    h.end_headers()
+    h.wfile.write(body)
+
+
+def test_a_redirect_to_another_port_is_not_followed_and_the_key_stays_home(serve):
+    """Fails before: urllib followed the 302 and re-sent ``Authorization`` to the other port."""
+    elsewhere = serve(_ok)
+
+    def redirect(h):
+        h.send_response(302)
+        h.send_header("Location", elsewhere.url + h.path)
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+    origin = serve(redirect)
+    req = urllib.request.Request(origin.url + "/v1/models", headers={"Authorization": "Bearer sk-secret"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        open_bounded(req, 5)
+    assert info.value.code == 302 and elsewhere.seen == []  # nothing reached the other port
+    assert origin.seen[0]["Authorization"] == "Bearer sk-secret"
+    text = error_body(info.value, 5)
+    assert "redirect to " + elsewhere.url + "/v1/models not followed" in text
+
+
+def test_the_openai_backends_probe_names_the_redirect(serve, monkeypatch, tmp_path):
+    from backends.openai.backend import OpenAIBackend
+
+    elsewhere = serve(_ok)
+
+    def redirect(h):
+        h.send_response(307)
+        h.send_header("Location", elsewhere.url + h.path)
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+    origin = serve(redirect)
+    monkeypatch.setenv("BAKEOFF_TEST_KEY", "sk-secret")
+    from bakeoff.api.specs import BackendConfig
+
+    b = OpenAIBackend(BackendConfig(backend="openai", model="m", workdir=str(tmp_path), options={"base_url": origin.url,
+                                                                           "api_key_env": "BAKEOFF_TEST_KEY"}))
+    ans = b._get("/health", 5)
+    assert ans.status == 307 and "not followed" in ans.body and elsewhere.seen == []
+
+
+def test_an_endless_body_is_cut_at_the_size_bound(serve):
+    def endless(h):
+        h.send_response(200)
+        h.end_headers()
+        try:
+            while True:
+                h.wfile.write(b"x" * 65536)
+        except OSError:
+            pass
+    s = serve(endless)
+    t0 = time.monotonic()
+    with pytest.raises(BodyTooLarge, match="passed 1,048,576 bytes"):
+        open_bounded(s.url + "/metrics", 5, max_bytes=1 << 20)
+    assert time.monotonic() - t0 < 10
+
+
+def test_a_trickle_is_cut_at_the_whole_request_deadline(serve):
+    """One byte every 0.2 s never trips a 1 s read timeout; the 2 s deadline cuts it (fails
+    before: each byte reset the timer, and the read went on for as long as the server liked)."""
+    def trickle(h):
+        h.send_response(200)
+        h.end_headers()
+        try:
+            for _ in range(200):
+                h.wfile.write(b"x")
+                h.wfile.flush()
+                time.sleep(0.2)
+        except OSError:
+            pass
+    s = serve(trickle)
+    t0 = time.monotonic()
+    with pytest.raises(BodyDeadline, match="still arriving"):
+        open_bounded(s.url + "/health", 1, deadline_s=2)
+    assert 1.5 < time.monotonic() - t0 < 5
+
+
+def test_a_plain_answer_still_reads(serve):
+    s = serve(_ok)
+    status, body, headers = open_bounded(s.url + "/health", 5)
+    assert status == 200 and body == b'{"ok": true}' and headers["Content-Length"] == "12"
