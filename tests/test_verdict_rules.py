@@ -261,10 +261,10 @@ def _recording_run(tmp_path):
     return RunContext(rundir, Verdict(run_id=rundir.run_id, backend="openai", model="m"))
 
 
-def test_the_failure_classes_are_fifteen():
+def test_the_failure_classes_are_sixteen():
     from bakeoff.api.verdict import FAILURE_CLASSES
 
-    assert len(FAILURE_CLASSES) == 15 and "unsupported-architecture" in FAILURE_CLASSES
+    assert len(FAILURE_CLASSES) == 16 and "unsupported-architecture" in FAILURE_CLASSES
 
 
 def test_recording_an_unknown_failure_class_raises_at_once(tmp_path):

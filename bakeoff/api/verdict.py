@@ -22,6 +22,7 @@ FAILURE_CLASSES: dict[str, str] = {
     "accuracy-regression": "the output disagrees with the reference beyond tolerance",
     "slo-miss": "a latency or throughput objective was missed",
     "transport-distortion": "the stream was cut or distorted in transit",
+    "protocol-violation": "the server broke the API's contract (a stream past bakeoff's size or time bounds)",
     "client-accounting": "client token counts disagree with the server's usage",
     "cache-correctness": "a prefix-cache hit changed the output",
     "ineffective-option": "an option was accepted but its measurable effect is absent",

@@ -36,6 +36,23 @@ SENT_NS: contextvars.ContextVar[list | None] = contextvars.ContextVar("bakeoff_s
 _loads = json.JSONDecoder().decode  # str in: skips json.loads' per-call encoding detection
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "messages": "/v1/messages"}
 DEADLINE_FACTOR = 5.0  # default deadline of a request the engine computes without a byte: 5 read timeouts
+# A stream's bounds, from its request (stream_bounds): a server that sends without end, a 10 MB
+# line per token, or a byte a second (each byte resets the read timeout) is cut at one of them
+# as ``protocol-violation``, with the figure, and the run goes on.
+STREAM_BASE_BYTES = 1 << 20  # headers' worth, an error body, usage: 1 MiB
+STREAM_BYTES_PER_TOKEN = 64 << 10  # a token event with 20 top logprobs is ~2 KB: 64 KiB is 30x that
+STREAM_SECONDS_PER_TOKEN = 2.0  # the slowest stream bakeoff waits out: 0.5 tok/s, past the read timeouts
+
+
+DRAIN_MAX_S, DRAIN_MAX_BYTES = 10.0, 16 << 20  # what is read after [DONE] to keep a connection, at most
+
+
+def stream_bounds(max_tokens: int, read_timeout_s: float) -> tuple[int, float]:
+    """``(bytes, seconds)`` a stream of ``max_tokens`` may take: :data:`STREAM_BASE_BYTES` +
+    :data:`STREAM_BYTES_PER_TOKEN` per token, and :data:`DEADLINE_FACTOR` read timeouts +
+    :data:`STREAM_SECONDS_PER_TOKEN` per token."""
+    n = max(1, int(max_tokens or 1))
+    return STREAM_BASE_BYTES + n * STREAM_BYTES_PER_TOKEN, DEADLINE_FACTOR * read_timeout_s + n * STREAM_SECONDS_PER_TOKEN
 
 
 class OpenAIClient:
@@ -222,9 +239,14 @@ class OpenAIClient:
                                     "compressed it; measure without that hop or turn its compression off")
             feed = SSEParser().feed  # comments (": keep-alive") and events without data never come out
             api_is_messages, is_chat = self.api == "messages", self.api == "chat"
+            max_bytes, max_s = stream_bounds(req.max_tokens, self.read_timeout_s)
+            end_ns = t_send + int(max_s * 1e9)
             async for t, piece in resp.chunks(self.read_timeout_s):
                 if watch is not None:
                     watch.touch()  # a float comparison, a sample in the background every quarter timeout
+                if resp.nbytes > max_bytes or t > end_ns:
+                    resp.release()  # closes the connection: nothing more is read of it
+                    raise _over_bounds(path, resp.nbytes, (t - t_send) / 1e9, max_bytes, max_s, req.max_tokens)
                 for t, data, name, _ in feed(t, piece):
                     if data == "[DONE]":
                         done = True
@@ -328,16 +350,27 @@ class OpenAIClient:
             yield TokenEvent(t_ns=t, usage=Usage(usage.get("prompt_tokens"), usage.get("completion_tokens")))
 
 
+def _over_bounds(path: str, nbytes: int, elapsed_s: float, max_bytes: int, max_s: float, max_tokens: int) -> EngineFailure:
+    """A stream past :func:`stream_bounds`: ``protocol-violation`` with the figures."""
+    what = (f"{nbytes:,} bytes, past the {max_bytes:,} a stream of max_tokens {max_tokens} may take" if nbytes > max_bytes
+            else f"still streaming after {elapsed_s:.0f} s, past the {max_s:.0f} s a stream of max_tokens {max_tokens} may take")
+    return EngineFailure("protocol-violation", f"POST {path}: {what}; cut there (bakeoff's bound, client.stream_bounds)",
+                         {"bounds.json": json.dumps({"bytes": nbytes, "elapsed_s": round(elapsed_s, 3),
+                                                     "max_bytes": max_bytes, "max_s": max_s, "max_tokens": max_tokens})})
+
+
 def _finish(resp, timeout_s: float) -> None:
     """Release the connection; drain a body still open after ``[DONE]`` in the background."""
     if resp.complete or resp.conn is None or resp.conn.eof:
         resp.release()
         return
 
-    async def drain() -> None:
+    async def drain() -> None:  # bounded: a server that goes on sending after the end is cut off
+        end = time.monotonic() + DRAIN_MAX_S
         try:
             async for _ in resp.chunks(min(timeout_s, 5.0)):
-                pass
+                if resp.nbytes > DRAIN_MAX_BYTES or time.monotonic() > end:
+                    break
         except (TransportError, asyncio.CancelledError):
             pass
         resp.release()

@@ -1,0 +1,127 @@
+"""Hostile streaming servers on 127.0.0.1 (test fixtures): the stream client cuts each one at a
+bound derived from the request (bakeoff/loadgen/client.py ``stream_bounds``), as
+``protocol-violation`` with the figure, in bounded time and memory (fails before: a 10 MB line per
+token took the host to 7.7 GB, an endless stream was read forever, a byte-a-second trickle reset
+the read timeout at every byte)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import psutil
+import pytest
+
+from bakeoff.api.errors import EngineFailure
+from bakeoff.api.specs import GenerationRequest
+from bakeoff.loadgen.client import STREAM_BASE_BYTES, STREAM_BYTES_PER_TOKEN, OpenAIClient, stream_bounds
+
+HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+
+
+def _event(text: str) -> bytes:
+    return b"data: " + json.dumps({"choices": [{"index": 0, "text": text}]}).encode() + b"\n\n"
+
+
+def big_lines(sock):
+    """A 10 MB SSE line for every token, without end."""
+    sock.sendall(HEAD)
+    blob = _event("x" * (10 << 20))
+    while True:
+        sock.sendall(blob)
+
+
+def endless(sock):
+    """Valid token events forever, never ``[DONE]``."""
+    sock.sendall(HEAD)
+    ev = _event(" tok")
+    while True:
+        sock.sendall(ev * 256)
+
+
+def trickle(sock):
+    """One byte every 50 ms: each resets a read timeout; the stream never ends."""
+    sock.sendall(HEAD)
+    data = _event(" tok") * 10_000
+    for b in data:
+        sock.sendall(bytes([b]))
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def hostile():
+    servers = []
+
+    def make(behaviour):
+        srv = socket.socket()
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(8)
+        servers.append(srv)
+
+        def accept():
+            while True:
+                try:
+                    conn, _ = srv.accept()
+                except OSError:
+                    return
+
+                def serve(c=conn):
+                    try:
+                        c.recv(65536)  # the request (headers and body arrive together here)
+                        behaviour(c)
+                    except OSError:
+                        pass
+                    finally:
+                        c.close()
+                threading.Thread(target=serve, daemon=True).start()
+        threading.Thread(target=accept, daemon=True).start()
+        return f"http://127.0.0.1:{srv.getsockname()[1]}"
+    yield make
+    for s in servers:
+        s.close()
+
+
+def _run(url: str, max_tokens: int, read_timeout_s: float) -> tuple[EngineFailure | None, float, int]:
+    """Stream one request; ``(its failure, seconds, RSS growth in bytes)``."""
+    client = OpenAIClient(url, "m", read_timeout_s=read_timeout_s)
+    rss0 = psutil.Process().memory_info().rss
+
+    async def go():
+        try:
+            async for _ in client.stream(GenerationRequest(request_id="h", prompt="p", max_tokens=max_tokens)):
+                pass
+        finally:
+            await client.aclose()
+    t0 = time.monotonic()
+    try:
+        asyncio.run(go())
+        failure = None
+    except EngineFailure as exc:
+        failure = exc
+    return failure, time.monotonic() - t0, psutil.Process().memory_info().rss - rss0
+
+
+@pytest.mark.parametrize("behaviour, max_tokens, read_timeout_s, within_s, words", [
+    (big_lines, 16, 5.0, 20, "bytes, past the"),
+    (endless, 16, 5.0, 20, "bytes, past the"),
+    (trickle, 2, 1.0, 15, "still streaming after"),
+])
+def test_a_hostile_stream_is_cut_at_its_bound(hostile, behaviour, max_tokens, read_timeout_s, within_s, words):
+    url = hostile(behaviour)
+    failure, took, grew = _run(url, max_tokens, read_timeout_s)
+    max_bytes, max_s = stream_bounds(max_tokens, read_timeout_s)
+    assert failure is not None and failure.failure_class == "protocol-violation", failure
+    assert words in failure.message and "client.stream_bounds" in failure.message
+    assert took < within_s, took
+    assert grew < 64 * max_bytes + (256 << 20), grew  # bounded: a few buffers of the bound, never the stream
+    if behaviour is trickle:
+        assert took >= max_s - 1  # cut at the deadline, not by a read timeout (each byte reset it)
+
+
+def test_the_bounds_come_from_the_request():
+    assert stream_bounds(16, 120) == (STREAM_BASE_BYTES + 16 * STREAM_BYTES_PER_TOKEN, 5 * 120 + 16 * 2.0)
+    assert stream_bounds(0, 1)[0] == STREAM_BASE_BYTES + STREAM_BYTES_PER_TOKEN  # never zero
