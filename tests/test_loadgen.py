@@ -25,7 +25,10 @@ def server():
 
 
 def req(i: int = 0, turn: int = 0, tag: str = "r") -> GenerationRequest:
-    return GenerationRequest(request_id=f"{tag}-{i}-{turn}", prompt=f"prompt {i} {turn}", max_tokens=N)
+    """The synthetic server sends its configured ``output_tokens`` whatever ``max_tokens`` asks; 64
+    leaves room for the 16-token cases and a usage over them (above max_tokens it is impossible:
+    ``accounting.impossible_count``)."""
+    return GenerationRequest(request_id=f"{tag}-{i}-{turn}", prompt=f"prompt {i} {turn}", max_tokens=64)
 
 
 def one(backend, r: GenerationRequest, **kw):
