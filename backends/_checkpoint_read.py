@@ -33,8 +33,21 @@ CACHE_VERSION = 1
 TIMEOUT_S = 300.0
 
 
+def _env_stamp(python: str) -> str:
+    """What tells one installation at a path from the next: the environment's ``pyvenv.cfg`` (or
+    the interpreter) inode and mtime. A venv made again at the same path reads afresh."""
+    exe = Path(python)
+    for p in (exe.parent.parent / "pyvenv.cfg", exe):
+        try:
+            st = p.stat()
+            return f"{st.st_ino}:{st.st_mtime_ns}"
+        except OSError:
+            continue
+    return "?"
+
+
 def _key(python: str, model: Path) -> str:
-    h = hashlib.sha256(f"{CACHE_VERSION}\0{python}\0".encode())
+    h = hashlib.sha256(f"{CACHE_VERSION}\0{python}\0{_env_stamp(python)}\0".encode())
     for name in FILES:
         p = model / name
         if p.is_file():
@@ -47,7 +60,9 @@ def read_in(python: str, model: Path, timeout_s: float = TIMEOUT_S) -> dict:
     reader itself could not run."""
     cache = envs.cache_root() / "checkpoint-reads" / f"{_key(python, model)}.json"
     try:
-        return json.loads(cache.read_text())
+        cached = json.loads(cache.read_text())
+        if isinstance(cached, dict) and "transformers" in cached and not cached.get("error"):
+            return cached
     except (OSError, ValueError):
         pass
     try:
@@ -61,6 +76,9 @@ def read_in(python: str, model: Path, timeout_s: float = TIMEOUT_S) -> dict:
     except (IndexError, ValueError):
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         return {"error": f"the reader exited {done.returncode}: {tail[0][:300]}"}
+    if not isinstance(out, dict) or out.get("error") or "transformers" not in out:
+        return out if isinstance(out, dict) else {"error": f"the reader answered {str(out)[:200]}"}  # never cached:
+        # an environment caught mid-install (no transformers yet) would answer so for good
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(f".{os.getpid()}.tmp")

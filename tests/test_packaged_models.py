@@ -160,3 +160,33 @@ def test_packaged_cache_is_outside_runs(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="is inside the model folder"):
         _outside_models(tmp_path / "models" / "runs", [NAME])
     shutil.rmtree(tmp_path / "models", ignore_errors=True)
+
+
+def test_a_reading_of_an_environment_mid_install_is_not_kept(tmp_path, monkeypatch):
+    """An environment read while it had no transformers (made again at the same path, or deleted
+    under a run) answered ``ModuleNotFoundError``, and that answer was cached for good: the next,
+    whole environment at that path was never read again (CI of 2026-12-05, ``readings`` None).
+    Such an answer is not cached; a venv made again at a path gets a new key."""
+    import os
+    import subprocess
+    import sys
+
+    from backends import _checkpoint_read as cr
+
+    monkeypatch.setenv("BAKEOFF_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "rope_theta": 1e5}))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    bare = cr.read_in(python, model)  # this venv has no transformers
+    assert "transformers" not in bare and bare.get("error"), bare
+    assert not list((tmp_path / "cache" / "checkpoint-reads").glob("*.json"))  # not kept
+    k1 = cr._key(python, model)
+    cfg = venv / "pyvenv.cfg"
+    st = cfg.stat()
+    os.utime(cfg, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # the venv made again at the same path
+    assert cr._key(python, model) != k1
+    ours = cr.read_in(sys.executable, model)  # a whole environment's reading is kept
+    assert "transformers" in ours and len(list((tmp_path / "cache" / "checkpoint-reads").glob("*.json"))) == 1
