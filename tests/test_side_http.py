@@ -62,16 +62,21 @@ def _ok(h, body=b'{"ok": true}'):
     h.wfile.write(body)
 
 
+def _redirect_to(target: "_Server", code: int):
+    """A handler answering every request with ``code`` and a Location on ``target``."""
+    def redirect(h):
+        h.send_response(code)
+        h.send_header("Location", target.url + h.path)
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+    return redirect
+
+
 def test_a_redirect_to_another_port_is_not_followed_and_the_key_stays_home(serve):
     """Fails before: urllib followed the 302 and re-sent ``Authorization`` to the other port."""
     elsewhere = serve(_ok)
 
-    def redirect(h):
-        h.send_response(302)
-        h.send_header("Location", elsewhere.url + h.path)
-        h.send_header("Content-Length", "0")
-        h.end_headers()
-    origin = serve(redirect)
+    origin = serve(_redirect_to(elsewhere, 302))
     req = urllib.request.Request(origin.url + "/v1/models", headers={"Authorization": "Bearer sk-secret"})
     with pytest.raises(urllib.error.HTTPError) as info:
         open_bounded(req, 5)
@@ -86,12 +91,7 @@ def test_the_openai_backends_probe_names_the_redirect(serve, monkeypatch, tmp_pa
 
     elsewhere = serve(_ok)
 
-    def redirect(h):
-        h.send_response(307)
-        h.send_header("Location", elsewhere.url + h.path)
-        h.send_header("Content-Length", "0")
-        h.end_headers()
-    origin = serve(redirect)
+    origin = serve(_redirect_to(elsewhere, 307))
     monkeypatch.setenv("BAKEOFF_TEST_KEY", "sk-secret")
     from bakeoff.api.specs import BackendConfig
 
