@@ -214,10 +214,19 @@ def test_backend_streams_and_matches_reference(tiny_qwen3, ort_python, tmp_path,
             greedy = await asyncio.gather(*[_collect(b, prompt=p, max_tokens=max_new) for p in prompts])
             sampled = await _collect(b, prompt=prompts[0], max_tokens=max_new, temperature=0.9, top_p=0.9, seed=3)
             forced = await _collect(b, prompt=prompts[0], max_tokens=24, ignore_eos=True)
+            scored = [await _collect(b, prompt=p, max_tokens=max_new + i, logprobs=3) for i, p in enumerate(prompts)]
+            together = await asyncio.gather(*[_collect(b, prompt=p, max_tokens=max_new + i, logprobs=3)
+                                              for i, p in enumerate(prompts)])
             await b.aclose()
-            return greedy, sampled, forced
+            return greedy, sampled, forced, scored, together
 
-        greedy, sampled, forced = asyncio.run(run_all())
+        greedy, sampled, forced, scored, together = asyncio.run(run_all())
+        # logprobs requests in flight together run as one right-padded og.Generator batch
+        # (backends/ort_genai/logprobs.py): the same tokens as each alone, on prompts of
+        # different lengths and token budgets
+        assert b.metrics()["bakeoff_worker:logprobs_batch_rows_max"] >= 2
+        assert [s[0] for s in scored] == [t[0] for t in together] and all(s[0] for s in scored)
+        assert [s[3] for s in scored] == [t[3] for t in together]
         ref = _reference_greedy(tiny_qwen3, prompts, max_new)
         for (ids, _text, times, _fin), want in zip(greedy, ref):
             # generator mode streams the final EOS id, engine mode does not; the reference drops it

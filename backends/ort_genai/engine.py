@@ -12,8 +12,9 @@ HTTP server. Two schedulers:
   ``PagedAttention`` export (``genai_config.json`` ``engine.dynamic_batching``), static
   batches of up to 4 otherwise (also on CPU).
 
-A request that asks for logprobs runs alone: og.Generator reading logits, or for a paged
-export, which og.Generator cannot feed, the export's graph in an ONNX Runtime session
+Requests that ask for logprobs run on og.Generator reading logits, greedy ones waiting together
+as one batch (:mod:`backends.ort_genai.logprobs`), or for a paged export, which og.Generator
+cannot feed, alone through the export's graph in an ONNX Runtime session
 (:mod:`backends.ort_genai.paged_logits`).
 
 Frames of a dense stream are not sent one per token (see
@@ -87,6 +88,10 @@ class OrtGenaiEngine:
         gcfg = json_config["model"]
         eos = gcfg.get("eos_token_id")
         self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        pad = gcfg.get("pad_token_id")
+        pad = pad[0] if isinstance(pad, list) and pad else pad
+        self.pad_id = pad if isinstance(pad, int) else None  # right-pads og.Generator batches (logprobs)
+        self.batch = contextlib.nullcontext  # the pipe's batch(): set by serve()
         self.tokenizer_json = worker_detokenizer(self, model_dir, src)
         self.context_length = int(gcfg.get("context_length") or 0) or None
         self.batching = options.get("batching") or "engine"
@@ -96,6 +101,7 @@ class OrtGenaiEngine:
         self.max_running = 0
         self.own_s = self.og_s = 0.0
         self.decode_steps = 0
+        self.logprobs_rows_max = 0  # the most logprobs requests one og.Generator batch ran
         self._t_out: float | None = None
         self.sched: EngineScheduler | None = None
         self.engine_seeds = True
@@ -152,33 +158,35 @@ class OrtGenaiEngine:
         ``decode_own_seconds_total`` is the decode thread's time outside ONNX Runtime GenAI
         calls while requests ran (frames, detokenizing where this process does it, bookkeeping), ``decode_og_seconds_total`` its time inside them
         (``is_done`` + ``generate_next_token``, or ``Engine.run``), and
-        ``decode_steps_total`` the steps (generated tokens / steps: how full the batches were). own /
+        ``decode_steps_total`` the steps (generated tokens / steps: how full the batches were),
+        ``logprobs_batch_rows_max`` the most logprobs requests one og.Generator batch ran. own /
         (own + og) is the share of the decode
         thread the worker takes, measured within the same requests, so it does not carry the
         run-to-run drift that a tokens/s comparison with a separate bare loop does.
         """
         return {"max_running_requests": self.max_running, "engine_seeds_honoured": int(self.engine_seeds),
                 "decode_own_seconds_total": round(self.own_s, 6), "decode_og_seconds_total": round(self.og_s, 6),
-                "decode_steps_total": self.decode_steps}
+                "decode_steps_total": self.decode_steps, "logprobs_batch_rows_max": self.logprobs_rows_max}
 
     # -- the main thread -----------------------------------------------------------------
     def serve(self, send, batch=contextlib.nullcontext) -> None:
         """Run requests from :attr:`inbox` forever (the process ends when the worker goes); ``send``
         writes a frame; frames sent inside ``batch()`` may leave as one write (an og.Engine step's)."""
+        self.batch = batch
         if self.sched is not None:
             self.sched.loop(send, batch)
             return
         while True:
-            rid, body = self.inbox.get()
+            rid, body = item = self.inbox.get()
             if TOKENIZE in body:
                 answer_tokenize(self, send, rid, body[TOKENIZE])
                 continue
+            if body.get("logprobs"):
+                self.run_with_logprobs(item, send)
+                continue
             out = Out(send, rid, self.stream_interval_s)
             try:
-                if body.get("logprobs"):
-                    self.run_with_logprobs(rid, body, out)
-                else:
-                    self.run_generator(rid, body, out)
+                self.run_generator(rid, body, out)
             except Exception as exc:
                 out.fail(exc)
             self.cancelled.discard(rid)
@@ -253,18 +261,24 @@ class OrtGenaiEngine:
             opts["min_length"] = n_prompt + max_new
         return opts
 
-    def run_with_logprobs(self, rid: Any, body: dict[str, Any], out) -> None:
-        """A request that asks for logprobs, alone: og.Generator reading ``get_logits()``, or for a
-        paged export (og.Generator cannot feed it) the export's own graph in an ONNX Runtime
-        session (:mod:`backends.ort_genai.paged_logits`)."""
+    def run_with_logprobs(self, item: tuple, send) -> None:
+        """A request that asks for logprobs, with the compatible ones waiting behind it: one
+        og.Generator batch reading ``get_logits()`` (:mod:`backends.ort_genai.logprobs`), or for a
+        paged export (og.Generator cannot feed it) alone through the export's own graph in an
+        ONNX Runtime session (:mod:`backends.ort_genai.paged_logits`)."""
         if self.paged:
             from backends.ort_genai.paged_logits import run_paged_with_logprobs
 
-            run_paged_with_logprobs(self, rid, body, out)
+            out = Out(send, item[0], self.stream_interval_s)
+            try:
+                run_paged_with_logprobs(self, item[0], item[1], out)
+            except Exception as exc:
+                out.fail(exc)
+            self.cancelled.discard(item[0])
             return
-        from backends.ort_genai.logprobs import run_with_logprobs
+        from backends.ort_genai.logprobs import run_logprobs_batch, take_batch
 
-        run_with_logprobs(self, rid, body, out)
+        run_logprobs_batch(self, take_batch(self, item), send, self.batch)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -198,11 +198,11 @@ class EngineScheduler:
         if TOKENIZE in body:
             answer_tokenize(owner, send, rid, body[TOKENIZE])
             return
+        if body.get("logprobs"):  # og.Engine gives no logits: og.Generator (batched with its like) or the graph
+            owner.run_with_logprobs(item, send)
+            return
         out = Out(send, rid, owner.stream_interval_s)
         try:
-            if body.get("logprobs"):  # og.Engine gives no logits: this request runs alone on its own path
-                owner.run_with_logprobs(rid, body, out)
-                return
             self.begin(rid, body, out, live)
         except Exception as exc:
             out.fail(exc)
