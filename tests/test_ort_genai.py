@@ -193,7 +193,7 @@ async def _collect(backend, **kw):
     return ids, text, times, finish
 
 
-@pytest.mark.parametrize("batching", ["engine", "generator"])
+@pytest.mark.parametrize("batching", ["engine", "generator", "static"])
 def test_backend_streams_and_matches_reference(tiny_qwen3, ort_python, tmp_path, batching):
     from backends import resolve
     from bakeoff.api.specs import BackendConfig
@@ -222,11 +222,13 @@ def test_backend_streams_and_matches_reference(tiny_qwen3, ort_python, tmp_path,
 
         greedy, sampled, forced, scored, together = asyncio.run(run_all())
         # logprobs requests in flight together run as one right-padded og.Generator batch
-        # (backends/ort_genai/logprobs.py): the same tokens as each alone, on prompts of
+        # (backends/ort_genai/generator_batch.py): the same tokens as each alone, on prompts of
         # different lengths and token budgets
         assert b.metrics()["bakeoff_worker:logprobs_batch_rows_max"] >= 2
         assert [s[0] for s in scored] == [t[0] for t in together] and all(s[0] for s in scored)
         assert [s[3] for s in scored] == [t[3] for t in together]
+        if batching == "static":  # greedy requests in flight together shared og.Generator batches
+            assert b.metrics()["bakeoff_worker:max_running_requests"] >= 2
         ref = _reference_greedy(tiny_qwen3, prompts, max_new)
         for (ids, _text, times, _fin), want in zip(greedy, ref):
             # generator mode streams the final EOS id, engine mode does not; the reference drops it

@@ -170,7 +170,7 @@ def test_graph_session_logprobs_match_og_generator(tiny, ort_python):
 import json, sys
 import numpy as np
 import onnxruntime_genai as og
-from backends.ort_genai.logprobs import run_with_logprobs
+from backends.ort_genai.generator_batch import run_with_logprobs
 from backends.ort_genai.paged_logits import run_paged_with_logprobs
 d = sys.argv[1]
 class Out:
@@ -184,6 +184,7 @@ class Engine:  # the attributes both paths read of an OrtGenaiEngine
         c = og.Config(d); c.clear_providers(); s.model = og.Model(c)
         s.og, s.np, s.tokenizer_json, s.cancelled, s.decode_steps = og, np, "x", set(), 0
         s.eos_ids, s.paged_logits, s.model_dir, s.ep, s.options = {0}, None, d, "cpu", {}
+        s.logprobs_rows_max = s.max_running = s.own_s = s.og_s = 0
     def encode(s, p): return [b % 90 + 1 for b in p.encode()]
     def stats(s): return {}
     def search_options(s, body, n):

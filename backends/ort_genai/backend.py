@@ -43,7 +43,7 @@ RUNTIME_RULES = [
          "onnxruntime-genai QNN GPU shared-memory allocator"),
 ]
 QUANT_ONLY = ("block_size", "accuracy_level", "int4_algo")  # read by the builder only when it quantizes linears
-BAKEOFF_KEYS = {"reuse_export", "export_timeout_s", "stream_interval_ms", "lone_request"}  # bakeoff's caching, framing, scheduling
+BAKEOFF_KEYS = {"reuse_export", "export_timeout_s", "stream_interval_ms", "lone_request", "max_batch_size"}  # bakeoff's caching, framing, scheduling
 
 
 # W4A16 as the field ships it: INT4 linears with the lm_head left out of INT4 (AWQ and GPTQ
@@ -81,8 +81,8 @@ def paged_default(opts: "OrtGenaiOptions") -> tuple[bool, str]:
     asked = opts.extra_options.get("use_paged_attention")
     if asked is not None:
         return str(asked).lower() in ("1", "true", "yes"), f"extra_options use_paged_attention={asked}"
-    if opts.batching == "generator":
-        return False, "batching=generator: og.Generator feeds 2-D input_ids, a PagedAttention decoder takes 1-D"
+    if opts.batching in ("generator", "static"):
+        return False, f"batching={opts.batching}: og.Generator feeds 2-D input_ids, a PagedAttention decoder takes 1-D"
     if ep == "cuda" and precision != "fp32":
         return True, (f"bakeoff's CUDA default: the model builder's use_paged_attention=true ({BASE_PY}: CUDA with "
                       "FP16/BF16 activations), so that og.Engine batches continuously (genai_config.json "
@@ -122,11 +122,19 @@ class OrtGenaiOptions(ExportOptions):
     ``precision=int4`` and no ``int4_algo``, the export uses :data:`INT4_DEFAULT_ALGO`.
 
     Attributes:
-        batching: ``engine`` (``og.Engine`` schedules several requests per step) or
-            ``generator`` (one ``og.Generator`` at a time); unset: ``engine``, falling back to
-            ``generator`` when the Engine fails a 1-token warm-up (0.18.0's Engine fails on
-            MRoPE exports such as Qwen3.5-MoE), the fallback and the Engine's error recorded in
-            the run's notes. A paged export is served by ``og.Engine`` only.
+        batching: ``engine`` (``og.Engine`` schedules several requests per step),
+            ``generator`` (one ``og.Generator`` at a time) or ``static`` (the greedy requests
+            waiting together as one right-padded ``og.Generator`` batch of up to
+            ``max_batch_size``, restarted young to take in a wave's late arrivals:
+            ``backends/ort_genai/generator_batch.py``); unset: ``engine`` for a paged export
+            (served by ``og.Engine`` only: continuous batching), ``static`` otherwise (CPU):
+            og.Engine's static scheduler runs at most 4 requests per batch, and 0.18.0's Engine
+            fails every request of an MRoPE export (Qwen3.5-MoE) that og.Generator runs. On
+            SmolLM2-135M int4 (2-core host, 8 sessions) ``static`` served 192 tok/s at TTFT p50
+            0.78 s, ``engine`` 178 tok/s at 1.64 s; at 1 session 88 against 85 tok/s
+            (``benchmarks/bench_fidelity.py``, 2026-12-05). Stated in the run's notes.
+        max_batch_size: ``batching=static``: most rows of one og.Generator batch (also the
+            batches of greedy logprobs requests, which run on og.Generator under any batching).
         paged_attention: export with ``PagedAttention`` (:class:`ExportOptions`), so that
             ``og.Engine`` batches continuously; unset: :func:`paged_default` (true on CUDA
             where the builder builds it, false on CPU, where it refuses).
@@ -150,14 +158,15 @@ class OrtGenaiOptions(ExportOptions):
             core); on a tiny CPU model (~0.2-0.4 ms/token) a frame per token cost the decode
             loop 5-10% of its tokens/s, one per 2 ms about 1-2% (``benchmarks/bench_ort_genai.py``,
             in-run split). 0 sends every token at once.
-        lone_request: with ``og.Engine`` on a static export (no PagedAttention: CPU), a request
+        lone_request: with ``batching=engine`` on a static export (no PagedAttention: CPU), a request
             that finds the engine idle and none waiting runs on ``og.Generator`` (``generator``,
             the default: one sequence decodes ~10-20% faster there, and requests that arrive
             meanwhile wait for it as they would for the static batch of one it would be) or as
             an og.Engine batch of one (``engine``). Stated in the run's notes (``og_engine``).
     """
 
-    batching: Literal["engine", "generator"] | None = None
+    batching: Literal["engine", "generator", "static"] | None = None
+    max_batch_size: int = Field(16, ge=1)
     paged_attention: bool | None = None
     cuda_graph: bool | None = None
     reuse_export: bool = True
@@ -168,8 +177,8 @@ class OrtGenaiOptions(ExportOptions):
 
     @model_validator(mode="after")
     def _generator_cannot_feed_a_paged_graph(self) -> "OrtGenaiOptions":
-        if self.paged_attention and self.batching == "generator":
-            raise ValueError("batching=generator cannot serve a paged_attention export (og.Generator feeds 2-D "
+        if self.paged_attention and self.batching in ("generator", "static"):
+            raise ValueError(f"batching={self.batching} cannot serve a paged_attention export (og.Generator feeds 2-D "
                              "input_ids, a PagedAttention decoder takes 1-D packed ids): drop one of them")
         return self
 
@@ -224,7 +233,8 @@ class OrtGenaiBackend(ChildServerBackend):
         assert self.export_result is not None and self.python is not None
         opts = {"batching": self.options.batching, "execution_provider": self.options.execution_provider,
                 "source_model": self.export_result.source, "intra_op_num_threads": self.threads()[0],
-                "stream_interval_ms": self.options.stream_interval_ms, "lone_request": self.options.lone_request}
+                "stream_interval_ms": self.options.stream_interval_ms, "lone_request": self.options.lone_request,
+                "max_batch_size": self.options.max_batch_size}
         cmd = [str(self.python), "-m", "backends.ort_genai.worker", "--model", self.export_result.output_dir,
                "--port", str(port), "--ready-file", str(self.ready_file), "--served-model", self.config.model,
                "--options", json.dumps(opts)]
@@ -267,7 +277,8 @@ class OrtGenaiBackend(ChildServerBackend):
             device=info.get("device", "cpu"), max_model_len=info.get("max_model_len"),
             launch_command=self.launch_cmd, base_url=self.base_url, served_model=self.config.model,
             startup_s=startup_s, notes=notes,
-            concurrent_requests=(1 if info.get("batching") == "generator" else info.get("engine_max_batch_size")),
+            concurrent_requests={"generator": 1, "static": self.options.max_batch_size}.get(
+                info.get("batching"), info.get("engine_max_batch_size")),
             fallbacks=fallbacks)
         self.info = described  # option_report() reads the export and the worker's notes through it
         rep = self.option_report()

@@ -1,9 +1,10 @@
-"""Per-request output of the ORT GenAI engine process: the detokenizer used there and the warm-up sink.
+"""Per-request output of the ORT GenAI engine process: the detokenizer used there.
 
 Split from :mod:`backends.ort_genai.engine`. The frames and commands between the engine process
 and the worker, and one request's :class:`Out`, are shared with OpenVINO's engine process:
 :mod:`backends._hosting.engine_frames` (re-exported here). A request that asks for ``logprobs``
-runs alone on ``og.Generator`` (or, for a paged export, the graph session).
+runs on ``og.Generator`` (:mod:`backends.ort_genai.generator_batch`; for a paged export, the
+graph session).
 """
 
 from __future__ import annotations
@@ -33,27 +34,6 @@ class Decoder:
             return ""
         delta, self.text = text[len(self.text):], text
         return delta
-
-
-class Collect:
-    """A sink that keeps what a request produced (the Engine warm-up)."""
-
-    def __init__(self) -> None:
-        self.result: str | BaseException | None = None
-        self.pending: list = []
-
-    def start(self, n_prompt: int) -> None:
-        pass
-
-    def due(self, now: float) -> bool:
-        self.pending.clear()
-        return False
-
-    def finish(self, reason: str, stats: dict[str, Any]) -> None:
-        self.result = reason
-
-    def fail(self, exc: BaseException) -> None:
-        self.result = exc
 
 
 def finish_name(og, reason) -> str:

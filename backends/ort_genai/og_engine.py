@@ -32,7 +32,7 @@ import time
 from typing import Any
 
 from backends._hosting.engine_frames import StepFramer, emit
-from backends.ort_genai.frames import TOKENIZE, Collect, Decoder, Out, answer_tokenize, finish_name
+from backends.ort_genai.frames import TOKENIZE, Decoder, Out, answer_tokenize, finish_name
 
 
 class EngineScheduler:
@@ -105,28 +105,6 @@ class EngineScheduler:
         if isinstance(out, Out) and not owner.tokenizer_json:
             out.decoder = Decoder(owner)
         live[id(req)] = (req, out, rid, turn)
-
-    def warm_up(self, timeout_s: float = 300) -> BaseException | None:
-        """One 1-token request; returns its failure (None when it answered, or timed out: noted).
-
-        og 0.18.0's Engine (static batching) feeds 2-D ``position_ids`` to graphs that declare
-        MRoPE's 3-D ones (Qwen3.5-MoE exports) and fails every request, while og.Generator runs
-        the same export (:meth:`OrtGenaiEngine.__init__` then falls back to it).
-        """
-        sink, live = Collect(), {}
-        try:
-            self.begin("warm-up", {"prompt": "hello", "max_tokens": 1}, sink, live)
-            deadline = time.monotonic() + timeout_s
-            while live and sink.result is None and time.monotonic() < deadline:
-                self.step(live)
-        except Exception as exc:
-            sink.result = exc
-        if isinstance(sink.result, BaseException):
-            print(f"og.Engine warm-up failed: {sink.result!r}", file=sys.stderr, flush=True)
-            return sink.result
-        if sink.result is None:
-            self.owner.notes["engine_warmup"] = f"og.Engine warm-up gave no answer in {timeout_s:.0f} s"
-        return None
 
     # -- the loop ----------------------------------------------------------------------------
     def loop(self, send, batch=contextlib.nullcontext) -> None:

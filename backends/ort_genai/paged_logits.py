@@ -108,7 +108,7 @@ def choose(np, row, body: dict[str, Any], rng, forbid: set[int]) -> int:
 
 def run_paged_with_logprobs(engine, rid: Any, body: dict[str, Any], out) -> None:
     """One request through :class:`GraphSession`, each token with its top-k log-probabilities
-    (of the raw logits it was chosen from, as :mod:`backends.ort_genai.logprobs` reports them).
+    (of the raw logits it was chosen from, as :mod:`backends.ort_genai.generator_batch` reports them).
 
     Args:
         engine: the engine process (``OrtGenaiEngine``); its ``paged_logits`` session is made

@@ -1,0 +1,198 @@
+"""Static batches on ``og.Generator`` in the ORT GenAI engine process (split from engine.py).
+
+Greedy requests waiting together run as one ``og.Generator`` batch (:func:`take_batch`, at most
+``max_batch_size`` rows, same ``ignore_eos`` and top-k logprobs): right-padded with the export's
+``pad_token_id``, the layout og's own ``Tokenizer.encode_batch`` gives and og reads back
+(``src/models/position_inputs.cpp``: only a row's trailing pads are masked and left out of its
+positions; ``src/models/logits.cpp``: each row's logits come from its last non-pad token). Each
+row streams as its own request and stops at its own end (``max_tokens``, EOS, a cancel).
+
+Two users:
+
+- requests that ask for logprobs (``og.Engine`` gives no logits): their top-k log-probabilities
+  come from ``get_logits()`` read before the ``generate_next_token`` that picks each token. 300
+  probes of SmolLM2-135M took 140 s one at a time on the fp32 export (2-core host); batched, the
+  same tokens and logprobs (``tests/test_ort_genai.py``);
+- ``batching=static``: every greedy request (og's batched ``og.Generator``, the static batch an
+  offline user runs, as ``benchmarks/ort_genai_bare.py``'s ``generator`` kind).
+
+A wave of concurrent sessions reaches the engine spread over a few milliseconds, so a batch whose
+rows have each generated at most :data:`RESTART_TOKENS` tokens when compatible requests arrive
+stops and starts again with them, its rows continuing from their prompt plus what they generated
+(greedy: the same next tokens), as ``backends/transformers/static.py`` does. A request that
+samples, or whose prompt ends with the pad id, runs alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from backends.ort_genai.frames import TOKENIZE, Decoder, Out
+
+MAX_BATCH = 16  # default rows of one og.Generator batch; the probes' concurrency (evaluations/probing.py)
+RESTART_TOKENS = 4  # a batch whose rows are this young restarts to take in newcomers
+
+
+def batch_key(body: dict[str, Any]) -> tuple | None:
+    """Requests with the same key can share a batch (greedy, same EOS rule, same top-k); None: alone."""
+    if float(body.get("temperature") or 0.0) > 0:
+        return None
+    return bool(body.get("ignore_eos")), int(body.get("logprobs") or 0)
+
+
+def _take(engine, key: tuple, room: int) -> list[tuple]:
+    """Up to ``room`` requests with batch key ``key`` from ``engine.inbox``; the others go back to
+    the inbox, in their order (behind any that came meanwhile)."""
+    got, others = [], []
+    while len(got) < room and not engine.inbox.empty():
+        item = engine.inbox.get()
+        (got if TOKENIZE not in item[1] and batch_key(item[1]) == key else others).append(item)
+    for item in others:
+        engine.inbox.put(item)
+    return got
+
+
+def take_batch(engine, first: tuple) -> list[tuple]:
+    """``first`` with the compatible requests waiting in ``engine.inbox``."""
+    key = batch_key(first[1])
+    if key is None or engine.paged:
+        return [first]
+    return [first] + _take(engine, key, engine.max_batch - 1)
+
+
+class Row:
+    """One request of a batch: its prompt ids, what it generated, its frames."""
+
+    __slots__ = ("rid", "body", "out", "ids", "gen", "max_new", "ended")
+
+    def __init__(self, engine, rid: Any, body: dict[str, Any], send):
+        self.rid, self.body, self.gen, self.ended = rid, body, [], False
+        self.out = Out(send, rid, engine.stream_interval_s)
+        self.ids = engine.encode(body.get("prompt", ""))
+        self.out.start(len(self.ids))
+        self.out.decoder = None if engine.tokenizer_json else Decoder(engine)
+        self.max_new = int(body.get("max_tokens") or 16)
+
+    def end(self, engine, reason: str) -> None:
+        self.out.finish(reason, engine.stats())
+        self.ended = True
+
+
+def run_batch(engine, items: list[tuple], send, batch) -> None:
+    """``items`` (``(rid, body)`` from :func:`take_batch`) as one og.Generator batch, restarted to
+    take in newcomers while young; one at a time when a prompt ends with the pad id. A failure
+    fails the requests not yet ended."""
+    rows: list[Row] = []
+    try:
+        rows = [Row(engine, rid, body, send) for rid, body in items]
+        key = batch_key(items[0][1])
+        if len(rows) > 1 and (engine.pad_id is None or any(not r.ids or r.ids[-1] == engine.pad_id for r in rows)):
+            for r in rows:
+                _generate(engine, [r], batch)
+        else:
+            live, restart_key = rows, key
+            while live:
+                live = _generate(engine, live, batch, restart_key)
+                if live:
+                    engine.restarts += 1
+                    joined = [Row(engine, rid, body, send) for rid, body in _take(engine, key, engine.max_batch - len(live))]
+                    rows += joined
+                    live += joined
+                    restart_key = key if joined else None  # only others waited: no second restart for them
+    except Exception as exc:  # noqa: BLE001 - their clients learn why
+        for r in rows:
+            if not r.ended:
+                r.out.fail(exc)
+    for rid, _ in items:
+        engine.cancelled.discard(rid)
+
+
+def _generate(engine, rows: list[Row], batch, key: tuple | None = None) -> list[Row]:
+    """One og.Generator over ``rows`` (each continuing from its prompt plus what it generated).
+
+    Returns:
+        The rows to continue when the batch stopped early for newcomers (``key`` given), else []."""
+    og, np = engine.og, engine.np
+    n_rows = len(rows)
+    prompts = [r.ids + r.gen for r in rows]
+    width = max(len(p) for p in prompts)
+    left = [r.max_new - len(r.gen) for r in rows]
+    body0 = rows[0].body
+    k, ignore_eos = int(body0.get("logprobs") or 0), bool(body0.get("ignore_eos"))
+    params = og.GeneratorParams(engine.model)
+    opts = engine.search_options({**body0, "max_tokens": max(left)}, width)
+    params.set_search_options(**opts, **({"batch_size": n_rows} if n_rows > 1 else {}))
+    gen = og.Generator(engine.model, params)
+    padded = [p + [engine.pad_id] * (width - len(p)) for p in prompts] if n_rows > 1 else prompts[0]
+    gen.append_tokens(np.asarray(padded, dtype=np.int32))
+    engine.logprobs_rows_max = max(engine.logprobs_rows_max, n_rows) if k else engine.logprobs_rows_max
+    engine.max_running = max(engine.max_running, n_rows)
+    live = [r for r in rows if not r.ended]
+    clock, cancelled, eos_ids, array = time.perf_counter, engine.cancelled, engine.eos_ids, np.asarray
+    # restart only while every row is young: after that no look into the inbox per step
+    young_steps = RESTART_TOKENS - max(len(r.gen) for r in rows) if key is not None and n_rows < engine.max_batch else -1
+    step, t_out = 0, clock()
+    while live and not gen.is_done():  # the hot loop: a token's own cost is the bare loop's plus a frame
+        t_in = clock()
+        engine.own_s += t_in - t_out
+        logp = _log_softmax(np, gen.get_logits(), n_rows) if k else None
+        gen.generate_next_token()
+        nxt = gen.get_next_tokens()
+        t_out = clock()
+        engine.og_s += t_out - t_in
+        engine.decode_steps += 1
+        step += 1
+        ended = False
+        with batch():
+            for i, r in enumerate(rows):
+                if r.ended:
+                    continue
+                token = int(nxt[i])
+                r.gen.append(token)
+                if k:
+                    r.out.send_ids(array([token], dtype=np.int32).tobytes(), t_out, True, [_top(np, logp[i], token, k)])
+                else:
+                    r.out.pending.append(token)
+                    r.out.due(t_out)
+                eos = not ignore_eos and token in eos_ids
+                if eos or len(r.gen) >= r.max_new or (cancelled and r.rid in cancelled):
+                    r.end(engine, "abort" if r.rid in cancelled else "stop" if eos else "length")
+                    ended = True
+        if ended:
+            live = [r for r in rows if not r.ended]
+        if step <= young_steps and live and _waiting(engine):
+            return live
+    del gen
+    for r in live:  # og ended the row (its EOS, or max_length): "stop" before max_tokens, as the lone loop
+        r.end(engine, "stop" if len(r.gen) < r.max_new else "length")
+    return []
+
+
+def _waiting(engine) -> bool:
+    """A request waits in the inbox (a SimpleQueue: cheap to ask, nothing to peek into)."""
+    return not engine.inbox.empty()
+
+
+def _log_softmax(np, logits, n_rows: int):
+    x = np.asarray(logits, dtype=np.float64)
+    x = x.reshape(n_rows, -1, x.shape[-1])[:, -1]
+    m = x.max(axis=1, keepdims=True)
+    return x - (m + np.log(np.exp(x - m).sum(axis=1, keepdims=True)))
+
+
+def _top(np, row, token: int, k: int) -> tuple:
+    top = np.argpartition(-row, k)[:k] if k < row.size else np.arange(row.size)
+    top = top[np.argsort(-row[top], kind="stable")]
+    return float(row[token]), [(int(t), float(row[t])) for t in top]
+
+
+def run_with_logprobs(engine, rid: Any, body: dict[str, Any], out) -> None:
+    """One logprobs request alone on og.Generator into ``out`` (a test's sink)."""
+    row = Row.__new__(Row)
+    row.rid, row.body, row.out, row.gen, row.ended = rid, body, out, [], False
+    row.ids = engine.encode(body.get("prompt", ""))
+    row.max_new = int(body.get("max_tokens") or 16)
+    out.start(len(row.ids))
+    _generate(engine, [row], contextlib.nullcontext)
