@@ -17,8 +17,8 @@ Two users:
   offline user runs, as ``benchmarks/ort_genai_bare.py``'s ``generator`` kind).
 
 A wave of concurrent sessions reaches the engine spread over a few milliseconds, so a batch whose
-rows have each generated at most :data:`RESTART_TOKENS` tokens when compatible requests arrive
-stops and starts again with them, its rows continuing from their prompt plus what they generated
+rows have each generated at most :data:`RESTART_TOKENS` tokens when at least as many requests
+wait as it has rows (:func:`_waiting`) stops and starts again with them, its rows continuing from their prompt plus what they generated
 (greedy: the same next tokens), as ``backends/transformers/static.py`` does. A request that
 samples, or whose prompt ends with the pad id, runs alone.
 """
@@ -105,7 +105,7 @@ def run_batch(engine, items: list[tuple], send, batch) -> None:
         for r in rows:
             if not r.ended:
                 r.out.fail(exc)
-    for rid, _ in items:
+    for rid in {rid for rid, _ in items} | {r.rid for r in rows}:
         engine.cancelled.discard(rid)
 
 
@@ -162,7 +162,7 @@ def _generate(engine, rows: list[Row], batch, key: tuple | None = None) -> list[
                     ended = True
         if ended:
             live = [r for r in rows if not r.ended]
-        if step <= young_steps and live and _waiting(engine):
+        if step <= young_steps and live and _waiting(engine, len(live)):
             return live
     del gen
     for r in live:  # og ended the row (its EOS, or max_length): "stop" before max_tokens, as the lone loop
@@ -170,9 +170,13 @@ def _generate(engine, rows: list[Row], batch, key: tuple | None = None) -> list[
     return []
 
 
-def _waiting(engine) -> bool:
-    """A request waits in the inbox (a SimpleQueue: cheap to ask, nothing to peek into)."""
-    return not engine.inbox.empty()
+def _waiting(engine, n_live: int) -> bool:
+    """At least as many requests wait in the inbox as the batch has live rows: a restart (which
+    prefills the live rows again) at least doubles the batch. A wave of sessions arriving over a
+    batch's first steps restarts it; a few probes arriving at a full batch do not (SmolLM2-135M
+    int4, 300 probes, 16 in flight: 78.5 s restarting at any arrival, 52.2 s never, 68.7 s one
+    at a time)."""
+    return engine.inbox.qsize() >= n_live
 
 
 def _log_softmax(np, logits, n_rows: int):
