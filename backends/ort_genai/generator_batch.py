@@ -82,31 +82,42 @@ class Row:
 
 def run_batch(engine, items: list[tuple], send, batch) -> None:
     """``items`` (``(rid, body)`` from :func:`take_batch`) as one og.Generator batch, restarted to
-    take in newcomers while young; one at a time when a prompt ends with the pad id. A failure
-    fails the requests not yet ended."""
+    take in newcomers while young; a request whose prompt is empty or ends with the pad id runs
+    alone after it (og would take that last token for padding). A failure fails the requests not
+    yet ended."""
     rows: list[Row] = []
+    lone: list[Row] = []
     try:
         rows = [Row(engine, rid, body, send) for rid, body in items]
         key = batch_key(items[0][1])
-        if len(rows) > 1 and (engine.pad_id is None or any(not r.ids or r.ids[-1] == engine.pad_id for r in rows)):
-            for r in rows:
-                _generate(engine, [r], batch)
-        else:
-            live, restart_key = rows, key
-            while live:
-                live = _generate(engine, live, batch, restart_key)
-                if live:
-                    engine.restarts += 1
-                    joined = [Row(engine, rid, body, send) for rid, body in _take(engine, key, engine.max_batch - len(live))]
-                    rows += joined
-                    live += joined
-                    restart_key = key if joined else None  # only others waited: no second restart for them
+        live, restart_key = _split(engine, rows, lone), key
+        while live:
+            live = _generate(engine, live, batch, restart_key)
+            if live:
+                engine.restarts += 1
+                joined = [Row(engine, rid, body, send) for rid, body in _take(engine, key, engine.max_batch - len(live))]
+                rows += joined
+                live += _split(engine, joined, lone, alone_ok=False)
+                restart_key = key if joined else None  # only others waited: no second restart for them
+        for r in lone:
+            _generate(engine, [r], batch)
     except Exception as exc:  # noqa: BLE001 - their clients learn why
         for r in rows:
             if not r.ended:
                 r.out.fail(exc)
     for rid in {rid for rid, _ in items} | {r.rid for r in rows}:
         engine.cancelled.discard(rid)
+
+
+def _split(engine, rows: list[Row], lone: list[Row], alone_ok: bool = True) -> list[Row]:
+    """The rows that can share a right-padded batch; the others are appended to ``lone``. A
+    single row (``alone_ok``) needs no padding and is never set aside."""
+    if alone_ok and len(rows) == 1:
+        return rows
+    pad = engine.pad_id
+    ok = [r for r in rows if r.ids and pad is not None and r.ids[-1] != pad]
+    lone += [r for r in rows if r not in ok]
+    return ok
 
 
 def _generate(engine, rows: list[Row], batch, key: tuple | None = None) -> list[Row]:
