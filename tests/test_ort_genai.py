@@ -214,9 +214,12 @@ def test_backend_streams_and_matches_reference(tiny_qwen3, ort_python, tmp_path,
             greedy = await asyncio.gather(*[_collect(b, prompt=p, max_tokens=max_new) for p in prompts])
             sampled = await _collect(b, prompt=prompts[0], max_tokens=max_new, temperature=0.9, top_p=0.9, seed=3)
             forced = await _collect(b, prompt=prompts[0], max_tokens=24, ignore_eos=True)
-            scored = [await _collect(b, prompt=p, max_tokens=max_new + i, logprobs=3) for i, p in enumerate(prompts)]
-            together = await asyncio.gather(*[_collect(b, prompt=p, max_tokens=max_new + i, logprobs=3)
-                                              for i, p in enumerate(prompts)])
+            # 16 requests, 24+ tokens each: the first runs long enough for the others to arrive and
+            # wait, so they meet in a batch whatever the host's speed
+            many = [(p, 24 + i) for i, p in enumerate(prompts * 4)]
+            scored = [await _collect(b, prompt=p, max_tokens=n, logprobs=3, ignore_eos=True) for p, n in many]
+            together = await asyncio.gather(*[_collect(b, prompt=p, max_tokens=n, logprobs=3, ignore_eos=True)
+                                              for p, n in many])
             await b.aclose()
             return greedy, sampled, forced, scored, together
 

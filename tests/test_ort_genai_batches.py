@@ -23,13 +23,14 @@ from tests.test_ort_genai import PROMPTS_FALLBACK, tiny_qwen3  # noqa: F401 - th
 REPO = Path(__file__).resolve().parent.parent
 
 SCRIPT = r"""
-import contextlib, json, queue, sys
+import contextlib, json, sys
 import numpy as np
 import onnxruntime_genai as og
 from backends.ort_genai import generator_batch as gb
 d, bodies = sys.argv[1], json.loads(sys.argv[2])
-frames = {}
+frames, order = {}, []
 def send(msg, urgent=False):
+    order.append((msg[0], msg[1]))
     if msg[0] == "tok":
         ids = np.frombuffer(msg[2], dtype=np.int32).tolist()
         frames.setdefault(msg[1], {"ids": [], "lps": [], "end": None})
@@ -45,7 +46,7 @@ class Engine:  # the attributes generator_batch reads of an OrtGenaiEngine
         eos = g["eos_token_id"]
         s.og, s.np, s.tokenizer_json, s.cancelled, s.paged = og, np, "x", set(), False
         s.eos_ids, s.pad_id = set(eos if isinstance(eos, list) else [eos]), g["pad_token_id"]
-        s.stream_interval_s, s.max_batch, s.inbox = 0.0, 16, queue.SimpleQueue()
+        s.stream_interval_s, s.max_batch, s.inbox, s.context_length = 0.0, 16, gb.Inbox(), 4096
         s.decode_steps = s.restarts = s.logprobs_rows_max = s.max_running = 0
         s.own_s = s.og_s = 0.0
         s.tok = og.Tokenizer(s.model)
@@ -62,12 +63,20 @@ e = Engine()
 if "PAD" in json.dumps(bodies):
     bodies = json.loads(json.dumps(bodies).replace("PAD", str(e.pad_id)))
 alone = {}
+def drain():  # what the engine's serve loop does next: the requests left waiting, batch by batch
+    while not e.inbox.empty():
+        item = e.inbox.get()
+        if gb.TOKENIZE in item[1]:
+            gb.answer_tokenize(e, send, item[0], item[1][gb.TOKENIZE])
+        else:
+            gb.run_batch(e, gb.take_batch(e, item), send, contextlib.nullcontext)
 for i, b in enumerate(bodies):
     gb.run_batch(e, [(f"a{i}", b)], send, contextlib.nullcontext)
 # together: the first request starts the batch, the others wait in the inbox
 for i, b in enumerate(bodies[1:], 1):
     e.inbox.put((f"b{i}", b))
 gb.run_batch(e, gb.take_batch(e, ("b0", bodies[0])), send, contextlib.nullcontext)
+drain()
 # a wave: one request alone starts, the rest arrive at its first step (the inbox is filled by
 # the step's frame sender here) and the young batch restarts to take them in
 wave = [dict(b, max_tokens=6) for b in bodies if not b["prompt"].startswith("IDS:")]
@@ -77,9 +86,18 @@ def wave_send(msg, urgent=False):
     while pending:
         e.inbox.put(pending.pop())
 restarts = e.restarts
-gb.run_batch(e, [("w0", wave[0])], wave_send, contextlib.nullcontext)
-print(json.dumps({"frames": frames, "restarts": e.restarts - restarts, "rows_max": e.logprobs_rows_max,
-                  "running_max": e.max_running, "n": len(bodies), "wave": len(wave)}))
+if wave:
+    gb.run_batch(e, [("w0", wave[0])], wave_send, contextlib.nullcontext)
+    drain()
+wave_restarts = e.restarts - restarts
+# the same wave plus a tokenize request: answered between the batch's steps, before it ends
+pending = [(f"t{i}", b) for i, b in enumerate(wave[1:], 1)] + [("tok0", {"__tokenize__": "hello"})]
+pending = [(rid, {gb.TOKENIZE: b["__tokenize__"]} if "__tokenize__" in b else b) for rid, b in pending]
+if wave:
+    gb.run_batch(e, [("t0", wave[0])], wave_send, contextlib.nullcontext)
+    drain()
+print(json.dumps({"frames": frames, "order": order, "restarts": wave_restarts, "rows_max": e.logprobs_rows_max,
+                  "running_max": e.max_running, "n": len(bodies), "wave": len(wave), "all_restarts": e.restarts}))
 """
 
 
@@ -97,9 +115,10 @@ def _prompts(model: Path, n: int) -> list[str]:
     return [PROMPTS_FALLBACK[i % len(PROMPTS_FALLBACK)] + " x" * i for i in range(n)]
 
 
-def _run(export_dir: str, bodies: list[dict]) -> dict:
+def _run(export_dir: str, bodies: list[dict], context_length: int = 4096) -> dict:
     py = envs.ensure(env_spec(), print)
-    out = subprocess.run([str(py), "-c", SCRIPT, export_dir, json.dumps(bodies)], capture_output=True, text=True,
+    script = SCRIPT.replace("gb.Inbox(), 4096", f"gb.Inbox(), {context_length}")
+    out = subprocess.run([str(py), "-c", script, export_dir, json.dumps(bodies)], capture_output=True, text=True,
                          timeout=300, cwd=REPO, env=envs.child_env())
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.splitlines()[-1])
@@ -108,24 +127,55 @@ def _run(export_dir: str, bodies: list[dict]) -> dict:
 def test_batched_rows_match_each_alone_and_odd_prompts_run_aside(tiny_qwen3, fp32_export):
     prompts = _prompts(tiny_qwen3, 6)
     bodies = [{"prompt": p, "max_tokens": 4 + 3 * i, "logprobs": 3} for i, p in enumerate(prompts)]
-    bodies += [{"prompt": "IDS:5,6,PAD", "max_tokens": 5, "logprobs": 3},  # ends with the pad id: aside
-               {"prompt": "", "max_tokens": 5, "logprobs": 3}]  # empty: og refuses it, alone
+    bodies += [{"prompt": "", "max_tokens": 5, "logprobs": 3},  # empty: og refuses it, alone
+               {"prompt": "IDS:5,6,PAD", "max_tokens": 5, "logprobs": 3}]  # ends with the pad id: aside
     r = _run(fp32_export, bodies)
     f = r["frames"]
-    for i in range(len(bodies) - 1):
+    assert f[f"b{len(bodies) - 2}"]["end"].startswith("err:")  # the empty prompt fails alone ...
+    assert f[f"b{len(bodies) - 1}"]["end"].startswith("end:")  # ... not the row set aside after it
+    for i in [*range(len(bodies) - 2), len(bodies) - 1]:
         assert f[f"b{i}"]["ids"] == f[f"a{i}"]["ids"] and f[f"a{i}"]["ids"], (i, f[f"a{i}"], f[f"b{i}"])
         assert f[f"b{i}"]["end"] == f[f"a{i}"]["end"] and f[f"a{i}"]["end"].startswith("end:")
         assert max(abs(x - y) for x, y in zip(f[f"a{i}"]["lps"], f[f"b{i}"]["lps"])) < 1e-4
     assert len(f["a0"]["ids"]) == 4 and len(f["a5"]["ids"]) <= 19
-    assert f[f"b{len(bodies) - 1}"]["end"] == f[f"a{len(bodies) - 1}"]["end"]  # the empty prompt: as alone
+    assert f[f"b{len(bodies) - 2}"]["end"] == f[f"a{len(bodies) - 2}"]["end"]  # the empty prompt: as alone
     assert r["rows_max"] == len(bodies) - 2  # the two odd prompts were not in the batch
 
 
-def test_a_young_batch_restarts_for_a_wave(tiny_qwen3, fp32_export):
+def test_a_young_batch_restarts_for_a_wave_and_answers_tokenize_between_steps(tiny_qwen3, fp32_export):
     prompts = _prompts(tiny_qwen3, 8)
     r = _run(fp32_export, [{"prompt": p, "max_tokens": 6} for p in prompts])
     f = r["frames"]
     assert r["restarts"] == 1 and r["running_max"] == len(prompts)
-    for i in range(r["wave"]):  # rows continue after the restart: greedy, the same tokens as alone
+    for i in range(r["wave"]):  # rows continue after the restart (the fixture's fp32 export: the same tokens)
         want = f[f"a{i}"]["ids"][:6]
         assert f[f"w{i}"]["ids"] == want and f[f"w{i}"]["end"].startswith("end:"), (i, f[f"w{i}"], want)
+    order = [tuple(x) for x in r["order"]]
+    t_ends = [i for i, x in enumerate(order) if x[0] == "end" and str(x[1]).startswith("t")]
+    assert len(t_ends) == r["wave"] and order.index(("ids", "tok0")) < min(t_ends)  # not after the batch
+
+
+def test_a_logprobs_wave_never_restarts_and_sampled_arrivals_restart_nothing(tiny_qwen3, fp32_export):
+    """Probes get what each gets alone whenever they arrive (a restart's prefill is not
+    bit-equal to the steps it replaces); requests that could not join restart nothing."""
+    prompts = _prompts(tiny_qwen3, 8)
+    r = _run(fp32_export, [{"prompt": p, "max_tokens": 6, "logprobs": 2} for p in prompts])
+    assert r["all_restarts"] == 0
+    for i in range(r["wave"]):
+        assert r["frames"][f"w{i}"]["lps"] == r["frames"][f"a{i}"]["lps"][:6]
+    sampled = [{"prompt": p, "max_tokens": 6, "temperature": 0.8, "seed": i} for i, p in enumerate(prompts)]
+    r = _run(fp32_export, [{"prompt": prompts[0], "max_tokens": 6}] + sampled[1:])
+    assert r["all_restarts"] == 0
+
+
+def test_rows_that_fit_the_context_alone_do_not_fail_together(fp32_export):
+    """A long prompt with few tokens and a short prompt with many: together the batch's
+    max_length would pass the context; the second runs after the first instead."""
+    ctx = json.loads((Path(fp32_export) / "genai_config.json").read_text())["model"]["context_length"]
+    long_ids = ",".join(str(5 + i % 50) for i in range(ctx - 32))
+    bodies = [{"prompt": f"IDS:{long_ids}", "max_tokens": 4, "ignore_eos": True, "logprobs": 1},
+              {"prompt": "IDS:7,8,9", "max_tokens": 40, "ignore_eos": True, "logprobs": 1}]
+    r = _run(fp32_export, bodies, context_length=ctx)
+    f = r["frames"]
+    assert f["b0"]["end"] == f["a0"]["end"] and f["b0"]["ids"] == f["a0"]["ids"]
+    assert f["b1"]["end"] == "end:length" and f["b1"]["ids"] == f["a1"]["ids"] and len(f["b1"]["ids"]) == 40

@@ -35,12 +35,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import queue
 import time
 from typing import Any
 
 from backends.ort_genai.frames import TOKENIZE, Decoder, Out, answer_tokenize
-from backends.ort_genai.generator_batch import MAX_BATCH, RESTART_TOKENS, batch_key, run_batch, take_batch
+from backends.ort_genai.generator_batch import MAX_BATCH, RESTART_TOKENS, Inbox, batch_key, run_batch, take_batch
 from backends.ort_genai.og_engine import EngineScheduler
 from backends.ort_genai.tokenizing import tokenizer_disagreement, worker_detokenizer
 
@@ -100,7 +99,7 @@ class OrtGenaiEngine:
         self.tokenizer_json = worker_detokenizer(self, model_dir, src)
         self.context_length = int(gcfg.get("context_length") or 0) or None
         self.stream_interval_s = float(options.get("stream_interval_ms") or 0) / 1000
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.inbox = Inbox()
         self.cancelled: set = set()
         self.max_running = 0
         self.own_s = self.og_s = 0.0

@@ -16,23 +16,74 @@ Two users:
 - ``batching=static``: every greedy request (og's batched ``og.Generator``, the static batch an
   offline user runs, as ``benchmarks/ort_genai_bare.py``'s ``generator`` kind).
 
-A wave of concurrent sessions reaches the engine spread over a few milliseconds, so a batch whose
-rows have each generated at most :data:`RESTART_TOKENS` tokens when at least as many requests
-wait as it has rows (:func:`_waiting`) stops and starts again with them, its rows continuing from their prompt plus what they generated
-(greedy: the same next tokens), as ``backends/transformers/static.py`` does. A request that
-samples, or whose prompt ends with the pad id, runs alone.
+A wave of concurrent sessions reaches the engine spread over a few milliseconds, so a batch of
+greedy requests without logprobs whose rows have each generated at most :data:`RESTART_TOKENS`
+tokens, when at least as many compatible requests wait as it has rows, stops and starts again
+with them (as ``backends/transformers/static.py`` does), its rows continuing from their prompt
+plus what they generated. That prefill is not bit-equal to the steps it replaces (int4 export:
+up to 0.16 nats apart, enough to flip a greedy token), so a batch of logprobs requests (probes:
+the tie rule's evidence) never restarts: its rows get exactly what each gets alone, whenever
+they arrive. A request that samples runs alone; one whose prompt is empty or ends with the pad id,
+or that would push the batch's ``max_length`` past the context, runs alone after the batch.
+``/v1/tokenize`` requests are answered between a batch's steps, not after it.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
-from backends.ort_genai.frames import TOKENIZE, Decoder, Out
+from backends.ort_genai.frames import TOKENIZE, Decoder, Out, answer_tokenize
 
 MAX_BATCH = 16  # default rows of one og.Generator batch; the probes' concurrency (evaluations/probing.py)
 RESTART_TOKENS = 4  # a batch whose rows are this young restarts to take in newcomers
+
+
+class Inbox:
+    """The engine process's queue of ``(rid, body)`` requests (the command thread puts, the
+    decode thread gets): a ``queue.SimpleQueue``'s ``put``/``get``/``empty``/``qsize``, plus
+    :meth:`take` of the items a predicate picks, the others keeping their order and place."""
+
+    def __init__(self) -> None:
+        self._q: collections.deque = collections.deque()
+        self._ready = threading.Condition(threading.Lock())
+
+    def put(self, item: tuple) -> None:
+        with self._ready:
+            self._q.append(item)
+            self._ready.notify()
+
+    def get(self) -> tuple:
+        with self._ready:
+            while not self._q:
+                self._ready.wait()
+            return self._q.popleft()
+
+    def empty(self) -> bool:
+        return not self._q
+
+    def qsize(self) -> int:
+        return len(self._q)
+
+    def take(self, pick: Callable[[tuple], bool], most: int) -> list[tuple]:
+        """Up to ``most`` items that ``pick`` accepts, in their order, removed; the rest stay."""
+        if not self._q or most <= 0:
+            return []
+        with self._ready:
+            got, keep = [], collections.deque()
+            for item in self._q:
+                (got if len(got) < most and pick(item) else keep).append(item)
+            self._q = keep
+            return got
+
+    def count(self, pick: Callable[[tuple], bool]) -> int:
+        if not self._q:
+            return 0
+        with self._ready:
+            return sum(1 for item in self._q if pick(item))
 
 
 def batch_key(body: dict[str, Any]) -> tuple | None:
@@ -43,15 +94,8 @@ def batch_key(body: dict[str, Any]) -> tuple | None:
 
 
 def _take(engine, key: tuple, room: int) -> list[tuple]:
-    """Up to ``room`` requests with batch key ``key`` from ``engine.inbox``; the others go back to
-    the inbox, in their order (behind any that came meanwhile)."""
-    got, others = [], []
-    while len(got) < room and not engine.inbox.empty():
-        item = engine.inbox.get()
-        (got if TOKENIZE not in item[1] and batch_key(item[1]) == key else others).append(item)
-    for item in others:
-        engine.inbox.put(item)
-    return got
+    """Up to ``room`` requests with batch key ``key`` from ``engine.inbox``; the others stay, in place."""
+    return engine.inbox.take(lambda item: TOKENIZE not in item[1] and batch_key(item[1]) == key, room)
 
 
 def take_batch(engine, first: tuple) -> list[tuple]:
@@ -82,49 +126,65 @@ class Row:
 
 def run_batch(engine, items: list[tuple], send, batch) -> None:
     """``items`` (``(rid, body)`` from :func:`take_batch`) as one og.Generator batch, restarted to
-    take in newcomers while young; a request whose prompt is empty or ends with the pad id runs
-    alone after it (og would take that last token for padding). A failure fails the requests not
-    yet ended."""
+    take in newcomers while young (greedy without logprobs only); the rows :func:`_split` sets
+    aside run alone after it, each failing on its own. A failure of the batch fails its rows
+    not yet ended."""
     rows: list[Row] = []
     lone: list[Row] = []
     try:
         rows = [Row(engine, rid, body, send) for rid, body in items]
         key = batch_key(items[0][1])
-        live, restart_key = _split(engine, rows, lone), key
+        restart_key = key if key is not None and not key[1] else None  # logprobs batches never restart
+        live = _split(engine, rows, lone)
         while live:
-            live = _generate(engine, live, batch, restart_key)
+            live = _generate(engine, live, batch, send, restart_key)
             if live:
                 engine.restarts += 1
                 joined = [Row(engine, rid, body, send) for rid, body in _take(engine, key, engine.max_batch - len(live))]
                 rows += joined
-                live += _split(engine, joined, lone, alone_ok=False)
-                restart_key = key if joined else None  # only others waited: no second restart for them
-        for r in lone:
-            _generate(engine, [r], batch)
+                live = _split(engine, live + joined, lone)
     except Exception as exc:  # noqa: BLE001 - their clients learn why
         for r in rows:
+            if not r.ended and r not in lone:
+                r.out.fail(exc)
+    for r in lone:
+        try:
+            _generate(engine, [r], batch, send)
+        except Exception as exc:  # noqa: BLE001 - its client learns why
             if not r.ended:
                 r.out.fail(exc)
     for rid in {rid for rid, _ in items} | {r.rid for r in rows}:
         engine.cancelled.discard(rid)
 
 
-def _split(engine, rows: list[Row], lone: list[Row], alone_ok: bool = True) -> list[Row]:
-    """The rows that can share a right-padded batch; the others are appended to ``lone``. A
-    single row (``alone_ok``) needs no padding and is never set aside."""
-    if alone_ok and len(rows) == 1:
+def _split(engine, rows: list[Row], lone: list[Row]) -> list[Row]:
+    """The rows, in order, that can share one right-padded batch; the others are appended to
+    ``lone``: a prompt that is empty or ends with the pad id (og would take it for padding), and
+    a row that would push the batch's ``max_length`` (widest prompt + most tokens left) past the
+    context. A single row needs no padding and is never set aside."""
+    if len(rows) == 1:
         return rows
-    pad = engine.pad_id
-    ok = [r for r in rows if r.ids and pad is not None and r.ids[-1] != pad]
-    lone += [r for r in rows if r not in ok]
+    pad, ctx = engine.pad_id, engine.context_length
+    ok: list[Row] = []
+    width = left = 0
+    for r in rows:
+        n, more = len(r.ids) + len(r.gen), r.max_new - len(r.gen)
+        if r.ids and pad is not None and (r.ids + r.gen)[-1] != pad and (
+                not ctx or max(width, n) + max(left, more) <= ctx or not ok):
+            ok.append(r)
+            width, left = max(width, n), max(left, more)
+        else:
+            lone.append(r)
     return ok
 
 
-def _generate(engine, rows: list[Row], batch, key: tuple | None = None) -> list[Row]:
-    """One og.Generator over ``rows`` (each continuing from its prompt plus what it generated).
+def _generate(engine, rows: list[Row], batch, send, key: tuple | None = None) -> list[Row]:
+    """One og.Generator over ``rows`` (each continuing from its prompt plus what it generated);
+    ``/v1/tokenize`` requests waiting are answered between its steps.
 
     Returns:
-        The rows to continue when the batch stopped early for newcomers (``key`` given), else []."""
+        The rows to continue when the batch stopped early for newcomers (``key``: the batch key
+        of those it may restart for), else []."""
     og, np = engine.og, engine.np
     n_rows = len(rows)
     prompts = [r.ids + r.gen for r in rows]
@@ -173,21 +233,29 @@ def _generate(engine, rows: list[Row], batch, key: tuple | None = None) -> list[
                     ended = True
         if ended:
             live = [r for r in rows if not r.ended]
-        if step <= young_steps and live and _waiting(engine, len(live)):
-            return live
+        inbox = engine.inbox if send is not None else None
+        if inbox is not None and not inbox.empty():
+            if step <= young_steps and live and _waiting(engine, key, len(live)):
+                return live
+            for rid, body in inbox.take(_is_tokenize, 64):
+                answer_tokenize(engine, send, rid, body[TOKENIZE])
     del gen
     for r in live:  # og ended the row (its EOS, or max_length): "stop" before max_tokens, as the lone loop
         r.end(engine, "stop" if len(r.gen) < r.max_new else "length")
     return []
 
 
-def _waiting(engine, n_live: int) -> bool:
-    """At least as many requests wait in the inbox as the batch has live rows: a restart (which
+def _waiting(engine, key: tuple, n_live: int) -> bool:
+    """At least as many compatible requests wait as the batch has live rows: a restart (which
     prefills the live rows again) at least doubles the batch. A wave of sessions arriving over a
     batch's first steps restarts it; a few probes arriving at a full batch do not (SmolLM2-135M
     int4, 300 probes, 16 in flight: 78.5 s restarting at any arrival, 52.2 s never, 68.7 s one
-    at a time)."""
-    return engine.inbox.qsize() >= n_live
+    at a time), nor do requests that could not join (sampled, another key, tokenize)."""
+    return engine.inbox.count(lambda item: TOKENIZE not in item[1] and batch_key(item[1]) == key) >= n_live
+
+
+def _is_tokenize(item: tuple) -> bool:
+    return TOKENIZE in item[1]
 
 
 def _log_softmax(np, logits, n_rows: int):
@@ -210,4 +278,4 @@ def run_with_logprobs(engine, rid: Any, body: dict[str, Any], out) -> None:
     row.ids = engine.encode(body.get("prompt", ""))
     row.max_new = int(body.get("max_tokens") or 16)
     out.start(len(row.ids))
-    _generate(engine, [row], contextlib.nullcontext)
+    _generate(engine, [row], contextlib.nullcontext, None)
