@@ -51,7 +51,7 @@ def test_kv_cache(run, engine, pytestconfig, settings):
             return
         if info is None or (info.kv_cache_tokens is None and info.max_concurrency is None):
             why = ("serves one request at a time and keeps no shared KV pool"
-                   if serves_one_at_a_time(engine) else "the engine did not state its KV cache size at start")
+                   if serves_one_at_a_time(engine) else "did not state its KV cache size at start")
             c.skip(f"KV capacity not stated: {info.engine if info else 'engine'} {why}")
         c.values.update({"kv_cache_tokens": info.kv_cache_tokens, "max_concurrency": info.max_concurrency,
                          "max_model_len": info.max_model_len, "kv_pool": (info.notes or {}).get("kv_pool"),

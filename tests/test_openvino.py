@@ -160,10 +160,10 @@ def test_the_pipeline_steps_in_its_own_process_and_streams_arrive_paced(tiny_qwe
 
     rec = asyncio.run(one())
     assert rec.status == "ok" and rec.output_tokens == 256
-    e2e = rec.end_ns - rec.sent_ns
-    # a burst delivers the first token with the last; a loaded host may delay the first (prefill
-    # waits for a core: 54 ms of a 162 ms request in one CI run) without making a burst
-    assert rec.end_ns - rec.first_token_ns > e2e / 2, "the first token came with the rest of the stream"
+    # a burst delivers the first token with the last (well under a millisecond apart); a loaded host
+    # may delay the first (prefill waits for a core: 54 ms of a 162 ms request in one CI run, 99 ms
+    # of 128 ms in another) without making a burst, so the decode span is judged on its own
+    assert rec.end_ns - rec.first_token_ns > 5e6, "the first token came with the rest of the stream"
     assert rec.content_events >= 16, rec.content_events  # frames of at most one stream interval's tokens
     assert not judge([rec], {})["distorted"]
 
