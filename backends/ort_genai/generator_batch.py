@@ -95,7 +95,12 @@ def batch_key(body: dict[str, Any]) -> tuple | None:
 
 def _take(engine, key: tuple, room: int) -> list[tuple]:
     """Up to ``room`` requests with batch key ``key`` from ``engine.inbox``; the others stay, in place."""
-    return engine.inbox.take(lambda item: TOKENIZE not in item[1] and batch_key(item[1]) == key, room)
+    return engine.inbox.take(_joins(key), room)
+
+
+def _joins(key: tuple) -> Callable[[tuple], bool]:
+    """Whether an inbox item is a request with batch key ``key`` (not a tokenize request)."""
+    return lambda item: TOKENIZE not in item[1] and batch_key(item[1]) == key
 
 
 def take_batch(engine, first: tuple) -> list[tuple]:
@@ -251,7 +256,7 @@ def _waiting(engine, key: tuple, n_live: int) -> bool:
     batch's first steps restarts it; a few probes arriving at a full batch do not (SmolLM2-135M
     int4, 300 probes, 16 in flight: 78.5 s restarting at any arrival, 52.2 s never, 68.7 s one
     at a time), nor do requests that could not join (sampled, another key, tokenize)."""
-    return engine.inbox.count(lambda item: TOKENIZE not in item[1] and batch_key(item[1]) == key) >= n_live
+    return engine.inbox.count(_joins(key)) >= n_live
 
 
 def _is_tokenize(item: tuple) -> bool:
