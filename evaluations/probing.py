@@ -59,10 +59,19 @@ def run_probes(backend, probes, max_tokens: int | None = None, concurrency: int 
                     "text": rec.output_text, "token_ids": rec.output_token_ids,
                     "logprobs": jsonable_logprobs(rec.output_logprobs), "finish_reason": rec.finish_reason, "status": rec.status,
                     "error": rec.error, "error_class": rec.error_class, "max_tokens": req.max_tokens}
+        # sent shortest first (tokens to generate, then prompt length), answered in the given order: a
+        # static batch runs to its longest row, so alike probes batched together waste less (SmolLM2-135M's
+        # 300 probes through the reference's static batches: 98 s in the given order, 88 s sorted)
+        order = sorted(range(len(probes)), key=lambda i: (probe_max_tokens(probes[i].expected, probes[i].match),
+                                                          len(probes[i].prompt)))
         try:
-            return await asyncio.gather(*(one(p) for p in probes))
+            done = await asyncio.gather(*(one(probes[i]) for i in order))
         finally:
             await backend.aclose()
+        out: list[dict] = [{}] * len(probes)
+        for i, row in zip(order, done):
+            out[i] = row
+        return out
 
     return asyncio.run(main())
 

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 import backends
+from backends._hosting.threads import usable_cpus
 from bakeoff.host import envs
 from bakeoff.api.errors import EngineFailure
 from bakeoff.models.resolve import Probe, ResolvedModel
@@ -49,13 +50,19 @@ REFERENCE_DEFAULTS = {"batching": "static"}
 # the AVX2 and AVX-512 hosts, and an AVX2 CPU emulates bf16 several times slower:
 # bakeoff/host/cpu_dtype.py). On CUDA the checkpoint's dtype. ``--reference-opt dtype=...`` changes it.
 REFERENCE_CPU_DTYPE = "float32"
+# ... and on every usable CPU: the reference is not measured, and computes alone (before the engine under
+# test starts, and after it stops for the judge), while an engine under test leaves a core to the client
+# (backends/_hosting/threads.py). SmolLM2-135M's 300 probes on the 2-core host: 98 s on one thread, 59 s on
+# two (2026-12-05). Thread count moves float32 results by rounding at most, so it is not part of what makes
+# a run the reference's own (:func:`is_reference_run`).
 
 
 def reference_options(settings) -> dict:
     """The reference's options: ``--reference-opt`` over :data:`REFERENCE_DEFAULTS` (and
     :data:`REFERENCE_CPU_DTYPE` on a host without CUDA)."""
     device = settings.reference_options.get("device", "auto")
-    cpu = {"dtype": REFERENCE_CPU_DTYPE} if device == "cpu" or (device == "auto" and not envs.has_cuda()) else {}
+    cpu = {"dtype": REFERENCE_CPU_DTYPE, "num_threads": usable_cpus()} \
+        if device == "cpu" or (device == "auto" and not envs.has_cuda()) else {}
     return {**REFERENCE_DEFAULTS, **cpu, **settings.reference_options}
 
 
@@ -67,18 +74,22 @@ def is_reference_run(settings) -> bool:
     if settings.backend != "transformers" or settings.reference_model.path != settings.model.path:
         return False
     opts = backends.resolve("transformers").Options
-    return opts(**settings.options).model_dump() == opts(**reference_options(settings)).model_dump()
+    ours, its = (opts(**o).model_dump(exclude={"num_threads"}) for o in (settings.options, reference_options(settings)))
+    return ours == its
 
 
 def reference_config(settings, workdir, scoring: bool = False) -> BackendConfig:
     """How the transformers reference (and the judge's scorer) starts: ``--reference-opt`` options.
 
-    ``scoring``: the judge's scorer, which only runs forward passes (``/v1/score``): continuous
-    batching's paged attention serves generation alone (transformers 5.x ``sdpa_paged`` refuses a
-    standard forward: "called without a paged attention cache", seen on the H200 with
-    ``--reference-opt batching=continuous``), so it runs one request at a time there."""
+    ``scoring``: the judge's scorer, which runs forward passes (``/v1/score``) and generates the
+    reference's own greedy answers to the open-ended prompts: continuous batching's paged attention
+    serves generation alone (transformers 5.x ``sdpa_paged`` refuses a standard forward: "called
+    without a paged attention cache", seen on the H200 with ``--reference-opt batching=continuous``),
+    so that mode becomes one request at a time; static batches score between batches and generate
+    the open-ended answers as one batch (one at a time, 8 x 48 tokens took 25 s of SmolLM2-135M's
+    judge on 2 cores)."""
     options = reference_options(settings)
-    if scoring:
+    if scoring and options.get("batching") == "continuous":
         options["batching"] = "none"
     return BackendConfig(backend="transformers", model=settings.reference_model.path, options=options,
                          workdir=str(workdir), start_timeout_s=settings.start_timeout_s,

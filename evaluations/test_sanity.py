@@ -126,11 +126,10 @@ def test_degeneration(run, engine, probes, probe_outputs):
     items, _ = probes
     prompts = open_ended_prompts(items)
     with run.check("sanity.degeneration", "garbage-output") as c:
-        async def open_ended():
+        async def open_ended():  # all at once, as the probes go: a batching engine batches them
             try:
-                return [await run_request(engine, GenerationRequest(request_id=f"open-{i}", prompt=p,
-                                                                    max_tokens=OPEN_ENDED_TOKENS))
-                        for i, p in enumerate(prompts)]
+                return await asyncio.gather(*(run_request(engine, GenerationRequest(
+                    request_id=f"open-{i}", prompt=p, max_tokens=OPEN_ENDED_TOKENS)) for i, p in enumerate(prompts)))
             finally:
                 await engine.aclose()
         recs = asyncio.run(open_ended())

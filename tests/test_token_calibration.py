@@ -49,6 +49,7 @@ def test_the_judges_scorer_starts_without_continuous_batching(tmp_path):
     "called without a paged attention cache", the H200 run's /v1/score 500): the scorer drops it."""
     from types import SimpleNamespace
 
+    from backends._hosting.threads import usable_cpus
     from evaluations.reference import reference_config
 
     settings = SimpleNamespace(reference_model=SimpleNamespace(path=str(tmp_path)), start_timeout_s=60.0,
@@ -57,3 +58,7 @@ def test_the_judges_scorer_starts_without_continuous_batching(tmp_path):
     assert reference_config(settings, tmp_path / "r").options == {"batching": "continuous", "device": "cuda"}
     assert reference_config(settings, tmp_path / "j", scoring=True).options == {"batching": "none", "device": "cuda"}
     assert settings.reference_options["batching"] == "continuous"  # the run's own settings untouched
+    # the default static batches score between batches: the scorer keeps them (its open-ended answers one batch)
+    settings.reference_options = {"device": "cpu"}
+    assert reference_config(settings, tmp_path / "j", scoring=True).options == \
+        {"batching": "static", "dtype": "float32", "num_threads": usable_cpus(), "device": "cpu"}

@@ -65,12 +65,17 @@ def test_the_reference_is_static_batches_in_float32_on_cpu_whatever_the_backends
                                reference_options=reference_options, start_timeout_s=60.0, progress_timeout_s=60.0,
                                request_deadline_factor=5.0)
 
-    assert reference_config(settings({}, {}), tmp_path / "r").options == {"batching": "static", "dtype": "float32"}
+    from backends._hosting.threads import usable_cpus
+
+    # on every usable CPU: the reference computes alone and is not measured
+    assert reference_config(settings({}, {}), tmp_path / "r").options == {"batching": "static", "dtype": "float32",
+                                                                          "num_threads": usable_cpus()}
     assert reference_config(settings({}, {"batching": "continuous"}), tmp_path / "r").options["batching"] == "continuous"
     assert reference_config(settings({}, {"device": "cuda"}), tmp_path / "r").options == {"batching": "static",
                                                                                          "device": "cuda"}
     assert not is_reference_run(settings({}, {}))
-    assert is_reference_run(settings({"batching": "static", "dtype": "float32"}, {}))
+    assert is_reference_run(settings({"batching": "static", "dtype": "float32"}, {}))  # threads: rounding only
+    assert is_reference_run(settings({"batching": "static", "dtype": "float32", "num_threads": 1}, {}))
     assert is_reference_run(settings({"batching": "continuous", "dtype": "float32"}, {"batching": "continuous"}))
     assert not is_reference_run(settings({"batching": "static"}, {}))  # the checkpoint's dtype: a candidate
     monkeypatch.setattr(host_envs, "has_cuda", lambda: True)
