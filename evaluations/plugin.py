@@ -27,6 +27,7 @@ from bakeoff.host import procs
 from bakeoff.host.envs import freeze
 from bakeoff.host.telemetry import GpuSampler, load_nvml
 from evaluations.reference import is_reference_run, reference_options
+from evaluations.selection import left_out, refuse_split
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -56,6 +57,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config.option, "backend") or config.option.help or not targets_evaluations(config):
         return
     try:
+        refuse_split(config)
         if config.option.collectonly:  # bad input is refused while collecting too; nothing is built or written
             request = request_from(config)
             check_request(resume_request(request)[0] if config.getoption("--resume") is not None else request)
@@ -175,6 +177,15 @@ def pytest_collection_modifyitems(session, config, items) -> None:
             done = run.get(marker.args[0]) if marker else None
             if done is not None:
                 item.add_marker(pytest.mark.skip(reason=f"completed before the resume: {done.status}"))
+
+
+def pytest_collection_finish(session) -> None:
+    """The checks this session's selection leaves out (:mod:`evaluations.selection`), recorded
+    before the first check runs."""
+    run = session.config.stash.get(KEY_RUN, None)
+    if run is not None and targets_evaluations(session.config):
+        run.verdict.left_out = left_out(MODULE_ORDER, session.items, {c.name for c in run.verdict.checks})
+        run.save()
 
 
 @pytest.hookimpl(wrapper=True)

@@ -99,6 +99,9 @@ class Verdict(Spec):
         backend_info: what the engine reported at start.
         fingerprint: environment fingerprint (secrets redacted).
         started_at / finished_at: UTC timestamps; ``finished_at`` is None while incomplete.
+        left_out: the checks (or evaluation modules) the run's test selection left out and that
+            had not run before (``-k``, ``-m``, ``--deselect``, ``--lf``, module paths): a partial
+            run measures, it does not qualify (:func:`decide`).
     """
 
     schema_version: int = 1
@@ -116,6 +119,7 @@ class Verdict(Spec):
     started_at: str = Field(default_factory=utc_now)
     finished_at: str | None = None
     resumed: int = 0
+    left_out: list[str] = Field(default_factory=list)
 
 
 # A run qualifies only if these passed: a selection of modules that leaves them out (e.g.
@@ -142,18 +146,27 @@ def _required_reason(name: str, checks: list[Check]) -> str:
     return f"{name}: required to qualify, " + (f"skipped: {why}" if c.status == "skip" else f"ended {c.status}: {why}")
 
 
-def decide(checks: list[Check], finished: bool) -> tuple[RunStatus, list[str]]:
+def left_out_reason(left_out: list[str]) -> str:
+    """The reason a run whose selection left checks out is ``incomplete``."""
+    shown = ", ".join(left_out[:6]) + (f" and {len(left_out) - 6} more" if len(left_out) > 6 else "")
+    return (f"partial run: its test selection left out {shown} (-k, -m, --deselect, --lf or module paths); "
+            "a partial run measures, it does not qualify: run the whole suite (or --resume without the filter)")
+
+
+def decide(checks: list[Check], finished: bool, left_out: list[str] | tuple = ()) -> tuple[RunStatus, list[str]]:
     """Compute a run's status from its checks, and why.
 
     Rules: a run that did not finish is ``incomplete``; a run whose only failures are of
     class ``unavailable`` is ``unavailable``; any other failed or errored check makes it
-    ``disqualified``; a run without a passed ``load`` and ``sanity.known_answers`` is
-    ``incomplete`` (it measured, it did not qualify); otherwise ``qualified`` (skips do not
-    disqualify, they are reported).
+    ``disqualified`` (a failure found by a partial run is still one); a run without a passed
+    ``load`` and ``sanity.known_answers``, or whose selection left checks out, is ``incomplete``
+    (it measured, it did not qualify); otherwise ``qualified`` (skips do not disqualify, they are
+    reported).
 
     Args:
         checks: the run's checks, in the order recorded.
         finished: whether the run reached its end.
+        left_out: :attr:`Verdict.left_out`.
 
     Returns:
         ``(status, reasons)``; every status but ``qualified`` has at least one reason: one line
@@ -173,6 +186,7 @@ def decide(checks: list[Check], finished: bool) -> tuple[RunStatus, list[str]]:
         return "incomplete", ["no check ran"]
     passed = {c.name for c in checks if c.status == "pass"}
     missing = [name for name in REQUIRED_CHECKS if name not in passed]
-    if missing:
-        return "incomplete", [_required_reason(name, checks) for name in missing]
+    if missing or left_out:
+        return "incomplete", [_required_reason(name, checks) for name in missing] + \
+            ([left_out_reason(list(left_out))] if left_out else [])
     return "qualified", reasons

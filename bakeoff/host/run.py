@@ -132,7 +132,8 @@ class RunContext:
         return next((c for c in self.verdict.checks if c.name == name), None)
 
     def save(self) -> None:
-        status, reasons = decide(self.verdict.checks, finished=self.verdict.finished_at is not None)
+        status, reasons = decide(self.verdict.checks, finished=self.verdict.finished_at is not None,
+                                 left_out=self.verdict.left_out)
         self.verdict.status, self.verdict.reasons = status, reasons
         self.dir.write_json("verdict.json", self.verdict.model_dump())
 

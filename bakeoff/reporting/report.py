@@ -169,7 +169,9 @@ def _recomputed(v: dict[str, Any]) -> tuple[str, list[str]]:
         reasons = [r for r in (v.get("reasons") or []) if isinstance(r, str)] if isinstance(v.get("reasons"), list) else []
         return str(recorded), reasons or ([] if recorded == "qualified" else
                                           [f"verdict.json records no reason for {recorded} and its checks are not bakeoff's"])
-    return decide(checks, finished=v.get("finished_at") is not None)
+    left_out = v.get("left_out")
+    left_out = [str(x) for x in left_out] if isinstance(left_out, list) else []
+    return decide(checks, finished=v.get("finished_at") is not None, left_out=left_out)
 
 
 def _require_verdict_shape(v: Any, path: Path) -> None:
