@@ -74,3 +74,13 @@ def test_help_lists_commands():
     assert proc.returncode == 0
     for cmd in ("qualify", "report", "fixture"):
         assert cmd in proc.stdout
+
+
+@pytest.mark.parametrize("args", [["envs"], ["fixture", "list"], ["--help"]])
+def test_a_reader_that_closes_the_pipe_gets_no_traceback(args):
+    """``bakeoff envs | head -1``: the reader closes its end; bakeoff's next write (or its exit's flush)
+    met a closed pipe and printed a BrokenPipeError traceback (issue 36's census)."""
+    proc = subprocess.Popen(BAKEOFF + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    proc.stdout.close()  # before the interpreter has started: every write meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) in (0, 1) and "Traceback" not in err and "BrokenPipeError" not in err, err

@@ -65,3 +65,40 @@ def test_xdist_is_refused_in_one_line_before_anything_is_written(tmp_path):
     assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert len(err) == 1 and "pytest-xdist's -n splits one evaluation into several partial runs" in err[0], err
     assert not (art / "runs").exists() or not any((art / "runs").iterdir())
+
+
+def test_a_required_check_that_skips_makes_the_run_incomplete():
+    ok = [Check(name="load", status="pass"), Check(name="sanity.known_answers", status="pass")]
+    skipped = Check(name="sanity.reference_agreement", status="skip", summary="the transformers reference could "
+                    "not run: load-failure: x", required=True)
+    assert decide(ok + [skipped], True) == ("incomplete", [
+        "sanity.reference_agreement: required to qualify, skipped: the transformers reference could not run: "
+        "load-failure: x"])
+    assert decide(ok + [skipped.model_copy(update={"required": False})], True)[0] == "qualified"
+
+
+@pytest.mark.slow
+def test_a_reference_that_cannot_run_leaves_the_run_incomplete(tmp_path):
+    """A broken --reference-model (its weights truncated): the fixture's known answers still pass on
+    the builder's record, the agreement could not be judged: ``incomplete`` naming the reference,
+    never ``qualified`` (the census on 524d87b: ``qualified``)."""
+    import json
+    import shutil
+
+    from bakeoff.models import fixtures
+
+    ref = tmp_path / "broken-ref"
+    shutil.copytree(fixtures.build("tiny-qwen3"), ref)
+    weights = ref / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:4096])
+    art = tmp_path / "art"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "evaluations/", "-p", "no:cacheprovider", "-q",
+                           "--backend", "transformers", "--model", "fixture:tiny-qwen3", f"--reference-model={ref}",
+                           f"--artifacts={art}", "-k", "test_load or test_sanity"],
+                          capture_output=True, text=True, cwd=REPO, timeout=900)
+    v = json.loads(next((art / "runs").glob("*/verdict.json")).read_text())
+    checks = {c["name"]: c for c in v["checks"]}
+    assert checks["sanity.known_answers"]["status"] == "pass", (checks["sanity.known_answers"], proc.stdout[-2000:])
+    assert v["status"] == "incomplete", v["reasons"]
+    assert v["reasons"][0].startswith("sanity.reference_agreement: required to qualify, skipped: the transformers "
+                                      "reference could not run: "), v["reasons"]

@@ -69,6 +69,9 @@ class Check(Spec):
         evidence: paths of evidence files, relative to the run directory.
         started_at: UTC start time.
         duration_s: wall time of the check in seconds.
+        required: set by a check that a verdict rests on in this run and could not verify it (the
+            agreement with a reference that could not run): ended ``skip``, it makes the run
+            ``incomplete`` as :data:`REQUIRED_CHECKS` do.
     """
 
     name: str
@@ -79,6 +82,7 @@ class Check(Spec):
     evidence: list[str] = Field(default_factory=list)
     started_at: str = Field(default_factory=utc_now)
     duration_s: float | None = None
+    required: bool = False
 
 
 class Verdict(Spec):
@@ -159,7 +163,8 @@ def decide(checks: list[Check], finished: bool, left_out: list[str] | tuple = ()
     Rules: a run that did not finish is ``incomplete``; a run whose only failures are of
     class ``unavailable`` is ``unavailable``; any other failed or errored check makes it
     ``disqualified`` (a failure found by a partial run is still one); a run without a passed
-    ``load`` and ``sanity.known_answers``, or whose selection left checks out, is ``incomplete``
+    ``load`` and ``sanity.known_answers`` (and any check that marked itself ``required``), or whose
+    selection left checks out, is ``incomplete``
     (it measured, it did not qualify); otherwise ``qualified`` (skips do not disqualify, they are
     reported).
 
@@ -185,7 +190,8 @@ def decide(checks: list[Check], finished: bool, left_out: list[str] | tuple = ()
     if not checks:
         return "incomplete", ["no check ran"]
     passed = {c.name for c in checks if c.status == "pass"}
-    missing = [name for name in REQUIRED_CHECKS if name not in passed]
+    missing = list(dict.fromkeys([name for name in REQUIRED_CHECKS if name not in passed] +
+                                 [c.name for c in checks if c.required and c.name not in passed]))
     if missing or left_out:
         return "incomplete", [_required_reason(name, checks) for name in missing] + \
             ([left_out_reason(list(left_out))] if left_out else [])

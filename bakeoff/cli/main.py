@@ -245,6 +245,15 @@ def path_problem(exc: BaseException) -> str | None:
     return None
 
 
+def _stdout_to_devnull() -> None:
+    """After a closed pipe on stdout, what is still buffered goes nowhere (Python's own advice for
+    SIGPIPE: otherwise the interpreter's final flush prints a traceback)."""
+    import os
+
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         sigterm_as_interrupt()
@@ -257,7 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "func", None):
             _subparser(ap, argv).print_help()
             return 0
-        return _handler(args.func)(args)
+        rc = _handler(args.func)(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught below, not at the interpreter's exit
+        return rc
     except UserError as exc:
         if isinstance(exc, ArgError):
             print(f"{exc.prog}: error: {one_line(str(exc))}; see {exc.prog} --help", file=sys.stderr)
@@ -268,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
         print("bakeoff: interrupted; runs written so far are kept (`bakeoff qualify --resume RUN_DIR` finishes one)",
               file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `bakeoff envs | head`: the reader has what it wanted; no traceback at exit
+        _stdout_to_devnull()
+        return 1
     except (OSError, RuntimeError) as exc:
         line = path_problem(exc)
         if line is None:

@@ -63,7 +63,10 @@ class CheckScope:
         if not condition:
             self.fail(summary, failure_class)
 
-    def skip(self, reason: str) -> None:
+    def skip(self, reason: str, required: bool = False) -> None:
+        """End the check as ``skip``; ``required``: the verdict rests on what it could not verify, so
+        the run cannot qualify (:attr:`bakeoff.api.verdict.Check.required`)."""
+        self.required = required
         raise CheckSkipped(reason)
 
     def report_only(self, summary: str) -> None:
@@ -95,7 +98,8 @@ class CheckScope:
             self.evidence("traceback.txt", "".join(traceback.format_exception(exc_type, exc, tb)))
         self.run.record(Check(name=self.name, status=status, failure_class=fclass, summary=summary[:500],
                               values=self.values, evidence=self.evidence_paths, started_at=self.started_at,
-                              duration_s=round(time.monotonic() - self.t0, 3)))
+                              duration_s=round(time.monotonic() - self.t0, 3),
+                              required=getattr(self, "required", False)))
         return False  # the plugin turns CheckFailed/CheckSkipped into pytest outcomes
 
 
