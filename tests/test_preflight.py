@@ -157,3 +157,41 @@ def test_a_truncated_weights_file_is_the_checkpoints_damage_before_any_engine_st
     with pytest.raises(EngineFailure) as err:
         raise_if_rejected(tmp_path, "vllm", cuda=False)
     assert err.value.failure_class == "load-failure" and "truncated" in err.value.message
+
+
+def test_a_config_far_beyond_its_weights_is_refused_in_seconds(tmp_path):
+    """``num_hidden_layers: 10**9`` on the fixture's own weights (issue 36's census: about 420 s of
+    silence until the start timeout, and an engine alive 11 minutes later): every backend's pre-flight
+    refuses it as ``config-rejected`` naming both sizes; the fixture itself, and a real checkpoint's
+    layout, pass the same bound."""
+    import shutil
+    import time
+
+    from bakeoff.analysis.roofline import shape_from_config
+    from bakeoff.models import fixtures
+
+    src = fixtures.build("tiny-qwen3")
+    for backend in ("vllm", "transformers", "ort-genai", "openvino", "trtllm"):
+        assert "config.json describes" not in (preflight(src, backend, cuda=False).reason or ""), backend
+    d = tmp_path / "deep"
+    shutil.copytree(src, d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 10**9}))
+    t0 = time.monotonic()
+    for backend in ("vllm", "transformers", "ort-genai", "openvino", "optimum-ort"):
+        result = preflight(d, backend, cuda=False)
+        assert result.accepted is False and result.failure_class == "config-rejected", (backend, result)
+        assert "num_hidden_layers=1,000,000,000" in result.reason and "the config does not describe these weights" \
+            in result.reason, result.reason
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(ValueError, match="not a layer count"):
+        shape_from_config({**cfg, "num_hidden_layers": 10**9})  # the roofline's per-layer count refuses it too
+    # SmolLM2-135M's layout (30 x 576, vocab 49,152) against its 270 MB of bf16 weights: far inside the bound
+    from bakeoff.analysis.checkpoint_layout import config_beyond_weights
+
+    (tmp_path / "smol").mkdir()
+    with open(tmp_path / "smol" / "model.safetensors", "wb") as fh:
+        fh.truncate(269_060_552)  # sparse: the size is what the bound reads
+    smol = {"hidden_size": 576, "num_hidden_layers": 30, "vocab_size": 49152}
+    assert config_beyond_weights(tmp_path / "smol", smol) is None
+    assert config_beyond_weights(tmp_path / "smol", {**smol, "num_hidden_layers": 300_000}) is not None

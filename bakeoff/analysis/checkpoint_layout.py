@@ -244,3 +244,47 @@ def mtp_requested(options: dict[str, Any]) -> bool:
 def unreadable(exc: LayoutError, how: str, source: str) -> MtpFinding:
     """The finding for a checkpoint whose safetensors cannot be read (the engine decides)."""
     return MtpFinding(status="unreadable", how=how, source=source, reason=f"MTP layout not checked: {exc}")
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
+# Slack of the config-against-weights bound: the config's parameters, counted low (below) and stored at
+# 4 bits, may exceed the weight files this many times (plus FIXED_SLACK_BYTES) before the config is called
+# inconsistent: a real checkpoint of any layout stays far inside it.
+CONFIG_WEIGHTS_SLACK = 8
+FIXED_SLACK_BYTES = 256 * 2**20
+
+
+def _positive(c: dict, *keys: str) -> int | None:
+    for k in keys:
+        v = c.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def config_beyond_weights(model_path: str | Path, config: dict) -> str | None:
+    """A ``config.json`` that describes far more model than the folder's weight files hold
+    (``num_hidden_layers: 10**9`` on a small checkpoint: the engine allocated for minutes before its
+    start timeout, issue 36), as one line; None when consistent or not checkable (no weight files).
+
+    The bound, in closed form (no loop over layers): at least ``hidden_size^2`` parameters per layer
+    (every decoder layer has an output projection at least that large) plus one ``vocab x hidden``
+    embedding, at 4 bits each, against :data:`CONFIG_WEIGHTS_SLACK` times the weight files' bytes
+    plus :data:`FIXED_SLACK_BYTES`."""
+    c = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    h, layers, vocab = _positive(c, "hidden_size", "d_model"), _positive(c, "num_hidden_layers", "n_layer"), \
+        _positive(c, "vocab_size")
+    if h is None or layers is None:
+        return None
+    try:
+        stored = sum(p.stat().st_size for p in Path(model_path).iterdir() if p.name.endswith(WEIGHT_SUFFIXES))
+    except OSError:
+        return None
+    if not stored:
+        return None
+    least_bytes = (layers * h * h + (vocab or 0) * h) / 2
+    if least_bytes <= CONFIG_WEIGHTS_SLACK * stored + FIXED_SLACK_BYTES:
+        return None
+    return (f"config.json describes at least {least_bytes * 2:,.0f} parameters (num_hidden_layers={layers:,}, "
+            f"hidden_size={h:,}), {least_bytes / 2**30:,.1f} GiB even at 4 bits, but the weight files hold "
+            f"{stored / 2**30:,.3f} GiB: the config does not describe these weights")

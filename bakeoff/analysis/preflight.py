@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from pydantic import Field
 
-from bakeoff.analysis.checkpoint_layout import mtp_requested, truncated_files
+from bakeoff.analysis.checkpoint_layout import config_beyond_weights, mtp_requested, truncated_files
 from bakeoff.api.errors import EngineFailure
 from bakeoff.api.specs import Spec
 from bakeoff.host.artifacts import read_json
@@ -215,6 +215,11 @@ def preflight(model_path: str | Path, backend: str, rule: Callable[..., Rule] | 
         return PreflightResult(**base, accepted=False, failure_class="load-failure", rule_source="safetensors headers "
                                "(bakeoff.analysis.checkpoint_layout.truncated_files)",
                                reason=f"the checkpoint is damaged, not loadable by any engine: {'; '.join(damaged[:3])}")
+    beyond = config_beyond_weights(model_path, cfg)
+    if beyond:  # an engine would allocate it for minutes before failing: refused in the time a config takes to read
+        return PreflightResult(**base, accepted=False, failure_class="config-rejected", reason=beyond,
+                               rule_source="config.json against the weight files' sizes "
+                                           "(bakeoff.analysis.checkpoint_layout.config_beyond_weights)")
     if rule is None:
         return PreflightResult(**base, accepted=None, reason=f"no preflight rules for backend {backend!r}")
     if cuda is None:

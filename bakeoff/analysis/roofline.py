@@ -125,6 +125,9 @@ class ModelShape(BaseModel):
         return (self.dense_params + self.expert_params * touched) * self.dtype_bytes
 
 
+MAX_LAYERS = 100_000  # no decoder has more; a config that says so is not one this counts
+
+
 def shape_from_config(config: dict[str, Any], dtype: str | None = None) -> ModelShape:
     """Count a decoder's parameters and KV bytes from its Hugging Face ``config.json``.
 
@@ -140,9 +143,12 @@ def shape_from_config(config: dict[str, Any], dtype: str | None = None) -> Model
 
     Raises:
         KeyError: a required key (``hidden_size``, ``num_hidden_layers``...) is missing.
+        ValueError: ``num_hidden_layers`` is not a count from 1 to :data:`MAX_LAYERS`.
     """
     c = config.get("text_config") or config
     h, n_layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+    if not isinstance(n_layers, int) or not 0 < n_layers <= MAX_LAYERS:  # the loop below is one pass per layer
+        raise ValueError(f"num_hidden_layers {n_layers!r} is not a layer count from 1 to {MAX_LAYERS:,}")
     heads = c["num_attention_heads"]
     kv_heads = c.get("num_key_value_heads") or heads
     hd = c.get("head_dim") or h // heads
