@@ -141,3 +141,31 @@ def test_a_plain_answer_still_reads(serve):
     s = serve(_ok)
     status, body, headers = open_bounded(s.url + "/health", 5)
     assert status == 200 and body == b'{"ok": true}' and headers["Content-Length"] == "12"
+
+
+def test_a_redirected_stream_is_named_not_parsed_and_not_followed(serve, monkeypatch):
+    """``POST /v1/completions`` answered 307 (issue 36's census: the stream's failure did not say why):
+    the load generator's client ends the request naming the redirect and its Location as
+    ``config-rejected`` (the address given is not the server's); nothing reaches the other port."""
+    import asyncio
+
+    from bakeoff.api.errors import EngineFailure
+    from bakeoff.api.specs import GenerationRequest
+    from bakeoff.loadgen.client import OpenAIClient
+
+    elsewhere = serve(_ok)
+    origin = serve(_redirect_to(elsewhere, 307))
+    monkeypatch.setenv("BAKEOFF_TEST_KEY", "sk-secret")
+    client = OpenAIClient(origin.url, "m", api_key_env="BAKEOFF_TEST_KEY", read_timeout_s=5)
+
+    async def one():
+        try:
+            return [e async for e in client.stream(GenerationRequest(request_id="r", prompt="hi", max_tokens=4))]
+        finally:
+            await client.aclose()
+
+    with pytest.raises(EngineFailure) as info:
+        asyncio.run(one())
+    assert info.value.failure_class == "config-rejected", info.value
+    assert f"HTTP 307: redirect to {elsewhere.url}/v1/completions not followed" in info.value.message, info.value.message
+    assert origin.seen[0]["Authorization"] == "Bearer sk-secret" and elsewhere.seen == []

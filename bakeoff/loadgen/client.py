@@ -23,6 +23,7 @@ from bakeoff.api.errors import EngineFailure
 from bakeoff.loadgen.http import Pool, TransportError
 from bakeoff.loadgen.logprobs import parse_logprobs
 from bakeoff.loadgen.progress import Progress, ProgressWatch, timeout_failure
+from bakeoff.loadgen.side_http import redirect_sentence
 from bakeoff.loadgen.sse import SSEParser
 from bakeoff.api.specs import GenerationRequest, TokenEvent, Usage
 
@@ -227,6 +228,9 @@ class OpenAIClient:
                                               self.read_timeout_s, sent, patience)
             if holder is not None and len(holder) > 1:
                 holder[1] = {k: v for k, v in resp.headers.items() if k in TRANSPORT_HEADERS}
+            if 300 <= resp.status < 400:  # the load generator follows none: named, not parsed as a stream
+                raise EngineFailure("config-rejected", f"{redirect_sentence(resp.status, resp.headers.get('location'))} "
+                                                       f"from {path}")
             if resp.status >= 400:
                 text = (await resp.read_all(self.read_timeout_s)).decode("utf-8", "replace")[:2000]
                 cls = "runtime-crash" if resp.status >= 500 else "config-rejected"

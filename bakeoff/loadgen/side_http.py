@@ -39,13 +39,17 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None  # urllib then raises HTTPError(code): nothing is re-sent anywhere
 
 
+def redirect_sentence(code: int, location: str | None) -> str:
+    """``HTTP 302: redirect to LOCATION not followed ...``: the side routes' and the streams' words."""
+    return (f"HTTP {code}: redirect to {location or '?'} not followed (bakeoff sends no request, and no credential, "
+            "past the origin it was given; point base_url at the final address)")
+
+
 def redirect_text(exc: urllib.error.HTTPError) -> str | None:
     """For a 3xx answer: ``redirect to LOCATION not followed ...``; None for any other code."""
     if not 300 <= exc.code < 400:
         return None
-    where = (exc.headers or {}).get("Location", "?") if exc.headers is not None else "?"
-    return (f"HTTP {exc.code}: redirect to {where} not followed (bakeoff sends no request, and no credential, "
-            "past the origin it was given; point base_url at the final address)")
+    return redirect_sentence(exc.code, (exc.headers or {}).get("Location") if exc.headers is not None else None)
 
 
 def read_bounded(resp: Any, timeout_s: float, deadline_s: float | None = None,
