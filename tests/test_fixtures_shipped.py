@@ -116,6 +116,10 @@ def test_a_build_from_before_shipping_is_replaced_and_a_rebuild_is_kept(cache):
         changed = {k: v for k, v in meta.items() if k not in ("origin", "rebuilt")}
         changed.update({k: v for k, v in (("origin", origin), ("rebuilt", rebuilt)) if v is not None})
         marker.write_text(json.dumps(changed))
+        # as such a build would have recorded it: its manifest names the marker's bytes (else it is damage)
+        man = json.loads((folder / shipped.MANIFEST).read_text())
+        man["files"][fixtures.MARKER] = {"sha256": shipped.sha256_file(marker), "bytes": marker.stat().st_size}
+        (folder / shipped.MANIFEST).write_text(json.dumps(man))
         assert fixtures.is_built("tiny-qwen3-untrained") is kept, (origin, rebuilt)
         again = fixtures.build("tiny-qwen3-untrained", log=lambda s: None)
         assert json.loads((again / fixtures.MARKER).read_text()).get("origin") == (origin if kept else "shipped")
@@ -136,3 +140,33 @@ def test_fixture_list_says_shipped_until_the_first_use_copies_them(cache, capsys
     assert before["tiny-qwen3-moe"] == "not built" and not fixtures.ships("tiny-qwen3-moe")
     fixtures.build("tiny-qwen3", log=lambda s: None)
     assert listed()["tiny-qwen3"] == "built"
+
+
+@pytest.mark.parametrize("damage", ["scramble in place", "truncate", "remove"])
+def test_a_damaged_cached_copy_is_named_and_rebuilt_never_loaded(cache, capsys, damage):
+    """Cached fixture weights scrambled in place (same size), cut short or removed (issue 36's census:
+    transformers ``disqualified`` ``garbage-output`` on scrambled weights, ``load-failure`` on a
+    truncated copy, and ``bakeoff fixture list`` said built): the cached copy is checked against its
+    manifest on every use; the list says damaged, the next use says so and reinstalls the shipped copy."""
+    from bakeoff.cli import main as cli_main
+
+    folder = fixtures.build("tiny-qwen3", log=lambda s: None)
+    weights = folder / "model.safetensors"
+    good = weights.read_bytes()
+    if damage == "scramble in place":
+        weights.write_bytes(good[:4096] + bytes(reversed(good[4096:])))
+    elif damage == "truncate":
+        weights.write_bytes(good[: len(good) // 2])
+    else:
+        weights.unlink()
+    assert fixtures.damage("tiny-qwen3")
+    assert cli_main.main(["fixture", "list"]) == 0
+    state = dict(line.split("\t") for line in capsys.readouterr().out.splitlines()).get("tiny-qwen3", "")
+    if damage != "remove":  # a folder without its weights is not a complete build: listed as shipped
+        assert state.startswith("damaged: model.safetensors ") and state.endswith("(rebuilt on next use)"), state
+    lines: list[str] = []
+    again = fixtures.build("tiny-qwen3", log=lines.append)
+    assert again == folder and weights.read_bytes() == good and fixtures.damage("tiny-qwen3") == []
+    if damage != "remove":
+        assert any("the cached copy in" in x and "is damaged (model.safetensors " in x and "rebuilding it" in x
+                   for x in lines), lines

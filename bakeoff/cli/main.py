@@ -93,7 +93,9 @@ def cmd_fixture(args) -> int:
         if args.name or args.force:
             raise UserError("bakeoff fixture list takes no name nor --rebuild; to build: bakeoff fixture build NAME")
         for n in fixtures.names():
-            state = "built" if fixtures.is_built(n) else "shipped (copied on first use)" if fixtures.ships(n) else "not built"
+            hurt = fixtures.damage(n) if fixtures.is_built(n) else None
+            state = (f"damaged: {hurt[0]} (rebuilt on next use)" if hurt else "built" if hurt is not None
+                     else "shipped (copied on first use)" if fixtures.ships(n) else "not built")
             print(f"{n}\t{state}")
         return 0
     if not args.name:
