@@ -157,3 +157,43 @@ def test_the_schema_version_follows_the_fields_not_the_docs():
     assert cache.cache_key("h", ExportOptions(), "0.18.0") == cache.cache_key("h", ExportOptions(), "0.18.0",
                                                                               cache.schema_version(ExportResult))
     assert cache.cache_key("h", ExportOptions(), "0.18.0", "other") != cache.cache_key("h", ExportOptions(), "0.18.0")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "remove"])
+@pytest.mark.parametrize("exporter", sorted(CASES))
+def test_a_damaged_entry_is_exported_again_not_loaded(source, monkeypatch, exporter, damage):
+    """A cached export cut short or missing a file (issue 36's census: a truncated cached ORT GenAI export
+    ended ``disqualified`` ``load-failure``, the engine blamed): every file the entry's result lists is
+    checked at its recorded size on use; a damaged entry is said and exported again."""
+    fake, export, _model, _entry = CASES[exporter]
+    calls: list = []
+    fake(monkeypatch, calls)
+    first = export(source, log=lambda s: None)
+    victim = sorted(p for p in Path(first.output_dir).rglob("*") if p.is_file())[0]
+    victim.write_text("") if damage == "truncate" else victim.unlink()
+    lines: list[str] = []
+    again = export(source, log=lines.append)
+    assert not again.cached and len(calls) == 2, lines
+    assert any("is damaged (" in x and victim.name in x and "exporting again" in x for x in lines), lines
+    assert export(source, log=lambda s: None).cached and len(calls) == 2
+
+
+@pytest.mark.parametrize("exporter", sorted(CASES))
+def test_a_cache_copied_elsewhere_is_used_where_it_is(source, monkeypatch, tmp_path, exporter):
+    """``BAKEOFF_CACHE`` a copy of the cache, the old one gone (issue 36's census: the engine loaded the
+    export from the old place, and once that was gone the verdict was ``load-failure``): the entry's
+    export is used where the entry is now, without exporting again."""
+    import shutil
+
+    fake, export, _model, _entry = CASES[exporter]
+    calls: list = []
+    fake(monkeypatch, calls)
+    first = export(source, log=lambda s: None)
+    shutil.copytree(tmp_path / "cache", tmp_path / "moved", symlinks=True)
+    shutil.rmtree(tmp_path / "cache")
+    monkeypatch.setenv("BAKEOFF_CACHE", str(tmp_path / "moved"))
+    lines: list[str] = []
+    again = export(source, log=lines.append)
+    assert again.cached and len(calls) == 1, lines
+    assert Path(again.output_dir).is_dir() and Path(again.output_dir).is_relative_to(tmp_path / "moved"), again.output_dir
+    assert Path(again.output_dir).name == Path(first.output_dir).name

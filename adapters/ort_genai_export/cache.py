@@ -98,7 +98,7 @@ def read_result(path: Path, result_model: type[M], log: Callable[[str], None] = 
     as this bakeoff's model (damaged, or written by a bakeoff whose schema hashed the same but
     whose fields differ): the export is then made again and replaces the entry, never refused."""
     try:
-        return result_model.model_validate_json(path.read_text())
+        res = result_model.model_validate_json(path.read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
@@ -106,6 +106,34 @@ def read_result(path: Path, result_model: type[M], log: Callable[[str], None] = 
         log(f"cached export {path.parent} does not read as this bakeoff's {result_model.__name__} "
             f"({type(exc).__name__}: {' '.join(first)[:200]}); exporting again")
         return None
+    return _where_it_is(res, path.parent, log)
+
+
+def _where_it_is(res: M, entry: Path, log: Callable[[str], None]) -> M | None:
+    """The entry's result as found where the entry is now (issue 36: a cache copied under another
+    ``BAKEOFF_CACHE`` loaded the export from the old place, and with that gone the engine was
+    blamed): ``output_dir`` is the entry's own ``model`` folder, and every file its ``files``
+    table lists must be there at its recorded size (a copy cut off, a file removed: None, and the
+    export is made again, saying why). Sizes, not hashes: hashing a GB export on every use costs
+    more than the truncation it would add to catch."""
+    here = entry / "model"
+    if getattr(res, "output_dir", None) not in (None, str(here)):
+        log(f"cached export {entry}: recorded at {res.output_dir}, used where it is now")
+        res = res.model_copy(update={"output_dir": str(here)})
+    files = getattr(res, "files", None) or {}
+    hurt = []
+    for name, size in files.items():
+        try:
+            got = (here / name).stat().st_size
+        except OSError:
+            hurt.append(f"{name} is missing")
+            continue
+        if got != size:
+            hurt.append(f"{name} holds {got:,} bytes, recorded {size:,}")
+    if hurt:
+        log(f"cached export {entry} is damaged ({'; '.join(hurt[:3])}); exporting again")
+        return None
+    return res
 
 
 def cache_key(source_hash: str, options: ExportOptions, builder_version: str, schema: str | None = None) -> str:
