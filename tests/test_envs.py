@@ -39,10 +39,42 @@ def test_auto_uses_this_interpreter_when_it_holds_the_engine_and_writes_nothing(
 
 
 def test_auto_prefers_a_venv_bakeoff_built(cache):
-    HERE.path.mkdir(parents=True)
+    (HERE.path / "bin").mkdir(parents=True)
+    (HERE.path / "bin" / "python").symlink_to(sys.executable)  # it starts: not damaged
     (HERE.path / ".bakeoff-ready").write_text("{}")
     assert envs.ensure(HERE) == HERE.python
     assert envs.describe(HERE.python) == f"venv {HERE.path}"
+
+
+@pytest.mark.parametrize("broken", ["exits 3", "missing", "not executable"])
+def test_a_ready_environment_whose_python_is_broken_is_said_and_made_again(cache, monkeypatch, broken):
+    """A ready venv whose ``bin/python`` fails (issue 36's census: ``load-failure``, the engine blamed):
+    checked on every use, named, and made again (the creation's commands are stand-ins here, named so:
+    they make a venv whose python is this interpreter)."""
+    py = HERE.path / "bin" / "python"
+    py.parent.mkdir(parents=True)
+    if broken == "exits 3":
+        py.write_text("#!/bin/sh\necho 'libpython: cannot open shared object file' >&2\nexit 3\n")
+        py.chmod(0o755)
+    elif broken == "not executable":
+        py.write_text("not a program")
+    (HERE.path / ".bakeoff-ready").write_text("{}")
+    assert envs.damage(HERE.path) is not None
+    made: list[list[str]] = []
+
+    def stand_in_run(cmd, log_path, timeout_s, env=None, background=False):
+        made.append(cmd)
+        if cmd[1:3] == ["-m", "venv"]:
+            (Path(cmd[3]) / "bin").mkdir(parents=True)
+            (Path(cmd[3]) / "bin" / "python").symlink_to(sys.executable)
+
+    monkeypatch.setattr(envs, "_run", stand_in_run)
+    monkeypatch.setattr(envs, "_install_locked", lambda *a, **k: "stand-in installer")
+    monkeypatch.setenv("BAKEOFF_ENVS", "venv")
+    lines: list[str] = []
+    assert envs.ensure(HERE, lines.append) == HERE.python
+    assert any("is damaged (" in x and str(py) in x and "making it again" in x for x in lines), lines
+    assert made and made[0][1:3] == ["-m", "venv"] and envs.damage(HERE.path) is None
 
 
 def test_preinstalled_without_the_modules_is_unavailable_naming_them(cache, monkeypatch):

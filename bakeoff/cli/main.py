@@ -118,7 +118,9 @@ def cmd_envs(args) -> int:
     root = envs.cache_root() / "envs"
     for p in sorted(root.glob("*")) if root.is_dir() else []:
         if p.is_dir():
-            print(f"{p.name}\t{'ready' if (p / '.bakeoff-ready').is_file() else 'incomplete'}\t{p}")
+            hurt = envs.damage(p) if (p / ".bakeoff-ready").is_file() else "incomplete"
+            state = "ready" if hurt is None else hurt if hurt == "incomplete" else f"damaged: {hurt} (made again on next use)"
+            print(f"{p.name}\t{state}\t{p}")
     return 0
 
 

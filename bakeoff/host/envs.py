@@ -146,6 +146,21 @@ class EnvSpec:
         return (self.path / ".bakeoff-ready").is_file()
 
 
+def damage(env_path: Path) -> str | None:
+    """Why a ready environment cannot run: its interpreter missing, not starting, or failing ``python -c
+    'import sys'`` (issue 36's census: a broken ``bin/python`` ended ``load-failure``, the engine blamed);
+    None when it starts. About 30 ms: checked on every use."""
+    python = env_path / "bin" / "python"
+    try:
+        r = subprocess.run([str(python), "-c", "import sys"], capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{python} cannot be started: {type(exc).__name__}: {str(exc)[:200]}"
+    if r.returncode != 0:
+        last = (r.stderr.decode("utf-8", "replace").strip().splitlines() or [""])[-1][:200]
+        return f"{python} -c 'import sys' exited {r.returncode}: {last}"
+    return None
+
+
 def _run(cmd: list[str], log_path: Path, timeout_s: float, env: dict[str, str] | None = None,
          background: bool = False) -> None:
     """Run ``cmd`` with its output appended to ``log_path`` line by line (unbuffered: a live view
@@ -229,13 +244,16 @@ def ensure(spec: EnvSpec, log: Callable[[str], None] = lambda s: None, timeout_s
             raise EngineFailure("unavailable", f"BAKEOFF_ENVS=preinstalled but {sys.executable} cannot import "
                                 f"{', '.join(missing)} for {spec.name}; install them or unset BAKEOFF_ENVS")
     if spec.is_ready():
-        return spec.python
+        hurt = damage(spec.path)
+        if hurt is None:
+            return spec.python
+        log(f"{spec.name}: the environment at {spec.path} is damaged ({hurt}); making it again")
     root = spec.path.parent
     root.mkdir(parents=True, exist_ok=True)
     lock_path = root / f".{spec.path.name}.lock"
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if spec.is_ready():
+        if spec.is_ready() and damage(spec.path) is None:
             return spec.python
         if spec.path.exists():
             shutil.rmtree(spec.path)
