@@ -53,7 +53,8 @@ class ReferenceAnswers:
             entry = json.loads(self._path(question).read_text())
         except (OSError, ValueError):
             return None
-        return entry.get("answer") if isinstance(entry, dict) and entry.get("question") == question else None
+        ok = isinstance(entry, dict) and entry.get("question") == question and isinstance(entry.get("answer"), dict)
+        return entry["answer"] if ok else None  # damaged or another question's: asked again
 
     def _write(self, question: list, answer: dict) -> None:
         try:

@@ -222,8 +222,9 @@ def reference(settings, run, probe_set):
 
     items = probe_set.reference
     cache = envs.cache_root() / "reference" / f"{reference_cache_key(settings, probe_set)}.json"
-    if cache.is_file():
-        return json.loads(cache.read_text())
+    cached = _cached_reference(cache, len(items))
+    if cached is not None:
+        return cached
     ref = backends.resolve("transformers")(reference_config(settings, run.dir.path / "engine" / "reference"))
     try:
         info = ref.start()
@@ -241,6 +242,20 @@ def reference(settings, run, probe_set):
         tmp.close()
         os.replace(tmp.name, cache)
     return result
+
+
+def _cached_reference(path: Path, n_probes: int) -> dict | None:
+    """The cached reference outputs, or None when absent or damaged (unreadable JSON, another shape,
+    not one whole output per probe): then the reference runs again and rewrites the entry. A damaged
+    cache entry costs the reference's minutes, never a verdict (issue 36)."""
+    try:
+        got = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    outs = got.get("outputs") if isinstance(got, dict) and got.get("ok") is True else None
+    whole = isinstance(outs, list) and len(outs) == n_probes and all(
+        isinstance(o, dict) and o.get("status") == "ok" and isinstance(o.get("text"), str) for o in outs)
+    return got if whole else None
 
 
 # A baseline answering fewer than this share of its probes cannot judge anyone's answers: below
