@@ -82,8 +82,9 @@ def _judge(ref: ReferenceAnswers, opened: list[dict], probe_outs: list[dict]) ->
 
 # KL divergence and top-1 agreement are reported, not judged: a spread sample of the probe outputs
 # gives the mean within noise, and each one scored is a teacher-forced pass of the reference (300 of
-# them one by one were 99 s of a SmolLM2-135M run on 2 cores, most of the judge's time).
-KL_PROBES = 64
+# them one by one were 99 s of a SmolLM2-135M run on 2 cores, most of the judge's time; 64 were still
+# about 35 s of the first engine's judge, 2026-12-05). 32 outputs are several hundred token positions.
+KL_PROBES = 32
 
 
 def kl_sample(outs: list[dict], n: int = KL_PROBES) -> list[dict]:
