@@ -32,6 +32,13 @@ def _nothing_written(root: Path) -> bool:
     (["report", "/does/not/exist"], "no run directory"),
     (["fixture", "build", "nope"], "unknown fixture 'nope'"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
+    # issue 36's census: accepted, then charged to the server as load-failure (file: read from disk)
+    (["qualify", "--backends", "openai", "--backend-opt", "base_url=file:///etc"],
+     "base_url='file:///etc' is not an http:// or https:// address with a host"),
+    (["qualify", "--backends", "openai", "--backend-opt", "base_url=not a url"],
+     "base_url='not a url' is not an http:// or https:// address with a host"),
+    (["qualify", "--backends", "openai", "--backend-opt", "base_url="],
+     "base_url='' is not an http:// or https:// address with a host"),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, message):
     art = tmp_path / "art"

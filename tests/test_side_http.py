@@ -169,3 +169,22 @@ def test_a_redirected_stream_is_named_not_parsed_and_not_followed(serve, monkeyp
     assert info.value.failure_class == "config-rejected", info.value
     assert f"HTTP 307: redirect to {elsewhere.url}/v1/completions not followed" in info.value.message, info.value.message
     assert origin.seen[0]["Authorization"] == "Bearer sk-secret" and elsewhere.seen == []
+
+
+def test_a_body_cut_short_is_an_oserror_naming_the_cut_not_a_traceback(serve):
+    """``Content-Length: 100000`` and 10 bytes, then the connection closed (issue 36's census: the
+    tokenizer check ended ``error`` with ``IncompleteRead``, a cut ``/metrics`` failed the load):
+    a :class:`BodyCut`, which every side request's ``except OSError`` handles."""
+    from bakeoff.loadgen.side_http import BodyCut
+
+    def cut(h):
+        h.send_response(200)
+        h.send_header("Content-Length", "100000")
+        h.end_headers()
+        h.wfile.write(b'{"tokens": ')
+        h.close_connection = True
+
+    s = serve(cut)
+    with pytest.raises(BodyCut) as info:
+        open_bounded(s.url + "/tokenize", 5)
+    assert isinstance(info.value, OSError) and "the body was cut after 11 bytes" in str(info.value)

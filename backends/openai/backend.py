@@ -67,6 +67,24 @@ class OpenAIOptions(Spec):
     extra_body: dict[str, Any] = Field(default_factory=dict)
     read_timeout_s: float = Field(120.0, gt=0)
 
+    @field_validator("base_url")
+    @classmethod
+    def _base_url_is_http(cls, v: str) -> str:
+        """An address bakeoff can reach a server at: ``http`` or ``https`` with a host (issue 36's
+        census: an empty value, ``not a url`` and ``file:///etc`` were accepted and ended
+        ``load-failure``, the user's typo charged to a server; urllib read ``file:`` from disk)."""
+        from urllib.parse import urlsplit
+
+        try:
+            parts = urlsplit(v.strip())
+            host = parts.hostname
+        except ValueError:
+            host, parts = None, None
+        if parts is None or parts.scheme not in ("http", "https") or not host:
+            raise ValueError(f"base_url={v!r} is not an http:// or https:// address with a host, "
+                             "e.g. base_url=http://127.0.0.1:8000")
+        return v.strip()
+
     @field_validator("tokenizer")
     @classmethod
     def _tokenizer_loads(cls, v: str | None) -> str | None:

@@ -16,6 +16,7 @@ urllib, with what its defaults leave open closed:
 
 from __future__ import annotations
 
+import http.client
 import time
 import urllib.error
 import urllib.request
@@ -32,6 +33,13 @@ class BodyTooLarge(OSError):
 
 class BodyDeadline(TimeoutError):
     """A response body still arriving at the whole-request deadline."""
+
+
+class BodyCut(OSError):
+    """A response body that ended before its own framing said (``Content-Length`` not reached, a
+    chunked body without its last chunk): ``http.client.IncompleteRead`` as an ``OSError``, so
+    every caller that handles a failed side request handles it (issue 36: a server closing
+    mid-body ended checks ``error`` with a traceback)."""
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -77,8 +85,18 @@ def read_bounded(resp: Any, timeout_s: float, deadline_s: float | None = None,
         if time.monotonic() > limit:
             raise BodyDeadline(f"the body was still arriving after {time.monotonic() - start:.1f} s "
                                f"({len(buf):,} bytes; the deadline is {limit - start:.0f} s)")
-        piece = read(PIECE)
+        try:
+            piece = read(PIECE)
+        except http.client.IncompleteRead as exc:
+            raise BodyCut(f"the body was cut after {len(buf) + len(exc.partial):,} bytes: the server closed the "
+                          "connection before the length its headers announced") from None
+        except http.client.HTTPException as exc:  # a chunk size that is not one, a bad chunk end
+            raise BodyCut(f"the body's framing is broken after {len(buf):,} bytes: {type(exc).__name__}") from None
         if not piece:
+            left = getattr(resp, "length", None)  # http.client: what Content-Length still promised
+            if isinstance(left, int) and not isinstance(left, bool) and left > 0 and not cut:
+                raise BodyCut(f"the body was cut after {len(buf):,} bytes: the server closed the connection "
+                              f"with {left:,} of the length its headers announced still to come")
             return bytes(buf)
         buf += piece
         if len(buf) > max_bytes and cut:
