@@ -188,3 +188,47 @@ def test_a_body_cut_short_is_an_oserror_naming_the_cut_not_a_traceback(serve):
     with pytest.raises(BodyCut) as info:
         open_bounded(s.url + "/tokenize", 5)
     assert isinstance(info.value, OSError) and "the body was cut after 11 bytes" in str(info.value)
+
+
+def test_the_probe_names_a_redirect_at_once_and_a_failing_server_in_bounded_time(serve, monkeypatch, tmp_path):
+    """Issue 36's census: 302/307 and HTTP 500 on every route were probed until the 420 s start deadline.
+    A redirect on both probe routes ends the probe at once (``config-rejected``, naming it); 5xx but 503
+    (a loading server says 503) on both for PROBE_5XX_S ends it as ``load-failure``."""
+    import time
+
+    from backends.openai import backend as openai_backend
+    from bakeoff.api.errors import EngineFailure
+    from bakeoff.api.specs import BackendConfig
+
+    def make(url):
+        return openai_backend.OpenAIBackend(BackendConfig(backend="openai", model="m", workdir=str(tmp_path),
+                                                          options={"base_url": url}, start_timeout_s=120))
+
+    elsewhere = serve(_ok)
+    origin = serve(_redirect_to(elsewhere, 302))
+    t0 = time.monotonic()
+    with pytest.raises(EngineFailure) as info:
+        make(origin.url).probe()
+    assert info.value.failure_class == "config-rejected" and time.monotonic() - t0 < 10
+    assert f"redirect to {elsewhere.url}/health not followed" in info.value.message and elsewhere.seen == []
+
+    def failing(code):
+        def answer(h):
+            body = b'{"error": "boom"}'
+            h.send_response(code)
+            h.send_header("Content-Length", str(len(body)))
+            h.end_headers()
+            h.wfile.write(body)
+        return answer
+
+    monkeypatch.setattr(openai_backend, "PROBE_5XX_S", 1.0)
+    t0 = time.monotonic()
+    with pytest.raises(EngineFailure) as info:
+        make(serve(failing(500)).url).probe()
+    assert info.value.failure_class == "load-failure" and "it is up and failing" in info.value.message
+    assert time.monotonic() - t0 < 10
+    loading = make(serve(failing(503)).url)
+    loading.config = loading.config.model_copy(update={"start_timeout_s": 3.0})
+    with pytest.raises(EngineFailure) as info:  # 503 waits for the start deadline: a server still loading
+        loading.probe()
+    assert "does not answer" in info.value.message and "up and failing" not in info.value.message

@@ -43,6 +43,12 @@ from backends._tokenize import server_tokenize, timed_out
 PROGRESS_COUNTERS = (":prompt_tokens_total", ":generation_tokens_total", ":iteration_tokens_total_count")
 
 
+# A server that answers 5xx other than 503 on both probe routes this long is up and failing, not starting
+# (a starting server refuses connections, or answers 503 while it loads, as llama.cpp's server does: those
+# wait for the start deadline).
+PROBE_5XX_S = 30.0
+
+
 class OpenAIOptions(Spec):
     """``--backend-opt`` keys of the ``openai`` backend.
 
@@ -176,6 +182,14 @@ class OpenAIBackend(Backend):
             if health.status == 200 or models.status == 200:
                 self._probed = (health, models)
                 return
+            if all(300 <= a.status < 400 for a in (health, models)):  # a redirect never turns into an answer
+                raise EngineFailure("config-rejected", f"the server at {self.base_url} redirects: GET /health: "
+                                    f"{health.body[:200]}; GET /v1/models: {models.body[:200]}", evidence)
+            failing = all(a.status >= 500 and a.status != 503 for a in (health, models))  # 503: loading, say llama.cpp
+            if failing and time.monotonic() - t0 > PROBE_5XX_S:
+                raise EngineFailure("load-failure", f"the server at {self.base_url} answered GET /health "
+                                    f"{health.status} and GET /v1/models {models.status} for {PROBE_5XX_S:g} s: it "
+                                    f"is up and failing (/health: {health.body[:200]!r})", evidence)
             if health.timed_out and models.timed_out:
                 raise EngineFailure("hang", f"the server at {self.base_url} accepts connections but sent no byte on "
                                     f"GET /health nor GET /v1/models within {health.timeout_s:g} s (read_timeout_s); "
