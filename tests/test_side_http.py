@@ -5,6 +5,7 @@ an endless body and a trickling one are cut at their bounds, in bounded time."""
 from __future__ import annotations
 
 import http.server
+import json
 import threading
 import time
 import urllib.error
@@ -232,3 +233,36 @@ def test_the_probe_names_a_redirect_at_once_and_a_failing_server_in_bounded_time
     with pytest.raises(EngineFailure) as info:  # 503 waits for the start deadline: a server still loading
         loading.probe()
     assert "does not answer" in info.value.message and "up and failing" not in info.value.message
+
+
+def test_a_server_that_ignores_stream_true_is_named_not_a_transport_fault(serve):
+    """One JSON body where an event stream was asked for (census: ``transport-distortion``, "stream ended
+    without [DONE]", blaming a hop): ``protocol-violation`` naming the content type and the first bytes."""
+    import asyncio
+
+    from bakeoff.api.errors import EngineFailure
+    from bakeoff.api.specs import GenerationRequest
+    from bakeoff.loadgen.client import OpenAIClient
+
+    def whole(h):
+        body = json.dumps({"choices": [{"text": " Paris", "finish_reason": "stop"}],
+                           "usage": {"completion_tokens": 1}}).encode()
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    client = OpenAIClient(serve(whole).url, "m", read_timeout_s=5)
+
+    async def one():
+        try:
+            return [e async for e in client.stream(GenerationRequest(request_id="r", prompt="hi", max_tokens=4))]
+        finally:
+            await client.aclose()
+
+    with pytest.raises(EngineFailure) as info:
+        asyncio.run(one())
+    assert info.value.failure_class == "protocol-violation", info.value
+    assert "answered one JSON body (Content-Type application/json), not an event stream" in info.value.message
+    assert "Paris" in info.value.message

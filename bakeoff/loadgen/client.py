@@ -236,6 +236,18 @@ class OpenAIClient:
                 cls = "runtime-crash" if resp.status >= 500 else "config-rejected"
                 raise EngineFailure(cls, f"HTTP {resp.status} from {path}: {text.strip()[:300]}",
                                     {"response.txt": text})
+            ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
+            if ctype == "application/json":  # one JSON body where an event stream was asked for
+                head = b""
+                async for _, piece in resp.chunks(self.read_timeout_s):
+                    head += piece
+                    if len(head) >= 8192:  # enough to show; the rest is not read
+                        break
+                resp.release()
+                text = head.decode("utf-8", "replace")[:2000]
+                raise EngineFailure("protocol-violation", f"{path} answered one JSON body (Content-Type application/json), "
+                                    f"not an event stream: the server ignored stream=true; first bytes: "
+                                    f"{text.strip()[:200]!r}", {"response.txt": text})
             coding = resp.headers.get("content-encoding", "identity").strip().lower()
             if coding not in ("identity", "", "gzip", "x-gzip", "deflate"):  # http.py inflates gzip/deflate
                 raise EngineFailure("transport-distortion", f"the event stream arrived Content-Encoding: {coding} "
