@@ -259,3 +259,15 @@ def test_a_transport_closed_under_the_write_is_a_transport_error():
         except TransportError as exc:
             return exc.kind, len(calls)
     assert asyncio.run(main()) == ("connect", 2)
+
+
+def test_a_prompt_count_no_prompt_can_hold_is_never_a_figure():
+    """usage.prompt_tokens of 10**18 for a 10-byte prompt (issue 36's census: printed as the needles'
+    lengths): more than the prompt's bytes plus special tokens is impossible, dropped like a negative one."""
+    from bakeoff.loadgen.accounting import PROMPT_SPECIAL_TOKENS, account
+    from bakeoff.api.specs import RequestRecord
+
+    for claimed, kept in ((10**18, None), (10 + PROMPT_SPECIAL_TOKENS + 1, None), (3, 3)):
+        rec = RequestRecord(request_id="r", session=0)
+        account(rec, [], claimed, 0, None, prompt="prompt 0 0", max_tokens=4)
+        assert rec.input_tokens == kept, (claimed, rec.input_tokens)

@@ -136,9 +136,14 @@ def prompt_dispute(prompt: str | None, usage_p: int | None, count_tokens) -> tup
                  f"the server's usage.prompt_tokens {usage_p}: not the server's tokenizer")
 
 
-def impossible_count(n: Any, most: int | None = None) -> str | None:
+# A prompt cannot hold more tokens than its UTF-8 bytes (every token of a byte-level tokenizer covers at
+# least one byte) plus the special tokens a template or post-processor adds around it.
+PROMPT_SPECIAL_TOKENS = 64
+
+
+def impossible_count(n: Any, most: int | None = None, what: str = "the request's max_tokens") -> str | None:
     """Why a server's token count cannot be true, or None: not an integer, negative, or above
-    ``most`` (a request's ``max_tokens``: no server generates past it)."""
+    ``most`` (a request's ``max_tokens``: no server generates past it; a prompt's bytes)."""
     if n is None:
         return None
     if isinstance(n, bool) or not isinstance(n, int):
@@ -146,7 +151,7 @@ def impossible_count(n: Any, most: int | None = None) -> str | None:
     if n < 0:
         return f"negative ({n})"
     if most is not None and n > most:
-        return f"{n:,} is more than the request's max_tokens {most:,}"
+        return f"{n:,} is more than {what} {most:,}"
     return None
 
 
@@ -167,8 +172,9 @@ def account(rec: RequestRecord, evs: list, usage_p: int | None, usage_c: int | N
     claimed, impossible = usage_c, impossible_count(usage_c, max_tokens)
     if impossible:
         usage_c = None
-    if impossible_count(usage_p):
-        usage_p = None
+    most_p = len(prompt.encode("utf-8")) + PROMPT_SPECIAL_TOKENS if prompt is not None else None
+    if impossible_count(usage_p, most_p, "the prompt's UTF-8 bytes plus special tokens"):
+        usage_p = None  # never a figure (census: 10**18 prompt tokens printed as the needles' lengths)
     rec.usage_output_tokens, rec.input_tokens, rec.content_events = usage_c, usage_p, len(evs)
     have_ids = bool(evs) and all(ev.token_ids is not None for ev in evs)
     rec.client_input_tokens, disputed = prompt_dispute(prompt, usage_p, count_tokens) if not have_ids else (None, None)
