@@ -91,3 +91,16 @@ def test_a_reader_that_closes_the_pipe_gets_no_traceback(args):
     proc.stdout.close()  # before the interpreter has started: every write meets a closed pipe
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) in (0, 1) and "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_an_api_key_variable_that_is_not_set_is_refused(tmp_path):
+    """``api_key_env`` naming an unset variable (issue 36's census: requests went out without a key)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "BAKEOFF_UNSET_KEY_VAR"}
+    proc = run(BAKEOFF + ["qualify", "--backends", "openai", "--backend-opt", "base_url=http://127.0.0.1:9",
+                          "--backend-opt", "api_key_env=BAKEOFF_UNSET_KEY_VAR", "--artifacts", str(tmp_path / "a")],
+               env=env)
+    assert proc.returncode == 2 and "api_key_env='BAKEOFF_UNSET_KEY_VAR' names an environment variable that is " \
+        "not set" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert _nothing_written(tmp_path / "a")

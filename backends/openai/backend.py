@@ -91,6 +91,16 @@ class OpenAIOptions(Spec):
                              "e.g. base_url=http://127.0.0.1:8000")
         return v.strip()
 
+    @field_validator("api_key_env")
+    @classmethod
+    def _key_is_set(cls, v: str | None) -> str | None:
+        """The variable must hold a key here (census: an unset one sent every request without a key,
+        and the server's 401s read as its failure). Its value is never shown."""
+        if v is not None and not os.environ.get(v):
+            raise ValueError(f"api_key_env={v!r} names an environment variable that is not set (or empty); "
+                             f"export {v}=... or drop the option")
+        return v
+
     @field_validator("tokenizer")
     @classmethod
     def _tokenizer_loads(cls, v: str | None) -> str | None:
