@@ -148,10 +148,7 @@ def test_a_redirected_stream_is_named_not_parsed_and_not_followed(serve, monkeyp
     """``POST /v1/completions`` answered 307 (issue 36's census: the stream's failure did not say why):
     the load generator's client ends the request naming the redirect and its Location as
     ``config-rejected`` (the address given is not the server's); nothing reaches the other port."""
-    import asyncio
-
     from bakeoff.api.errors import EngineFailure
-    from bakeoff.api.specs import GenerationRequest
     from bakeoff.loadgen.client import OpenAIClient
 
     elsewhere = serve(_ok)
@@ -159,14 +156,8 @@ def test_a_redirected_stream_is_named_not_parsed_and_not_followed(serve, monkeyp
     monkeypatch.setenv("BAKEOFF_TEST_KEY", "sk-secret")
     client = OpenAIClient(origin.url, "m", api_key_env="BAKEOFF_TEST_KEY", read_timeout_s=5)
 
-    async def one():
-        try:
-            return [e async for e in client.stream(GenerationRequest(request_id="r", prompt="hi", max_tokens=4))]
-        finally:
-            await client.aclose()
-
     with pytest.raises(EngineFailure) as info:
-        asyncio.run(one())
+        _stream_one(client)
     assert info.value.failure_class == "config-rejected", info.value
     assert f"HTTP 307: redirect to {elsewhere.url}/v1/completions not followed" in info.value.message, info.value.message
     assert origin.seen[0]["Authorization"] == "Bearer sk-secret" and elsewhere.seen == []
@@ -238,10 +229,8 @@ def test_the_probe_names_a_redirect_at_once_and_a_failing_server_in_bounded_time
 def test_a_server_that_ignores_stream_true_is_named_not_a_transport_fault(serve):
     """One JSON body where an event stream was asked for (census: ``transport-distortion``, "stream ended
     without [DONE]", blaming a hop): ``protocol-violation`` naming the content type and the first bytes."""
-    import asyncio
 
     from bakeoff.api.errors import EngineFailure
-    from bakeoff.api.specs import GenerationRequest
     from bakeoff.loadgen.client import OpenAIClient
 
     def whole(h):
@@ -255,14 +244,23 @@ def test_a_server_that_ignores_stream_true_is_named_not_a_transport_fault(serve)
 
     client = OpenAIClient(serve(whole).url, "m", read_timeout_s=5)
 
+    with pytest.raises(EngineFailure) as info:
+        _stream_one(client)
+    assert info.value.failure_class == "protocol-violation", info.value
+    assert "answered one JSON body (Content-Type application/json), not an event stream" in info.value.message
+    assert "Paris" in info.value.message
+
+
+def _stream_one(client) -> list:
+    """One streamed completion through the load generator's client (its events; the client closed)."""
+    import asyncio
+
+    from bakeoff.api.specs import GenerationRequest
+
     async def one():
         try:
             return [e async for e in client.stream(GenerationRequest(request_id="r", prompt="hi", max_tokens=4))]
         finally:
             await client.aclose()
 
-    with pytest.raises(EngineFailure) as info:
-        asyncio.run(one())
-    assert info.value.failure_class == "protocol-violation", info.value
-    assert "answered one JSON body (Content-Type application/json), not an event stream" in info.value.message
-    assert "Paris" in info.value.message
+    return asyncio.run(one())
