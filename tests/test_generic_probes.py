@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 
 from bakeoff.analysis import probe_tables as T
-from bakeoff.analysis.generic_probes import (CHAT_PER_FAMILY, FAMILIES, FAMILY, PER_FAMILY, chat_template_of,
+from bakeoff.analysis.generic_probes import (CHAT_PER_FAMILY, CHAT_SHOTS, FAMILIES, FAMILY, PER_FAMILY, chat_template_of,
                                              generic_probes, render_chat)
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -120,7 +120,7 @@ def test_chat_form_renders_through_a_chatml_template(with_template):
         assert p["prompt"].startswith("<|im_start|>user\n") and p["prompt"].endswith("<|im_end|>\n<|im_start|>assistant\n")
         fam = p["task"].removeprefix("chat-")
         *turns, last = p["prompt"].split("<|im_start|>user\n")[1:]
-        assert len(turns) == 3  # three answered turns, then the question
+        assert len(turns) == CHAT_SHOTS == 1  # one answered turn, then the question
         for turn in turns:  # a question and its answer, which is not the asked one
             assert turn.count("<|im_end|>\n<|im_start|>assistant\n") == 1
             assert not re.search(r"(?<![0-9A-Za-z])" + re.escape(p["expected"]) + r"(?![0-9A-Za-z])", turn), p

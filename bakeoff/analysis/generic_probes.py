@@ -15,8 +15,9 @@ Completion form: 30 probes a family (240; a family whose table is smaller stops 
 form, when the checkpoint has a chat template: 12 probes for each of copy, capital, language,
 plural and opposite (60), rendered into the prompt text with jinja2 as an OpenAI-compatible
 server renders it (so every backend sees the same text through the completions API). Each asks
-its question after three answered turns (``Repeat exactly: a b c`` / ``a b c``; ``What is the
-plural of "mouse"?`` / ``The plural of "mouse" is "mice".``), which fixes the reply's shape.
+its question after one answered turn (``Repeat exactly: a b c`` / ``a b c``; ``What is the
+plural of "mouse"?`` / ``The plural of "mouse" is "mice".``), which fixes the reply's shape
+(with none, 45/60; with one or three, 55/60).
 count, kv-recall and months have no chat form: asked in chat, SmolLM2-135M-Instruct answered
 them 50-83% of the time in every form tried, and where it answered most (count, the sequence in
 one user turn) the reply's first token was a near-tie in 23 of 25 answers and bfloat16 lost
@@ -41,12 +42,14 @@ gave 49% in all and every engine's check skipped):
 form         float32          bfloat16         near-ties (< 0.5 nats) among the right
 =========== ================ ================ =====================================
 completion   229/240 (95.4%)  230/240 (95.8%)  8 (fp32), 6 (bf16), at the answer's token
-chat          55/60 (91.7%)    55/60 (91.7%)   2 and 2
-all          284/300 (94.7%)  285/300 (95.0%)
+chat          53/60 (88.3%)    54/60 (90.0%)   0 and 1 at the answer; 5 and 7 in the prose
+                                                before it (chat-language)
+all          282/300 (94.0%)  284/300 (94.7%)
 =========== ================ ================ =====================================
 
-(2026-12-05, AMD EPYC with avx512_bf16, ``--batch 1``; per family 83-100%, the weakest
-``opposite`` 25/30 and ``chat-plural`` 10/12.) Both are far above the 50% bar, so a host's numerics
+(2026-12-05, AMD EPYC with avx512_bf16, ``--batch 1``, one answered chat turn; per family
+75-100%, the weakest ``chat-plural`` 9/12 and ``opposite`` 25/30. Three answered turns gave chat
+55/60 in both dtypes at 1.8x the chat prompts' tokens.) Both are far above the 50% bar, so a host's numerics
 cannot move the model across it; the few near-ties are the tie rule's to judge.
 """
 
@@ -63,7 +66,11 @@ from bakeoff.analysis.probe_tables import CAPITALS, KEYS, LANGUAGES, MONTHS, NOU
 FAMILIES = ("count", "copy", "kv-recall", "months", "capital", "language", "plural", "opposite")
 PER_FAMILY = 30  # completion probes per family: 240 in all
 CHAT_PER_FAMILY = 12  # per family with a chat form: 60 in all
-SHOTS = 3  # solved examples before the asked item (completion sentences, chat turns)
+SHOTS = 3  # solved sentences before the asked one (completion form)
+# answered turns before the asked question (chat form). One turn fixes the reply's shape as well as
+# three did on SmolLM2-135M-Instruct (55/60 either way) at 55% of the prompt tokens: the chat probes'
+# 6,942 tokens were 53% of the whole set's prefill, and the probes' prefill is most of their time.
+CHAT_SHOTS = 1
 
 
 @dataclass(frozen=True)
@@ -74,7 +81,7 @@ class Family:
         draw: one item from the family's random stream (hashable; an item is used once).
         completion: ``(item, rng) -> (prompt, expected)``, the completion form.
         answer: the word(s) a chat reply must contain.
-        chat: whether the family has a chat form: its question after :data:`SHOTS` answered turns.
+        chat: whether the family has a chat form: its question after :data:`CHAT_SHOTS` answered turns.
         question: the chat question of an item.
         solved: an item's question answered.
     """
@@ -156,9 +163,9 @@ FAMILY = {
 
 
 def _chat_messages(fam: Family, item: Any, rng: random.Random) -> list[dict[str, str]]:
-    """:data:`SHOTS` other items asked and answered, then ``item`` asked."""
+    """:data:`CHAT_SHOTS` other items asked and answered, then ``item`` asked."""
     shots: list[Any] = []
-    while len(shots) < SHOTS:
+    while len(shots) < CHAT_SHOTS:
         s = fam.draw(rng)
         if s != item and s not in shots and fam.answer(s) != fam.answer(item):
             shots.append(s)
