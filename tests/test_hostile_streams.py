@@ -42,6 +42,11 @@ def endless(sock):
         sock.sendall(ev * 256)
 
 
+def plain_text(sock):
+    """A whole, valid stream labelled ``Content-Type: text/plain``."""
+    sock.sendall(HEAD.replace(b"text/event-stream", b"text/plain") + _event(" tok") * 4 + b"data: [DONE]\n\n")
+
+
 def trickle(sock):
     """One byte every 50 ms: each resets a read timeout; the stream never ends."""
     sock.sendall(HEAD)
@@ -107,7 +112,7 @@ def _run(url: str, max_tokens: int, read_timeout_s: float) -> tuple[EngineFailur
 
 @pytest.mark.parametrize("behaviour, max_tokens, read_timeout_s, within_s, words", [
     (big_lines, 16, 5.0, 20, "bytes, past the"),
-    (endless, 16, 5.0, 20, "bytes, past the"),
+    (endless, 16, 5.0, 5, "events, past the 32 a stream of max_tokens 16 may carry"),
     (trickle, 2, 1.0, 15, "still streaming after"),
 ])
 def test_a_hostile_stream_is_cut_at_its_bound(hostile, behaviour, max_tokens, read_timeout_s, within_s, words):
@@ -120,6 +125,14 @@ def test_a_hostile_stream_is_cut_at_its_bound(hostile, behaviour, max_tokens, re
     assert grew < 64 * max_bytes + (256 << 20), grew  # bounded: a few buffers of the bound, never the stream
     if behaviour is trickle:
         assert took >= max_s - 1  # cut at the deadline, not by a read timeout (each byte reset it)
+
+
+def test_a_stream_labelled_other_than_an_event_stream_is_named(hostile):
+    """A mislabelled stream is a protocol violation (an EventSource client refuses it), even with
+    whole events inside; before, it was read as an event stream without a word."""
+    failure, took, _ = _run(hostile(plain_text), 4, 5.0)
+    assert failure is not None and failure.failure_class == "protocol-violation", failure
+    assert "Content-Type text/plain, not text/event-stream" in failure.message and took < 5
 
 
 def test_the_bounds_come_from_the_request():

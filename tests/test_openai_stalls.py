@@ -77,6 +77,21 @@ def test_every_api_stream_is_a_hang_within_the_read_timeout(stall_url, tmp_path,
     assert rec2.error_class == "hang" and rec2.error.startswith("engine hung earlier:") and took2 < 0.5
 
 
+def test_a_trickle_is_cut_at_its_time_bound_and_later_streams_are_not_sent(tmp_path):
+    """A byte every 50 ms resets the read timeout: the stream is cut at its time bound
+    (``stream_bounds``: 5 read timeouts + 2 s a token) as ``protocol-violation``, and the next
+    stream fails at once naming it (each would take the bound again: 240 probes took 10 min)."""
+    with serving(stalling_app("trickle")) as url:
+        b = make(tmp_path, url)
+        b.start()
+        rec, took = stream_once(b)
+        assert rec.error_class == "protocol-violation" and "still streaming after" in rec.error, rec
+        assert 5 * TIMEOUT_S + 4 * 2.0 - 1 <= took < 5 * TIMEOUT_S + 4 * 2.0 + WITHIN_S, took
+        rec2, took2 = stream_once(b, "r2")
+        assert rec2.error_class == "protocol-violation" and rec2.error.startswith("not sent: an earlier stream ran past"), rec2
+        assert took2 < 0.5
+
+
 def test_tokenize_and_metrics_are_hangs_within_the_read_timeout(stall_url, tmp_path):
     b = make(tmp_path, stall_url)
     b.start()

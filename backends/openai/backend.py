@@ -289,12 +289,17 @@ class OpenAIBackend(Backend):
     def stream(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         """The client's own event stream (no extra generator layer on the per-event path).
         Once a stream got no byte within ``read_timeout_s``, later requests fail at once as
-        ``hang`` naming it (the server is wedged: each would wait the timeout again)."""
+        ``hang`` naming it (the server is wedged: each would wait the timeout again); once one
+        was still sending at its time bound (:func:`bakeoff.loadgen.client.stream_bounds`), as
+        ``protocol-violation`` naming it (a trickle of 240 probes took 10 min of bounds)."""
         if self.client is None:
             return _failing(EngineFailure("load-failure", "openai backend is not started"))
         if self.client.hung is not None:
             return _failing(EngineFailure("hang", f"engine hung earlier: {self.client.hung.message}",
                                           dict(self.client.hung.evidence)))
+        if self.client.overran is not None:  # each later stream would take the whole bound again
+            return _failing(EngineFailure("protocol-violation", f"not sent: an earlier stream ran past its time bound: "
+                                          f"{self.client.overran.message}", dict(self.client.overran.evidence)))
         return self.client.stream(request)
 
     async def aclose(self) -> None:

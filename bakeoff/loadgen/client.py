@@ -43,6 +43,11 @@ DEADLINE_FACTOR = 5.0  # default deadline of a request the engine computes witho
 STREAM_BASE_BYTES = 1 << 20  # headers' worth, an error body, usage: 1 MiB
 STREAM_BYTES_PER_TOKEN = 64 << 10  # a token event with 20 top logprobs is ~2 KB: 64 KiB is 30x that
 STREAM_SECONDS_PER_TOKEN = 2.0  # the slowest stream bakeoff waits out: 0.5 tok/s, past the read timeouts
+# token events a stream of max_tokens may carry: one a token, plus a role event, an empty first
+# event, a finish event and usage (OpenAI-compatible servers send at most these few extra). Past
+# it the server is not stopping at max_tokens: cut at once, not at the byte or time bound (an
+# endless stream of small events took ~40 s a request to reach those: 10 min for 240 probes).
+STREAM_EVENT_SLACK = 16
 
 
 DRAIN_MAX_S, DRAIN_MAX_BYTES = 10.0, 16 << 20  # what is read after [DONE] to keep a connection, at most
@@ -89,6 +94,9 @@ class OpenAIClient:
         # the first stream that got no byte within the read timeout (a backend that attaches to a
         # server fails later requests at once with it instead of waiting the timeout again)
         self.hung: EngineFailure | None = None
+        # the first stream still sending at its time bound (a trickle: each byte resets the read
+        # timeout); a backend that attaches to a server fails later requests at once with it
+        self.overran: EngineFailure | None = None
         self._pools: dict[int, Pool] = {}
         self.watch = None if progress is None else ProgressWatch(progress, read_timeout_s,
                                                                  deadline_s or DEADLINE_FACTOR * read_timeout_s)
@@ -253,17 +261,32 @@ class OpenAIClient:
                 raise EngineFailure("transport-distortion", f"the event stream arrived Content-Encoding: {coding} "
                                     "although the client asked for identity: a hop between client and server "
                                     "compressed it; measure without that hop or turn its compression off")
+            if ctype and ctype != "text/event-stream":  # what an SSE client (a browser's EventSource) requires
+                resp.release()
+                raise EngineFailure("protocol-violation", f"{path} answered stream=true with Content-Type {ctype}, not "
+                                    "text/event-stream: an event-stream client may refuse it (a server or a hop between "
+                                    "mislabels the stream)")
             feed = SSEParser().feed  # comments (": keep-alive") and events without data never come out
             api_is_messages, is_chat = self.api == "messages", self.api == "chat"
             max_bytes, max_s = stream_bounds(req.max_tokens, self.read_timeout_s)
             end_ns = t_send + int(max_s * 1e9)
+            max_events = max(1, int(req.max_tokens or 1)) + STREAM_EVENT_SLACK
+            n_events = 0
             async for t, piece in resp.chunks(self.read_timeout_s):
                 if watch is not None:
                     watch.touch()  # a float comparison, a sample in the background every quarter timeout
                 if resp.nbytes > max_bytes or t > end_ns:
                     resp.release()  # closes the connection: nothing more is read of it
-                    raise _over_bounds(path, resp.nbytes, (t - t_send) / 1e9, max_bytes, max_s, req.max_tokens)
+                    over = _over_bounds(path, resp.nbytes, (t - t_send) / 1e9, max_bytes, max_s, req.max_tokens)
+                    if t > end_ns:
+                        self.overran = self.overran or over
+                    raise over
                 for t, data, name, _ in feed(t, piece):
+                    n_events += 1
+                    if n_events > max_events:
+                        resp.release()
+                        raise _over_bounds(path, resp.nbytes, (t - t_send) / 1e9, max_bytes, max_s, req.max_tokens,
+                                           n_events)
                     if data == "[DONE]":
                         done = True
                         continue
@@ -366,12 +389,18 @@ class OpenAIClient:
             yield TokenEvent(t_ns=t, usage=Usage(usage.get("prompt_tokens"), usage.get("completion_tokens")))
 
 
-def _over_bounds(path: str, nbytes: int, elapsed_s: float, max_bytes: int, max_s: float, max_tokens: int) -> EngineFailure:
-    """A stream past :func:`stream_bounds`: ``protocol-violation`` with the figures."""
-    what = (f"{nbytes:,} bytes, past the {max_bytes:,} a stream of max_tokens {max_tokens} may take" if nbytes > max_bytes
-            else f"still streaming after {elapsed_s:.0f} s, past the {max_s:.0f} s a stream of max_tokens {max_tokens} may take")
+def _over_bounds(path: str, nbytes: int, elapsed_s: float, max_bytes: int, max_s: float, max_tokens: int,
+                 events: int | None = None) -> EngineFailure:
+    """A stream past :func:`stream_bounds` or :data:`STREAM_EVENT_SLACK`: ``protocol-violation`` with the figures."""
+    if events is not None:
+        what = (f"{events:,} events, past the {max_tokens + STREAM_EVENT_SLACK:,} a stream of max_tokens {max_tokens} "
+                "may carry: the server does not stop at max_tokens")
+    elif nbytes > max_bytes:
+        what = f"{nbytes:,} bytes, past the {max_bytes:,} a stream of max_tokens {max_tokens} may take"
+    else:
+        what = f"still streaming after {elapsed_s:.0f} s, past the {max_s:.0f} s a stream of max_tokens {max_tokens} may take"
     return EngineFailure("protocol-violation", f"POST {path}: {what}; cut there (bakeoff's bound, client.stream_bounds)",
-                         {"bounds.json": json.dumps({"bytes": nbytes, "elapsed_s": round(elapsed_s, 3),
+                         {"bounds.json": json.dumps({"bytes": nbytes, "elapsed_s": round(elapsed_s, 3), "events": events,
                                                      "max_bytes": max_bytes, "max_s": max_s, "max_tokens": max_tokens})})
 
 

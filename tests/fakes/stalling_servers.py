@@ -12,6 +12,8 @@ Each is a FAKE; none is a backend of bakeoff:
   web application or a sign-in proxy on the port does.
 - ``html-404``: ``GET /health`` answers JSON (200); every other route a proxy's HTML 404 page (an
   API whose ``/v1/models`` is not routed: still an API, the model name must be given).
+- ``trickle``: as ``stall`` for ``/health`` and ``/v1/models``; a generation answers 200 as an
+  event stream and then sends one byte every 50 ms without end (each byte resets a read timeout).
 
 Every request's ``METHOD path`` is appended to ``app[SEEN]``. Run as
 ``python -m tests.fakes.stalling_servers KIND --port P``.
@@ -22,7 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-KINDS = ("stall", "stall-all", "html", "html-404")
+KINDS = ("stall", "stall-all", "html", "html-404", "trickle")
 LOGIN_PAGE = ("<!DOCTYPE html>\n<html><head><title>Sign in</title></head>\n<body><form method=\"post\" "
               "action=\"/login\"><input name=\"user\"><input name=\"password\" type=\"password\"></form></body></html>\n")
 
@@ -59,10 +61,17 @@ def stalling_app(kind: str):
             if request.path == "/health":
                 return web.json_response({"status": "ok"})
             return web.Response(status=404, text="<html><body><h1>404 Not Found</h1></body></html>", content_type="text/html")
-        if kind == "stall" and request.method == "GET" and request.path == "/health":
+        if kind in ("stall", "trickle") and request.method == "GET" and request.path == "/health":
             return web.json_response({"status": "ok"})
-        if kind == "stall" and request.method == "GET" and request.path == "/v1/models":
+        if kind in ("stall", "trickle") and request.method == "GET" and request.path == "/v1/models":
             return web.json_response({"object": "list", "data": [{"id": "fake-stall", "object": "model"}]})
+        if kind == "trickle" and request.method == "POST":
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            while not app[STOP].is_set():
+                await resp.write(b": ")  # an SSE comment's bytes: no event, ever
+                await asyncio.sleep(0.05)
+            return resp
         await app[STOP].wait()  # never answers while serving: no status line, no byte
         return web.Response(status=503)
 
