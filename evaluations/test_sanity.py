@@ -232,7 +232,9 @@ def test_reference_agreement(run, settings, engine, reference, probe_set, probe_
                          "accuracy": round(d.candidate_accuracy, 4), "reference_accuracy": round(d.baseline_accuracy, 4),
                          "decision": d.as_values(), "chat_rendering": probe_set.rendering})
         counts = (f"{agr['exact']} exact, {agr['tie']} tie, {agr['real']} real"
-                  + (f", {agr['undetermined']} undetermined (no logprobs)" if agr["undetermined"] else "")
+                  + (f", {agr['undetermined']} undetermined ("
+                     + "; ".join(f"{why}: {n}" for why, n in agr["undetermined_because"].items()) + ")"
+                     if agr["undetermined"] else "")
                   + f" divergences of {agr['prompts']}")
         differing, rendered = probe_set.differing_ids(), ""
         if differing:  # the model under test's chat template renders these otherwise than the reference's

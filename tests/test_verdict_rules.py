@@ -125,8 +125,22 @@ def test_exact_and_trailing_eos_and_missing_logprobs():
     b = {"id": "p", "text": " 7", "token_ids": [9]}
     assert compare_tie_aware(a, b)["outcome"] == "exact"  # one trailing EOS id, same text
     c = {"id": "p", "text": " 8", "token_ids": [4]}
-    assert compare_tie_aware(c, b)["outcome"] == "undetermined"  # no logprobs: cannot call it a tie
-    assert compare_tie_aware({"id": "p", "text": "ab"}, {"id": "p", "text": "ac"})["unit"] == "char"
+    row = compare_tie_aware(c, b)
+    assert row["outcome"] == "undetermined"  # no logprobs: cannot call it a tie
+    assert row["undetermined_because"] == "no logprobs at the divergence"
+    row = compare_tie_aware({"id": "p", "text": "ab"}, {"id": "p", "text": "ac"})
+    assert row["unit"] == "char" and row["undetermined_because"] == "no token ids in the stream"
+
+
+def test_an_undetermined_divergence_says_what_was_missing():
+    """Logprobs without token ids are not "no logprobs" (issue 38: 240/240 streams carried logprobs
+    and the report said none): the agreement counts each reason."""
+    lp = [(" 8", -0.1, {" 8": -0.1, " 7": -0.3})]
+    ref = {"id": "p", "text": " 7", "token_ids": [7], "logprobs": [(7, -0.1, {7: -0.1, 8: -0.3})]}
+    no_ids = {"id": "p", "text": " 8", "logprobs": lp}
+    agr = agreement([no_ids, no_ids, {"id": "p", "text": " 8", "token_ids": [8]}], [ref, ref, ref])
+    assert agr["undetermined"] == 3
+    assert agr["undetermined_because"] == {"no token ids in the stream": 2, "no logprobs at the divergence": 1}
 
 
 def test_tie_rule_survives_json_storage():
@@ -227,7 +241,9 @@ def test_a_decoder_taking_the_second_best_token_is_not_a_tie():
 def test_ids_against_token_strings_is_undetermined():
     a = {"id": "p", "text": "x", "token_ids": [5], "logprobs": [(5, -0.5, {5: -0.5, 6: -0.9})]}
     b = {"id": "p", "text": "y", "token_ids": [6], "logprobs": [("y", -0.5, {"y": -0.5, "x": -0.9})]}
-    assert compare_tie_aware(a, b)["outcome"] == "undetermined"
+    row = compare_tie_aware(a, b)
+    assert row["outcome"] == "undetermined"
+    assert row["undetermined_because"] == "logprobs keyed by token text on one side, by token id on the other"
 
 
 def test_judge_never_passes_on_broken_scores():

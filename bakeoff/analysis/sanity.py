@@ -153,7 +153,8 @@ def compare_tie_aware(out: dict[str, Any], ref: dict[str, Any], top_k: int = TIE
     Returns:
         ``{"id", "outcome": exact|tie|real|undetermined, "first_divergence", "unit",
         "output", "reference", "at_divergence"}``; ``at_divergence`` holds both tokens and each
-        side's logprobs of both, as evidence.
+        side's logprobs of both, as evidence; an undetermined row says why in
+        ``undetermined_because``.
     """
     a, b = out.get("token_ids"), ref.get("token_ids")
     unit = "token"
@@ -172,6 +173,8 @@ def compare_tie_aware(out: dict[str, Any], ref: dict[str, Any], top_k: int = TIE
         row["first_divergence"] = first = n  # one side stopped where the other went on
     row["outcome"] = "undetermined"
     if unit != "token":
+        row["undetermined_because"] = "no token ids in the stream" if not out.get("token_ids") else \
+            "no token ids in the reference's output"
         return row
     la, lb = out.get("logprobs") or [], ref.get("logprobs") or []
     ea = la[first] if first < len(la) else None
@@ -183,10 +186,13 @@ def compare_tie_aware(out: dict[str, Any], ref: dict[str, Any], top_k: int = TIE
         "output_logprobs": {str(t): round(v, 4) for t, v in sorted(top_map(ea).items(), key=lambda kv: -kv[1])[:top_k]},
         "reference_logprobs": {str(t): round(v, 4) for t, v in sorted(top_map(eb).items(), key=lambda kv: -kv[1])[:top_k]},
     }
-    if ta is None or tb is None or top_a is None or top_b is None:
-        return row  # a side stopped without its stop token's logprobs, or gave none
+    if ta is None or tb is None or top_a is None or top_b is None:  # a side stopped, or gave no logprobs there
+        row["undetermined_because"] = ("one side stopped where the other went on, without its stop token's logprobs"
+                                       if ta is None or tb is None else "no logprobs at the divergence")
+        return row
     if not all(isinstance(t, type(ta)) for t in (tb, *top_a, *top_b)):
-        return row  # ids on one side, token strings on the other: cannot be matched
+        row["undetermined_because"] = "logprobs keyed by token text on one side, by token id on the other"
+        return row
     ma, mb = top_map(ea), top_map(eb)
     gap_a = ma[ta] - ma[tb] if ta in ma and tb in ma else None
     gap_b = mb[tb] - mb[ta] if ta in mb and tb in mb else None
@@ -201,15 +207,19 @@ def agreement(outputs: list[dict[str, Any]], reference: list[dict[str, Any]], to
     :func:`compare_tie_aware`).
 
     Returns:
-        ``prompts``, ``exact``, ``tie``, ``real``, ``undetermined`` counts, ``exact_match_rate``,
+        ``prompts``, ``exact``, ``tie``, ``real``, ``undetermined`` counts, ``undetermined_because``
+        (why the tie rule could not run, with counts: no token ids in the stream, no logprobs at
+        the divergence, logprobs keyed by text on one side), ``exact_match_rate``,
         ``mean_first_divergence`` (over diverging outputs), ``logprobs`` (whether both sides
         gave them on every output), and the per-prompt ``rows``.
     """
     rows = [compare_tie_aware(o, r, top_k) for o, r in zip(outputs, reference)]
     counts = {k: sum(r["outcome"] == k for r in rows) for k in ("exact", "tie", "real", "undetermined")}
+    why = Counter(r["undetermined_because"] for r in rows if r.get("undetermined_because"))
     divs = [r["first_divergence"] for r in rows if r["first_divergence"] is not None]
     both = all(o.get("logprobs") for o in outputs) and all(r.get("logprobs") for r in reference)
-    return {"prompts": len(rows), **counts, "tie_top_k": top_k, "logprobs": both,
+    return {"prompts": len(rows), **counts, "undetermined_because": dict(why.most_common()), "tie_top_k": top_k,
+            "logprobs": both,
             "exact_match_rate": counts["exact"] / len(rows) if rows else None,
             "mean_first_divergence": sum(divs) / len(divs) if divs else None, "rows": rows}
 
