@@ -378,12 +378,16 @@ def test_a_tokenizer_that_counts_prompts_otherwise_makes_the_counts_disputed():
     assert foreign.output_tokens == N and foreign.output_tokens_source.startswith("server-usage (disputed:")
     assert "9" in foreign.output_tokens_source and "7" in foreign.output_tokens_source
     assert foreign.client_input_tokens == 9 and foreign.input_tokens == 7
-    own = RequestRecord(request_id="o")  # the same counts with the server's tokenizer: a real disagreement
-    account(own, evs, 9, N, tok, prompt=prompt)
+    # the server's tokenizer, and a usage that is neither its count nor the stream's events: a real disagreement
+    own = RequestRecord(request_id="o")
+    account(own, evs, 9, N + 5, tok, prompt=prompt)
     assert own.accounting == "disagree" and own.accounting_mismatch and own.output_tokens == 2 * N
     unchecked = RequestRecord(request_id="u")  # no prompt (chat): nothing to check the tokenizer on
-    account(unchecked, evs, 7, N, tok)
+    account(unchecked, evs, 7, N + 5, tok)
     assert unchecked.accounting == "disagree"
+    settled = RequestRecord(request_id="s")  # usage = the stream's N events, one token each: the stream settles it
+    account(settled, evs, 9, N, tok, prompt=prompt)
+    assert (settled.accounting, settled.output_tokens) == ("agree", N)
     point = summarize([foreign, own], 1.0, 2)
     assert point["accounting_disputed"] == 1 and point["accounting_mismatches"] == 1
 

@@ -266,6 +266,26 @@ def test_logprobs_stay_aligned_with_token_ids():
     assert jsonable_logprobs(rec.output_logprobs)[1] is None
 
 
+def test_usage_settled_by_the_stream_beats_a_tokenizer_that_is_not_the_servers():
+    """Issue 38: the prompt counts agreed by chance, the client's tokenizer counted a 32-event
+    stream as 86 tokens, usage said 32. One token an event, 32 events: the stream settles it,
+    the figures use 32 and the source names the tokenizer; a stream whose events are fewer than
+    usage still disagrees."""
+    from bakeoff.loadgen.accounting import account
+    from bakeoff.api.specs import RequestRecord, TokenEvent
+
+    evs = [TokenEvent(i, "ab c", None) for i in range(32)]
+    wrong_tokenizer = lambda text: 3 if text == "ab c" else len(text.split())  # noqa: E731 - 86 ~ 3 an event
+    rec = RequestRecord(request_id="r", status="ok")
+    account(rec, evs, 2, 32, wrong_tokenizer, prompt="hi there")
+    assert (rec.output_tokens, rec.accounting, rec.accounting_mismatch) == (32, "agree", False)
+    assert "agrees with client-events" in rec.output_tokens_source and "counts 96" in rec.output_tokens_source
+    assert len(rec.token_times_ns) == 32
+    rec = RequestRecord(request_id="r", status="ok")
+    account(rec, evs[:20], 2, 32, wrong_tokenizer, prompt="hi there")
+    assert (rec.accounting, rec.output_tokens) == ("disagree", 60)  # nothing settles it: the mismatch stands
+
+
 # ---- failure classes ------------------------------------------------------------------------
 
 def _recording_run(tmp_path):

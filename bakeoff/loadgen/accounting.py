@@ -40,6 +40,11 @@ usage, the source says ``disputed``, and the point counts ``accounting_disputed`
 mismatch blamed on the server (usage.prompt_tokens 7 against the client's own 9 once made the
 client's count win).
 
+When the client's tokenizer disagrees with usage but usage equals the number of content events
+(each carrying at most one logprob entry), the stream itself corroborates usage: one token an
+event. Usage is what the figures use (``agree``, the source naming the events and the tokenizer's
+count), and the tokenizer is named as not the server's; before, its count won (2.7x too high).
+
 The request's figures use the count the check trusts: token ids when streamed, server usage
 when it agrees with the client's count, else the client's count (``output_tokens_source``
 says which, and why); ``token_times_ns`` come from the per-event counts, never from spreading
@@ -210,6 +215,15 @@ def account(rec: RequestRecord, evs: list, usage_p: int | None, usage_c: int | N
         elif abs(usage_c - rec.client_output_tokens) <= tolerance(ks):
             rec.accounting = "agree"
             rec.output_tokens, rec.output_tokens_source = usage_c, f"server-usage (agrees with {basis})"
+        elif basis == "client-tokenizer" and usage_c == len(evs) and all(len(ev.logprobs or [None]) == 1 for ev in evs):
+            # one token an event, as many as usage says: the stream settles it, and the client's
+            # tokenizer, far off on the output it counts, is not the server's (issue 38: its 86
+            # against usage 32 on a 32-event stream once made the figures 2.7x too high)
+            rec.accounting = "agree"
+            rec.output_tokens, rec.output_tokens_source = usage_c, (
+                f"server-usage (agrees with client-events; the client's tokenizer counts {rec.client_output_tokens}: "
+                "not the server's tokenizer)")
+            ks = [1] * len(evs)
         elif basis == "client-events" and usage_c > rec.client_output_tokens:
             rec.accounting = "unverified"  # events may carry several tokens: only a tokenizer can tell
             rec.output_tokens, rec.output_tokens_source = usage_c, "server-usage (unverified)"
