@@ -22,7 +22,7 @@ from typing import Callable
 
 from bakeoff.host import envs
 
-JUDGE_CACHE_VERSION = 1
+JUDGE_CACHE_VERSION = 2  # 2: scores leave a trailing EOS unscored on both sides
 
 
 class ReferenceAnswers:

@@ -36,7 +36,7 @@ from evaluations.session import KEY_ENGINE
 def _score(base_url: str, prompt: str, ids: list[int] | None, text: str, top_k: int = 0) -> dict:
     import httpx
 
-    body = {"prompt": prompt, "top_k": top_k}
+    body = {"prompt": prompt, "top_k": top_k, "drop_trailing_eos": True}  # both sides scored alike, EOS or not
     body.update({"continuation_ids": ids} if ids else {"continuation": text})
     r = httpx.post(base_url + "/v1/score", json=body, timeout=300.0)
     r.raise_for_status()

@@ -12,6 +12,7 @@ import asyncio
 import json
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -103,6 +104,20 @@ def test_generate_runs_in_its_own_process_with_the_thread_default(model, tmp_pat
         with urllib.request.urlopen(req, timeout=60) as r:
             scored = json.loads(r.read())
         assert scored["token_ids"] == rec.output_token_ids and len(scored["logprobs"]) == rec.output_tokens
+        # the judge's scores leave a trailing EOS unscored, so an output streamed with its EOS id
+        # and the same output without it score alike (issue 38)
+        eos = json.loads((Path(model) / "config.json").read_text())["eos_token_id"]
+        eos = eos[0] if isinstance(eos, list) else eos
+        both, base = [], list(rec.output_token_ids)
+        while base and base[-1] == eos:
+            base.pop()
+        for ids in (base, base + [eos]):
+            req = urllib.request.Request(b.base_url.rstrip("/") + "/v1/score", json.dumps(
+                {"prompt": "count: 12 13 14 15 =>", "continuation_ids": ids, "drop_trailing_eos": True}).encode(),
+                {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=60) as r:
+                both.append(json.loads(r.read()))
+        assert both[0]["logprobs"] == both[1]["logprobs"] and [x["eos_dropped"] for x in both] == [0, 1]
 
         # a stream of 20,000 tokens dropped after its first event stops generating
         url = urllib.parse.urlparse(b.base_url)

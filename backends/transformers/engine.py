@@ -136,19 +136,27 @@ class TransformersEngine:
 
         Args:
             body: ``prompt`` (text), ``continuation_ids`` (token ids) or ``continuation``
-                (text, tokenized here without special tokens), ``top_k`` (default 0).
+                (text, tokenized here without special tokens), ``top_k`` (default 0),
+                ``drop_trailing_eos`` (default false): leave the continuation's trailing
+                end-of-sequence ids unscored, so that outputs streamed with their EOS id and
+                outputs without it (text, or an engine that does not stream it) are scored alike.
 
         Returns:
             ``{"token_ids", "logprobs": [logprob of each token], "top_logprobs": [[[id,
-            logprob], ...] per token]}``, in this model's float32 log-softmax.
+            logprob], ...] per token], "eos_dropped"}``, in this model's float32 log-softmax.
         """
         torch, tok = self.torch, self.tokenizer
         k = int(body.get("top_k") or 0)
         p = tok(body.get("prompt") or "")["input_ids"]
         c = body.get("continuation_ids")
         c = [int(t) for t in c] if c is not None else tok(body.get("continuation") or "", add_special_tokens=False)["input_ids"]
+        n_ids = len(c)
+        if body.get("drop_trailing_eos"):
+            while c and c[-1] in self.eos_ids():
+                c = c[:-1]
+        dropped = n_ids - len(c)
         if not p or not c:
-            return {"token_ids": c, "logprobs": [], "top_logprobs": []}
+            return {"token_ids": c, "logprobs": [], "top_logprobs": [], "eos_dropped": dropped}
         x = torch.tensor([p + c], device=self.device)
         with torch.inference_mode():
             logits = self.model(input_ids=x).logits[0, len(p) - 1:len(p) + len(c) - 1].float()
@@ -158,7 +166,15 @@ class TransformersEngine:
         if k:
             vals, idx = logp.topk(k, dim=-1)
             top = [list(zip(i, v)) for i, v in zip(idx.tolist(), vals.tolist())]
-        return {"token_ids": c, "logprobs": chosen, "top_logprobs": top}
+        return {"token_ids": c, "logprobs": chosen, "top_logprobs": top, "eos_dropped": dropped}
+
+    def eos_ids(self) -> set[int]:
+        """The model's end-of-sequence ids: its generation config's (an int or a list) and its tokenizer's."""
+        ids = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        out = set(ids if isinstance(ids, (list, tuple)) else [ids] if ids is not None else [])
+        if self.tokenizer.eos_token_id is not None:
+            out.add(int(self.tokenizer.eos_token_id))
+        return out
 
     # -- one generate at a time ------------------------------------------------------------------
     def generate(self, rid: Any, body: dict[str, Any], chan, waiting: collections.deque) -> None:
