@@ -35,8 +35,11 @@ token moves far less than tokens/s: it is how a request field's cost is told apa
 Drift: a shared host drifts by tens of percent over minutes, little within seconds. Each session
 count runs ``tool, bakeoff, tool, bakeoff, ..., tool`` (``--pairs`` bakeoff runs, after one
 untimed run of each side); each bakeoff run is divided by the mean of the tool runs just before
-and after it: one paired ratio (:func:`paired_ratios`). The table shows the median ratio and its
-range; the JSON (``--out``) keeps every run.
+and after it: one paired ratio (:func:`paired_ratios`). The table shows each ratio with its 95%
+interval (Student's t on the log ratios, :func:`bakeoff.analysis.noise.ratio_interval`): after
+``--pairs`` pairs, more are run while the interval's half-width exceeds ``--half-width`` (0.03),
+up to ``--max-pairs``; a row whose interval stays wider is printed ``unresolved`` with it, never
+as a bare figure. The JSON (``--out``) keeps every run.
 
 vLLM request fields (issue 28): ``--vllm-bodies`` measures bakeoff and ``vllm bench serve`` with
 the same extra request body, per variant (``sweep``: what bakeoff's sweep sends; ``probes``: what
@@ -59,14 +62,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bakeoff.analysis.noise import ratio_interval  # noqa: E402
 from benchmarks.fidelity_tools import TOOLS, ToolSide, cpu_per_token, engine_cpu_s, make_tool  # noqa: E402
 
 ENGINES = ("vllm", "ort-genai", "openvino", "optimum-ort", "transformers")
-COLUMNS = ("engine", "sessions", "bakeoff tok/s", "tool tok/s", "ratio (range)", "TTFT p50 ms b/t", "TPOT p50 ms b/t")
+COLUMNS = ("engine", "sessions", "bakeoff tok/s", "tool tok/s", "ratio [95% interval], pairs", "TTFT p50 ms b/t",
+           "TPOT p50 ms b/t")
+HALF_WIDTH = 0.03  # the ratio's 95% interval, half its width at most, or the row is unresolved
+MAX_PAIRS = 10
 
 
 def paired_ratios(bakeoff: list[float], tool: list[float]) -> list[float]:
@@ -82,13 +88,28 @@ def _median(xs: list[float | None]) -> float | None:
     return float(statistics.median(vals)) if vals else None
 
 
-def summarize_row(engine: str, variant: str, sessions: int, tool_name: str, b_runs: list[dict], t_runs: list[dict]) -> dict:
-    """One table row: medians of each side's runs and the paired ratios (:func:`paired_ratios`)."""
+def interval_of(b_runs: list[dict], t_runs: list[dict]):
+    """The paired ratios of the runs so far and their 95% interval (None below 2 pairs)."""
     ratios = paired_ratios([r["output_tokens_per_s"] for r in b_runs], [r["output_tokens_per_s"] for r in t_runs])
+    return ratios, ratio_interval(ratios)
+
+
+def resolved(ci, half_width: float) -> bool:
+    """Whether an interval is as narrow as asked (half its width at most ``half_width``)."""
+    return ci is not None and (ci.high - ci.low) / 2 <= half_width
+
+
+def summarize_row(engine: str, variant: str, sessions: int, tool_name: str, b_runs: list[dict], t_runs: list[dict],
+                  half_width: float = HALF_WIDTH) -> dict:
+    """One table row: medians of each side's runs, the paired ratios (:func:`paired_ratios`), their
+    geometric mean and 95% interval, and whether the interval is within ``half_width``."""
+    ratios, ci = interval_of(b_runs, t_runs)
     return {"engine": engine, "variant": variant, "sessions": sessions, "tool": tool_name,
             "bakeoff_output_tokens_per_s": _median([r["output_tokens_per_s"] for r in b_runs]),
             "tool_output_tokens_per_s": _median([r["output_tokens_per_s"] for r in t_runs]),
-            "ratio": _median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios), "ratios": ratios,
+            "ratio": ci.mean if ci else ratios[0], "ratio_low": ci.low if ci else None,
+            "ratio_high": ci.high if ci else None, "resolved": resolved(ci, half_width), "half_width_target": half_width,
+            "ratio_min": min(ratios), "ratio_max": max(ratios), "ratios": ratios,
             "bakeoff_ttft_p50_ms": _median([r.get("ttft_p50_ms") for r in b_runs]),
             "tool_ttft_p50_ms": _median([r.get("ttft_p50_ms") for r in t_runs]),
             "bakeoff_tpot_p50_ms": _median([r.get("tpot_p50_ms") for r in b_runs]),
@@ -160,17 +181,21 @@ def _counters(engine) -> dict[str, float]:
         return {}
 
 
-def alternate(bake: BakeoffSide, tool: ToolSide, sessions: int, pairs: int, log) -> tuple[list[dict], list[dict]]:
-    """One untimed run of each side, then tool, bakeoff, tool, ... (``pairs`` bakeoff runs)."""
+def alternate(bake: BakeoffSide, tool: ToolSide, sessions: int, pairs: int, log, max_pairs: int | None = None,
+              half_width: float = HALF_WIDTH) -> tuple[list[dict], list[dict]]:
+    """One untimed run of each side, then tool, bakeoff, tool, ...: ``pairs`` bakeoff runs, and
+    more while the ratio's interval is wider than ``half_width``, up to ``max_pairs``."""
     bake.run(sessions)
     tool.run(sessions)
     t_runs, b_runs = [tool.run(sessions)], []
-    for i in range(pairs):
+    i = 0
+    while i < pairs or (i < (max_pairs or pairs) and not resolved(interval_of(b_runs, t_runs)[1], half_width)):
         b_runs.append(bake.run(sessions))
         t_runs.append(tool.run(sessions))
         fill = ("" if b_runs[-1].get("tokens_per_step") is None else
                 f"; tokens per step {b_runs[-1]['tokens_per_step']} / {t_runs[-1].get('tokens_per_step') or '-'}")
-        log(f"    {sessions} sessions, pair {i + 1}/{pairs}: bakeoff {b_runs[-1]['output_tokens_per_s']:.1f}, "
+        i += 1
+        log(f"    {sessions} sessions, pair {i}/{pairs}+: bakeoff {b_runs[-1]['output_tokens_per_s']:.1f}, "
             f"{tool.name} {t_runs[-2]['output_tokens_per_s']:.1f} / {t_runs[-1]['output_tokens_per_s']:.1f} tok/s"
             + (f" {t_runs[-1]['kinds']}" if t_runs[-1].get("kinds") else "")
             + (f" failed: {t_runs[-1]['failed_kinds']}" if t_runs[-1].get("failed_kinds") else "") + f"{fill}"
@@ -201,8 +226,8 @@ def measure_engine(name: str, model_path: str, fixture: bool, args, log) -> tupl
                 tool = make_tool(name, engine, model_path, fixture, args, variant, work)
                 try:
                     for n in args.sessions:
-                        b_runs, t_runs = alternate(bake, tool, n, args.pairs, log)
-                        rows.append(summarize_row(name, variant, n, tool.describe(n), b_runs, t_runs))
+                        b_runs, t_runs = alternate(bake, tool, n, args.pairs, log, args.max_pairs, args.half_width)
+                        rows.append(summarize_row(name, variant, n, tool.describe(n), b_runs, t_runs, args.half_width))
                 finally:
                     tool.close()
         except (RuntimeError, OSError, EngineFailure) as exc:
@@ -217,6 +242,16 @@ def fmt(x: float | None, spec: str = ".1f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def ratio_cell(r: dict) -> str:
+    """``0.970 [0.95, 0.99], 4``; ``unresolved 0.93 [0.80, 1.05], 10`` when the interval stayed
+    wider than asked; ``unresolved 0.93 (one pair: no interval), 1``."""
+    n = len(r["ratios"])
+    if r.get("ratio_low") is None:
+        return f"unresolved {fmt(r['ratio'], '.3f')} (one pair: no interval), {n}"
+    cell = f"{fmt(r['ratio'], '.3f')} [{fmt(r['ratio_low'], '.2f')}, {fmt(r['ratio_high'], '.2f')}], {n}"
+    return cell if r.get("resolved") else "unresolved " + cell
+
+
 def table(rows: list[dict]) -> str:
     """The printed table (one line per engine, variant and session count)."""
     lines = [" | ".join(COLUMNS), " | ".join("---" for _ in COLUMNS)]
@@ -224,7 +259,7 @@ def table(rows: list[dict]) -> str:
         label = r["engine"] + ("" if r["variant"] == "default" else f" [{r['variant']}]")
         lines.append(" | ".join((
             label, str(r["sessions"]), fmt(r["bakeoff_output_tokens_per_s"]), fmt(r["tool_output_tokens_per_s"]),
-            f"{fmt(r['ratio'], '.3f')} ({fmt(r['ratio_min'], '.2f')}-{fmt(r['ratio_max'], '.2f')})",
+            ratio_cell(r),
             f"{fmt(r['bakeoff_ttft_p50_ms'])} / {fmt(r['tool_ttft_p50_ms'])}",
             f"{fmt(r['bakeoff_tpot_p50_ms'], '.2f')} / {fmt(r['tool_tpot_p50_ms'], '.2f')}")))
     return "\n".join(lines)
@@ -238,7 +273,12 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (EOS ignored)")
     ap.add_argument("--requests-per-session", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=2, help="warm-up requests before every run, each side")
-    ap.add_argument("--pairs", type=int, default=3, help="bakeoff runs per session count, each between two tool runs")
+    ap.add_argument("--pairs", type=int, default=3, help="bakeoff runs per session count at least, each between two "
+                    "tool runs")
+    ap.add_argument("--max-pairs", type=int, default=MAX_PAIRS, help="pairs at most: more are run while the ratio's 95%% "
+                    "interval is wider than --half-width")
+    ap.add_argument("--half-width", type=float, default=HALF_WIDTH, help="the ratio's 95%% interval, half its width, "
+                    "at most (else the row is 'unresolved')")
     ap.add_argument("--backend-opt", action="append", default=[], metavar="ENGINE:KEY=VALUE",
                     help="a backend option for one engine, e.g. ort-genai:paged_attention=false (repeatable)")
     ap.add_argument("--vllm-bodies", default="sweep",
@@ -255,6 +295,9 @@ def parse_args(argv: list[str] | None = None):
         ap.error(f"--sessions takes comma-separated integers, e.g. 1,8 (got {args.sessions!r})")
     if any(n < 1 for n in args.sessions) or min(args.max_tokens, args.requests_per_session, args.pairs) < 1 or args.warmup < 0:
         ap.error("--sessions, --max-tokens, --requests-per-session and --pairs take positive integers, --warmup >= 0")
+    args.max_pairs = max(args.max_pairs, args.pairs)
+    if not 0 < args.half_width < 1:
+        ap.error(f"--half-width takes a number between 0 and 1 (a ratio's interval, half its width), not {args.half_width}")
     args.backend_opts = {}
     for item in args.backend_opt:
         engine, sep, kv = item.partition(":")
@@ -296,6 +339,7 @@ def main(argv: list[str] | None = None) -> dict:
         log(f"{name}: not measured: {why}")
     out = {"command": [sys.executable, *sys.argv], "model": args.model, "model_path": str(model.path),
            "settings": {k: getattr(args, k) for k in ("sessions", "max_tokens", "requests_per_session", "warmup", "pairs",
+                                                       "max_pairs", "half_width",
                                                      "vllm_bodies")},
            "host": {"node": platform.node(), "cpus": os.cpu_count(), "machine": platform.machine()},
            "metric": "aggregate output tokens/s: output tokens of the timed requests / s from the first send to the last end",

@@ -12,7 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_fidelity import COLUMNS, main, paired_ratios, parse_args, table  # noqa: E402
+from benchmarks.bench_fidelity import (COLUMNS, alternate, main, paired_ratios, parse_args, ratio_cell,  # noqa: E402
+                                       summarize_row, table)
 
 
 def test_paired_ratio_is_bakeoff_over_the_mean_of_the_tool_runs_around_it():
@@ -21,11 +22,40 @@ def test_paired_ratio_is_bakeoff_over_the_mean_of_the_tool_runs_around_it():
         paired_ratios([1.0, 2.0], [1.0, 2.0])
 
 
+class _Side:
+    """A FAKE side of the benchmark: its runs' tokens/s, in order."""
+
+    def __init__(self, name, figures):
+        self.name, self.figures = name, iter(figures)
+
+    def run(self, sessions):
+        return {"output_tokens_per_s": next(self.figures)}
+
+
+def test_pairs_are_added_until_the_interval_is_narrow_enough_or_the_cap():
+    """Steady runs stop at --pairs with a narrow interval; runs whose ratio swings 0.8-1.0 go on
+    to --max-pairs and the row says unresolved, with its interval (issue 38: three pairs could not
+    tell a gap from drift, and a bare median was quoted)."""
+    steady_b, steady_t = _Side("b", [1] + [97.0] * 20), _Side("t", [1] + [100.0] * 21)
+    b, t = alternate(steady_b, steady_t, 1, 3, lambda *_: None, max_pairs=10, half_width=0.03)
+    row = summarize_row("e", "default", 1, "tool", b, t, 0.03)
+    assert len(b) == 3 and row["resolved"] and row["ratio"] == pytest.approx(0.97)
+    assert ratio_cell(row) == "0.970 [0.97, 0.97], 3"
+    swing_b, swing_t = _Side("b", [1] + [80.0, 100.0] * 10), _Side("t", [1] + [100.0] * 21)
+    b, t = alternate(swing_b, swing_t, 1, 3, lambda *_: None, max_pairs=6, half_width=0.03)
+    row = summarize_row("e", "default", 1, "tool", b, t, 0.03)
+    assert len(b) == 6 and not row["resolved"] and row["ratio_low"] < 0.85 < 0.95 < row["ratio_high"]
+    assert ratio_cell(row).startswith("unresolved 0.8") and ratio_cell(row).endswith(", 6")
+    one = summarize_row("e", "default", 1, "tool", b[:1], t[:2], 0.03)
+    assert ratio_cell(one) == "unresolved 0.800 (one pair: no interval), 1"
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--engines", "vllm,nope"], "unknown engine 'nope'"),
     (["--sessions", "1,x"], "comma-separated integers"),
     (["--sessions", "0"], "positive integers"),
     (["--backend-opt", "vllm=max_model_len=8"], "ENGINE:key=value"),
+    (["--half-width", "0"], "--half-width takes a number between 0 and 1"),
 ])
 def test_bad_arguments_are_one_line(argv, words, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -38,7 +68,7 @@ def test_bad_arguments_are_one_line(argv, words, capsys):
 def test_transformers_row_per_session_count_with_ratio_from_both_figures(tmp_path, capsys):
     out = tmp_path / "fidelity.json"
     res = main(["--engines", "transformers", "--sessions", "1,2", "--max-tokens", "4", "--requests-per-session", "2",
-                "--warmup", "1", "--pairs", "2", "--out", str(out)])
+                "--warmup", "1", "--pairs", "2", "--max-pairs", "2", "--out", str(out)])
     assert json.loads(out.read_text())["rows"] == json.loads(json.dumps(res["rows"], default=str))
     assert res["skipped"] == {} and [r["sessions"] for r in res["rows"]] == [1, 2]
     for r in res["rows"]:
@@ -49,8 +79,8 @@ def test_transformers_row_per_session_count_with_ratio_from_both_figures(tmp_pat
         # every request measured on both sides: sessions x requests x max_tokens output tokens
         assert all(x["output_tokens"] == r["sessions"] * 2 * 4 for x in r["bakeoff_runs"] + r["tool_runs"])
         assert r["ratios"] == pytest.approx([bi / ((t0 + t1) / 2) for bi, t0, t1 in zip(b, t, t[1:])])
-        assert r["ratio"] == pytest.approx(statistics.median(r["ratios"]))
-        assert r["ratio_min"] <= r["ratio"] <= r["ratio_max"]
+        assert r["ratio"] == pytest.approx(statistics.geometric_mean(r["ratios"]))
+        assert r["ratio_low"] <= r["ratio"] <= r["ratio_high"] and r["ratio_min"] <= r["ratio"] <= r["ratio_max"]
         assert r["bakeoff_output_tokens_per_s"] == pytest.approx(statistics.median(b))
         assert r["tool_output_tokens_per_s"] == pytest.approx(statistics.median(t))
         for k in ("bakeoff_ttft_p50_ms", "tool_ttft_p50_ms", "bakeoff_tpot_p50_ms", "tool_tpot_p50_ms"):
