@@ -37,6 +37,20 @@ def run(backend, req):
     return asyncio.run(main())
 
 
+def test_the_context_length_the_server_states_bounds_the_long_prompts(tmp_path):
+    """A vLLM server started with --max-model-len 512 states it in GET /v1/models: attached, the
+    long-context checks size within it (before, they assumed 2,048 tokens: HTTP 400 on 513-token
+    prompts and a wrong `config-rejected` verdict); --backend-opt max_model_len states it by hand."""
+    with SynthServer({"model": "m", "max_model_len": 512, "output_tokens": 2}) as srv:
+        info = make(tmp_path, base_url=srv.url).start()
+        assert info.max_model_len == 512 and info.notes["max_model_len"] == "GET /v1/models"
+        info = make(tmp_path, base_url=srv.url, max_model_len=300).start()
+        assert info.max_model_len == 300 and info.notes["max_model_len"] == "--backend-opt max_model_len"
+    with SynthServer({"model": "m", "output_tokens": 2}) as srv:
+        info = make(tmp_path, base_url=srv.url).start()
+        assert info.max_model_len is None and "max_model_len" not in info.notes
+
+
 def test_registry_resolves_openai():
     assert backends.resolve("openai") is OpenAIBackend
 

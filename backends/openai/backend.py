@@ -63,6 +63,9 @@ class OpenAIOptions(Spec):
             for vLLM, so token counts come from ids).
         read_timeout_s: no byte within this many seconds ends a request as ``hang`` (where the
             server's ``/metrics`` shows token counters, only when they did not advance).
+        max_model_len: the server's context length in tokens, which the long-context checks size
+            their prompts within; default: the ``max_model_len`` its ``GET /v1/models`` entry
+            states (vLLM and SGLang do), else unknown (and the checks use the model's own).
     """
 
     base_url: str
@@ -72,6 +75,7 @@ class OpenAIOptions(Spec):
     tokenizer: str | None = None
     extra_body: dict[str, Any] = Field(default_factory=dict)
     read_timeout_s: float = Field(120.0, gt=0)
+    max_model_len: int | None = Field(None, gt=0)
 
     @field_validator("base_url")
     @classmethod
@@ -228,14 +232,18 @@ class OpenAIBackend(Backend):
         m_status, m_body = models.status, models.body
         listed: list[str] = []
         owned_by = None
+        data: list = []
         if m_status == 200:
             try:
-                data = json.loads(m_body).get("data") or []
-                listed = [d.get("id") for d in data if d.get("id")]
+                data = [d for d in json.loads(m_body).get("data") or [] if isinstance(d, dict)]
+                listed = [d.get("id") for d in data if isinstance(d.get("id"), str) and d.get("id")]
                 owned_by = data[0].get("owned_by") if data else None
             except (ValueError, AttributeError):
                 pass
         model = self.options.model or (listed[0] if listed else None)
+        stated = next((d.get("max_model_len") for d in data if d.get("id") == model), None)
+        max_len = self.options.max_model_len or (stated if isinstance(stated, int) and not isinstance(stated, bool)
+                                                 and 0 < stated < 1 << 31 else None)
         if model is None:
             raise EngineFailure("config-rejected", f"no model name given and GET {self.base_url}/v1/models lists none "
                                 f"(status {m_status}); pass --backend-opt model=NAME", {"models.txt": m_body[:2000]})
@@ -257,10 +265,12 @@ class OpenAIBackend(Backend):
         server = headers.get("server") or headers.get("Server")
         self.info = BackendInfo(
             backend=self.name, engine=owned_by or "openai-compatible", engine_version=version, device="remote",
-            base_url=self.base_url, served_model=model, startup_s=round(time.monotonic() - t0, 3),
+            base_url=self.base_url, served_model=model, startup_s=round(time.monotonic() - t0, 3), max_model_len=max_len,
             notes={k: v for k, v in {"api": self.options.api, "server_header": server,
                                      "listed_models": ",".join(listed[:10]),
                                      "api_key_env": self.options.api_key_env, "progress": progress_note,
+                                     "max_model_len": (None if max_len is None else "--backend-opt max_model_len"
+                                                       if self.options.max_model_len else "GET /v1/models"),
                                      "version": None if version_answer.status != 0 else
                                      f"GET /version: {version_answer.body[:120]}"}.items() if v})
         return self.info

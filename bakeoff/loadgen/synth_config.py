@@ -39,6 +39,8 @@ class SynthConfig(BaseModel):
 
     Attributes:
         model: served model name (``GET /v1/models``).
+        max_model_len: the context length its ``GET /v1/models`` entry states, as vLLM's does
+            (None: not stated).
         ttft: delay from request received to the first token, ms.
         itl: delay between consecutive tokens, ms (per token; a chunk of k tokens is sent
             when its last token is due).
@@ -69,6 +71,7 @@ class SynthConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     model: str = "synth"
+    max_model_len: int | None = Field(None, ge=1)
     ttft: Dist = Field(default_factory=lambda: Dist(ms=50.0))
     itl: Dist = Field(default_factory=lambda: Dist(ms=10.0))
     seed: int = 0

@@ -235,7 +235,10 @@ class Handler(asyncio.Protocol):
         if method == "GET" and path in ("/health", "/v1/health"):
             return self.reply(200, {"status": "ok"})
         if method == "GET" and path == "/v1/models":
-            return self.reply(200, {"object": "list", "data": [{"id": srv.config.model, "object": "model"}]})
+            entry = {"id": srv.config.model, "object": "model"}
+            if srv.config.max_model_len:
+                entry["max_model_len"] = srv.config.max_model_len
+            return self.reply(200, {"object": "list", "data": [entry]})
         if method == "GET" and path == "/_sent":
             rid = dict(p.partition("=")[::2] for p in query.split("&") if p).get("request_id", "")
             rec = srv.records.get(rid)
