@@ -25,7 +25,7 @@ from bakeoff.analysis.cuda_errors import classify
 from bakeoff.api.verdict import Check
 from bakeoff.host import procs
 from bakeoff.host.envs import freeze
-from bakeoff.host.telemetry import GpuSampler, load_nvml
+from evaluations.gpu_telemetry import record_telemetry, start_telemetry
 from evaluations.reference import is_reference_run, reference_options
 from evaluations.selection import left_out, refuse_split
 
@@ -71,7 +71,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except UserError as exc:
         raise pytest.UsageError(one_line(str(exc))) from None
     procs.sigterm_as_interrupt()  # SIGTERM ends the session like Ctrl-C: engines stopped, verdict incomplete
-    config.stash[KEY_TELEMETRY] = _start_telemetry(rundir)
+    config.stash[KEY_TELEMETRY] = start_telemetry(rundir)
     if verdict is not None:
         config.stash[KEY_SETTINGS] = s
         config.stash[KEY_RUN] = RunContext(rundir, verdict)
@@ -110,43 +110,6 @@ def _packaged_facts(model) -> dict | None:
     from bakeoff.models.packaged import provenance
 
     return provenance(model.path)
-
-
-def _start_telemetry(rundir: RunDir):
-    """GPU sampler (200 ms) writing ``evidence/telemetry/gpu.jsonl`` on CUDA hosts, else the reason."""
-
-    nvml, reason = load_nvml()
-    if nvml is None:
-        return reason
-    return GpuSampler(rundir.path / "evidence" / "telemetry" / "gpu.jsonl", nvml=nvml).start()
-
-
-def gpu_sampler(config: pytest.Config):
-    """The session's GPU sampler (:class:`bakeoff.host.telemetry.GpuSampler`), None on hosts without one."""
-    sampler = config.stash.get(KEY_TELEMETRY, None)
-    return None if sampler is None or isinstance(sampler, str) else sampler
-
-
-def _record_telemetry(config: pytest.Config, run: RunContext) -> None:
-    """The ``telemetry.gpu`` check: the session's GPU summary and the sweep's (skip on CPU hosts)."""
-
-    sampler = config.stash.get(KEY_TELEMETRY, None)
-    if sampler is None or isinstance(sampler, str):
-        run.record(Check(name="telemetry.gpu", status="skip", summary=sampler or "no NVIDIA GPU"))
-        return
-    sampler.stop()
-    values = {"session": sampler.summary(), "interval_s": sampler.interval_s}
-    sweep = run.get("throughput.sweep")
-    win = (sweep.values.get("gpu") or {}) if sweep else {}
-    values.update({k: win.get(k) for k in ("energy_j", "joules_per_output_token", "power_mean_w", "sm_util_mean_pct")
-                   if win.get(k) is not None})
-    s = values["session"]
-    run.record(Check(name="telemetry.gpu", status="pass", values=values, evidence=["evidence/telemetry/gpu.jsonl"],
-                     summary=f"{s.get('samples')} samples: SM {s.get('sm_util_mean_pct')}% mean, power "
-                             f"{s.get('power_mean_w')} W mean / {s.get('power_max_w')} W max, memory "
-                             f"{s.get('mem_used_max_mib')} MiB max"
-                             + (f"; {win['joules_per_output_token']} J/token over the sweep"
-                                if win.get("joules_per_output_token") else "")))
 
 
 def pytest_keyboard_interrupt(excinfo) -> None:
@@ -216,7 +179,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     interrupted = exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR) or session.shouldstop
     tr = config.pluginmanager.get_plugin("terminalreporter")
     try:
-        _record_telemetry(config, run)
+        record_telemetry(config, run)
         verdict = run.finish(finished=not interrupted and bool(run.verdict.checks))
     except OSError as exc:  # disk full, folder gone: atomic writes left the earlier files whole
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -229,6 +192,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
             print(msg, file=sys.stderr)
         return
     line = f"bakeoff verdict: {verdict.status} ({verdict.backend} on {verdict.model}) -> {run.dir.path}/verdict.json"
+    if config.getoption("--backend", None) is None and not config.getoption("--resume", None):
+        line += f"\n  ({verdict.backend}: no --backend was given, so the default; pass --backend NAME to qualify another)"
     if tr is not None:
         tr.write_line(line)
         for r in verdict.reasons:

@@ -18,7 +18,8 @@ from bakeoff.loadgen.accounting import ABS_TOLERANCE_TOKENS, REL_TOLERANCE
 from bakeoff.loadgen.stats import per_request
 from bakeoff.loadgen.throughput import SweepPlan, ThroughputSweep
 from evaluations.measuring import client_token_counter
-from evaluations.plugin import attach_engine_evidence, gpu_sampler
+from evaluations.gpu_telemetry import gpu_sampler
+from evaluations.plugin import attach_engine_evidence
 from evaluations.probing import throughput_prompt
 
 TOKEN_COUNTS = "token_counts.json"

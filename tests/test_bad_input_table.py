@@ -187,6 +187,10 @@ BAKEOFF_ROWS = [
     (["jobs", "qualify", "--backends", "vllm", "--model", "org/m", "--flavors", "cpu-xl,,cpu-xl", "--dry-run"], 2,
      r"has an empty or repeated flavor"),
     (["fixture", "list", "tiny-qwen3"], 2, r"bakeoff fixture list takes no name"),
+    # a new user's, 2026-12-05: the pytest entry's flag given to the CLI
+    (["qualify", "--backend", "vllm"], 2, r"--backend is the pytest entry's flag .* takes --backends NAME"),
+    (["qualify", "--backends", "transformers", "--artifacts", "/proc/1/artifacts"], 2,
+     r"artifacts folder /proc/1/artifacts is not writable \(its filesystem makes no folders there.*: /proc/1\)"),
     # found by the census of 2026-12-04 (582 inputs; issue 29's closing note)
     (["qualify", "--backends", "transformers", "--model", "~no-such-user-census/m"], 2, r"a path starts with ~user"),
     (["qualify", "--backends", "transformers", "--report", "x" * 300], 2, r"--report 'x+'\.\.\. is 300 bytes long"),

@@ -69,9 +69,10 @@ class Check(Spec):
         evidence: paths of evidence files, relative to the run directory.
         started_at: UTC start time.
         duration_s: wall time of the check in seconds.
-        required: set by a check that a verdict rests on in this run and could not verify it (the
-            agreement with a reference that could not run): ended ``skip``, it makes the run
-            ``incomplete`` as :data:`REQUIRED_CHECKS` do.
+        required: whether the run cannot qualify without this check passing: true for
+            :data:`REQUIRED_CHECKS` always, and set by a check that a verdict rests on in this run
+            and could not verify it (the agreement with a reference that could not run): ended
+            ``skip``, it makes the run ``incomplete``.
     """
 
     name: str

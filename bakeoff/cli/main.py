@@ -37,6 +37,9 @@ class Parser(argparse.ArgumentParser):
     qualify --help``, exit 2), never the usage block."""
 
     def error(self, message: str) -> None:
+        if "ambiguous option: --backend could match" in message:  # the pytest entry's flag, given to the CLI
+            message = ("--backend is the pytest entry's flag (pytest evaluations/ --backend NAME); bakeoff qualify takes "
+                       "--backends NAME[,NAME...], and --backend-opt [BACKEND:]KEY=VALUE for options")
         raise ArgError(self.prog, message)
 
 

@@ -162,6 +162,8 @@ def check_creatable(path: Path, what: str = "artifacts folder", fix: str = ARTIF
     # is removed at once.
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".bakeoff-write-probe-", dir=probe_at))
+    except FileNotFoundError:  # a folder that exists, on a filesystem that makes none there (/proc, /sys)
+        raise refuse("its filesystem makes no folders there: mkdir answered 'No such file or directory'") from None
     except OSError as exc:
         raise refuse(exc.strerror or str(exc)) from None
     return path

@@ -13,7 +13,7 @@ from typing import Any
 
 from bakeoff.host.artifacts import RunDir
 from bakeoff.api.errors import EngineFailure
-from bakeoff.api.verdict import Check, Verdict, decide, known_failure_class, utc_now
+from bakeoff.api.verdict import REQUIRED_CHECKS, Check, Verdict, decide, known_failure_class, utc_now
 
 
 class CheckFailed(Exception):
@@ -99,7 +99,7 @@ class CheckScope:
         self.run.record(Check(name=self.name, status=status, failure_class=fclass, summary=summary[:500],
                               values=self.values, evidence=self.evidence_paths, started_at=self.started_at,
                               duration_s=round(time.monotonic() - self.t0, 3),
-                              required=getattr(self, "required", False)))
+                              required=getattr(self, "required", False) or self.name in REQUIRED_CHECKS))
         return False  # the plugin turns CheckFailed/CheckSkipped into pytest outcomes
 
 
