@@ -25,8 +25,9 @@ SESSIONS = [1, 2, 4, 8]
 
 
 def make_run(root: Path, backend: str, options: dict, scale: float, noise: float, seed: int,
-             kv_tokens: int = 100_000, cpu: str = "Test CPU", invalid: bool = False, qualified: bool = False) -> Path:
-    """A finished run whose sweep has 3 repeats per point: ``scale`` x base throughput with
+             kv_tokens: int = 100_000, cpu: str = "Test CPU", invalid: bool = False, qualified: bool = False,
+             repeats: int = 3) -> Path:
+    """A finished run whose sweep has ``repeats`` repeats per point: ``scale`` x base throughput with
     multiplicative noise of ``noise`` (relative sd). Disqualified by its spec-decode check, or
     ``qualified`` (load and known answers pass, nothing fails)."""
     rng = np.random.default_rng(seed)
@@ -40,7 +41,7 @@ def make_run(root: Path, backend: str, options: dict, scale: float, noise: float
     for n in SESSIONS:
         reps = [{"output_tokens_per_s": 100 * n * scale * (1 + noise * rng.standard_normal()),
                  "per_session_output_tokens_per_s": 100 * scale, "ttft_p50_ms": 20 / scale * (1 + noise * rng.standard_normal()),
-                 "ttft_p99_ms": 40 / scale, "tpot_p50_ms": 5.0} for _ in range(3)]
+                 "ttft_p99_ms": 40 / scale, "tpot_p50_ms": 5.0} for _ in range(repeats)]
         points.append({"sessions": n, "requests": 6, "ok": 6, "errors": 0,
                        "output_tokens_per_s": float(np.mean([r["output_tokens_per_s"] for r in reps])),
                        "per_session_output_tokens_per_s": 100 * scale, "ttft_p50_ms": float(np.mean([r["ttft_p50_ms"] for r in reps])),
@@ -48,7 +49,7 @@ def make_run(root: Path, backend: str, options: dict, scale: float, noise: float
         if invalid:
             points[-1].update(valid=False, invalid_reason=f"{n} sessions exceed the load generator's calibrated concurrency (0)")
     run.dir.evidence("throughput.sweep", "sweep.json", {"points": points})
-    run.record(Check(name="throughput.sweep", status="pass", values={"points": points, "repeats": 3},
+    run.record(Check(name="throughput.sweep", status="pass", values={"points": points, "repeats": repeats},
                      evidence=["evidence/throughput.sweep/sweep.json"]))
     run.record(Check(name="capacity.kv_cache", status="pass", values={"kv_cache_tokens": kv_tokens, "max_concurrency": 48.8}))
     table = {"0.25": {"0": True, "0.5": True, "1": True}, "0.9": {"0": False, "0.5": True, "1": True}}
@@ -200,6 +201,22 @@ def test_runs_of_other_models_are_named_and_never_twins(tmp_path):
     (b / "verdict.json").write_text(_json.dumps(v))
     with pytest.raises(UserError, match="not bakeoff's"):
         load_columns([a, b])
+
+
+def test_no_winner_is_called_inside_the_drift_without_repeats_nor_between_equal_kv_sizes(tmp_path):
+    """A new user's case: two runs of one configuration, one repeat each, 351 vs 334 tok/s, and KV
+    sizes 128 tokens apart: the best is named with "no call" / "tied", not as the winner; 20%
+    apart, or with repeats that show the noise, the call stands."""
+    from bakeoff.reporting.compare import build
+
+    a = make_run(tmp_path, "vllm", {}, 1.0, 0.0, 1, kv_tokens=15_592_576, qualified=True, repeats=1)
+    b = make_run(tmp_path, "vllm", {"x": 1}, 0.96, 0.0, 2, kv_tokens=15_592_448, qualified=True, repeats=1)
+    recs = {r["objective"]: r["why"] for r in build(load_columns([a, b]), 0)["recommendations"]}
+    assert "no call:" in recs["fastest single session"] and "is 4.0% behind" in recs["fastest single session"]
+    assert "tied with" in recs["largest KV capacity"]
+    c = make_run(tmp_path, "vllm", {"x": 2}, 0.8, 0.0, 3, kv_tokens=1_000_000, qualified=True, repeats=1)
+    recs = {r["objective"]: r["why"] for r in build(load_columns([a, c]), 0)["recommendations"]}
+    assert "no call" not in recs["fastest single session"] and "tied" not in recs["largest KV capacity"]
 
 
 def test_recommendations_consider_every_run_and_name_an_unqualified_best(tmp_path):
