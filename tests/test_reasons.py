@@ -117,6 +117,27 @@ def test_report_table_names_every_reason(runs, tmp_path):
         assert run_dir.name in whole
 
 
+def test_the_report_shows_counts_configuration_and_every_skipped_check(tmp_path):
+    """A new user's findings: the sanity figures came without their denominators, the backends'
+    configurations (backend_info.notes) and the checks that ended skip were nowhere in report.md."""
+    rd = RunDir.create(tmp_path, "vllm", "m")
+    run = RunContext(rd, Verdict(run_id=rd.run_id, backend="vllm", model="m", backend_info={
+        "engine": "vllm", "kv_cache_tokens": 46_592, "max_concurrency": 22.75, "max_model_len": 2048,
+        "notes": {"dtype": "bfloat16", "cpu_memory": "kv_cache_space_gib 1"}}))
+    run.record(Check(name="load", status="pass"))
+    run.record(Check(name="sanity.known_answers", status="pass", values={"accuracy": 0.94, "probes": 300}))
+    run.record(Check(name="sanity.reference_agreement", status="pass", values={
+        "exact": 272, "tie_divergences": 27, "real_divergences": 0, "undetermined_divergences": 1,
+        "exact_match_rate": 272 / 300, "accuracy": 0.94, "reference_accuracy": 0.94}))
+    run.record(Check(name="needles.retrieval", status="skip", summary="report only: no recorded recall rate"))
+    run.finish()
+    md = write_report([rd.path], tmp_path / "rep").read_text()
+    assert "| vllm | 94% (282/300) |" in md and "272 exact, 27 tie, 0 real, 1 undetermined of 300" in md
+    assert "- **vllm**: dtype bfloat16; cpu_memory kv_cache_space_gib 1" in _section(md, "Engines")
+    assert "22.8 at 2,048 tokens" in md
+    assert "`needles.retrieval`: report only: no recorded recall rate" in _section(md, "Checks not verified")
+
+
 def test_an_old_run_without_reasons_gets_them_recomputed(runs, tmp_path):
     """A verdict.json written before reasons were recorded: the reason is recomputed from its
     checks, also where a check's summary is not a string (a damaged run: shown as its text)."""

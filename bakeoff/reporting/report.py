@@ -52,18 +52,41 @@ Run [{{ r.run_id }}]({{ r.verdict_href|safe }}):
 {% endif -%}
 ## Engines
 
-| backend | engine | version | device | start s | KV cache tokens | max concurrency |
+| backend | engine | version | device | start s | KV cache tokens | full-context sequences (KV tokens / max_model_len) |
 |---|---|---|---|---|---|---|
 {% for r in runs -%}
-| {{ r.backend }} | {{ r.info.engine or "" }} | {{ r.info.engine_version or "" }} | {{ r.info.device or "" }} | {{ fmt(r.info.startup_s, 1) }} | {{ fmt(r.info.kv_cache_tokens, 0) }} | {{ fmt(r.info.max_concurrency, 1) }} |
+| {{ r.backend }} | {{ r.info.engine or "" }} | {{ r.info.engine_version or "" }} | {{ r.info.device or "" }} | {{ fmt(r.info.startup_s, 1) }} | {{ fmt(r.info.kv_cache_tokens, 0) }} | {{ fmt(r.info.max_concurrency, 1) }}{% if r.info.max_model_len and r.info.max_concurrency %} at {{ fmt(r.info.max_model_len, 0) }} tokens{% endif %} |
+{% endfor %}
+### How each ran
+
+The configuration each backend was measured in: bakeoff's defaults for it (its best documented
+configuration on this host) and what the engine reported, from `backend_info.notes`.
+
+{% for r in runs if r.notes -%}
+- **{{ r.backend }}**{% if r.options %} ({{ r.options }}){% endif %}: {{ r.notes }}
 {% endfor %}
 ## Sanity
 
-| backend | probe accuracy | flagged outputs | exact match vs reference | accuracy vs reference |
+Known answers: the probes answered right (of the probes asked); flagged: outputs the degeneration
+detectors flagged (probe outputs and open-ended ones); agreement: greedy outputs identical to the
+reference's, tied (the tie rule: a near-tie at the first difference) or really different;
+accuracy: the backend's, then the reference's, on the same probes.
+
+| backend | known answers | flagged outputs | agreement with the reference | accuracy: backend vs reference |
 |---|---|---|---|---|
 {% for r in runs -%}
 | {{ r.backend }} | {{ r.sanity.accuracy }} | {{ r.sanity.flagged }} | {{ r.sanity.exact }} | {{ r.sanity.ref }} |
 {% endfor %}
+{% set skipped = runs|selectattr("skipped")|list %}{% if skipped -%}
+## Checks not verified
+
+A skipped check verified nothing: it neither passed nor failed (report-only checks, and checks this
+engine or host cannot run).
+
+{% for r in skipped -%}
+- **{{ r.backend }}**{% if r.options %} ({{ r.options }}){% endif %}: {% for name, why in r.skipped %}`{{ name }}`: {{ why }}{% if not loop.last %}; {% endif %}{% endfor %}
+{% endfor %}
+{% endif %}
 ## Throughput sweep (closed loop, {{ "distinct prompt per session" }})
 
 {% for r in runs if r.points -%}
@@ -216,6 +239,25 @@ def _require_verdict_shape(v: Any, path: Path) -> None:
         raise bad("nests deeper than bakeoff writes") from None
 
 
+def _of(shown: str, rate: Any, n: Any) -> str:
+    """``94% (282/300)``: a rate with its count, where both are numbers."""
+    if isinstance(rate, (int, float)) and isinstance(n, int) and n > 0 and math.isfinite(float(rate)):
+        return f"{shown} ({round(float(rate) * n)}/{n})"
+    return shown
+
+
+def _agreement(ra: dict[str, Any], pct) -> str:
+    """``272 exact, 28 tie, 0 real of 300`` (with undetermined ones when any), else the rate."""
+    v = ra.get("values") or {}
+    parts = [v.get("exact"), v.get("tie_divergences"), v.get("real_divergences")]
+    if not all(isinstance(x, int) for x in parts):
+        return pct(v.get("exact_match_rate"))
+    und = v.get("undetermined_divergences") or 0
+    total = sum(parts) + (und if isinstance(und, int) else 0)
+    return (f"{parts[0]} exact, {parts[1]} tie, {parts[2]} real" + (f", {und} undetermined" if und else "")
+            + f" of {total}")
+
+
 def load_run(path: Path) -> dict[str, Any]:
     """Read one run directory into the fields the report shows.
 
@@ -236,6 +278,7 @@ def load_run(path: Path) -> dict[str, Any]:
     ra = checks.get("sanity.reference_agreement", {})
     tr = checks.get("throughput.transport", {})
     acc = checks.get("throughput.accounting", {})
+    kv = ka.get("values") or {}
 
     def pct(x):
         try:
@@ -247,9 +290,13 @@ def load_run(path: Path) -> dict[str, Any]:
         "options": ", ".join(f"{k}={val}" for k, val in (v.get("options") or {}).items()),
         "status": v.get("status"), "reasons": v["reasons"], "why": reason_line(v["reasons"]),
         "info": v.get("backend_info") or {}, "points": sweep.get("points") or [], "warmup": sweep.get("warmup"),
-        "sanity": {"accuracy": pct(ka.get("values", {}).get("accuracy")) if ka else "–",
+        "notes": "; ".join(f"{k} {clip(_one_line(val), 160)}" for k, val in
+                           ((v.get("backend_info") or {}).get("notes") or {}).items())[:1500],
+        "skipped": [(c.get("name"), clip(_one_line(c.get("summary") or "(no reason recorded)"), 160))
+                    for c in v.get("checks", []) if c.get("status") == "skip"],
+        "sanity": {"accuracy": _of(pct(kv.get("accuracy")), kv.get("accuracy"), kv.get("probes")) if ka else "–",
                    "flagged": (f"{dg['values'].get('flagged')}/{dg['values'].get('outputs')}" if dg.get("values") else "–"),
-                   "exact": pct(ra.get("values", {}).get("exact_match_rate")) if ra.get("status") != "skip" else clip(summary_text(ra, "–"), 60) if ra else "–",
+                   "exact": _agreement(ra, pct) if ra.get("status") != "skip" else clip(summary_text(ra, "–"), 60) if ra else "–",
                    "ref": (f"{pct(ra['values'].get('accuracy'))} vs {pct(ra['values'].get('reference_accuracy'))}"
                            if ra.get("values", {}).get("reference_accuracy") is not None else "–")},
         "verdict": v,
