@@ -102,7 +102,9 @@ engine or host cannot run).
 {% for p in r.points -%}
 | {{ p.sessions }} | {{ fmt(p.output_tokens_per_s, 1) }} | {{ fmt(p.per_session_output_tokens_per_s, 1) }} | {{ fmt(p.ttft_p50_ms, 1) }} | {{ fmt(p.ttft_p99_ms, 1) }} | {{ fmt(p.tpot_p50_ms, 2) }} | {{ fmt(p.itl_p50_ms, 2) }} | {{ p.errors }} | {{ "no: " ~ p.invalid_reason if p.valid is false else "yes" }} |
 {% endfor %}
-{% if r.warmup %}Warm-up (reported apart): first request TTFT {{ fmt(r.warmup.first_request_ttft_ms, 1) }} ms.{% endif %}
+{% if r.itl_in_frames %}ITL is per token: at the points where its p50 is 0.00 most tokens reached the client several to an
+event (the server sends them in frames), so half the per-token gaps are 0; TPOT is the decode pace there.
+{% endif %}{% if r.warmup %}Warm-up (reported apart): first request TTFT {{ fmt(r.warmup.first_request_ttft_ms, 1) }} ms.{% endif %}
 
 {% endfor %}
 """
@@ -290,6 +292,8 @@ def load_run(path: Path) -> dict[str, Any]:
         "options": ", ".join(f"{k}={val}" for k, val in (v.get("options") or {}).items()),
         "status": v.get("status"), "reasons": v["reasons"], "why": reason_line(v["reasons"]),
         "info": v.get("backend_info") or {}, "points": sweep.get("points") or [], "warmup": sweep.get("warmup"),
+        "itl_in_frames": any(p.get("itl_p50_ms") == 0 and (p.get("tpot_p50_ms") or 0) > 0
+                             for p in sweep.get("points") or [] if isinstance(p, dict)),
         "notes": "; ".join(f"{k} {clip(_one_line(val), 160)}" for k, val in
                            ((v.get("backend_info") or {}).get("notes") or {}).items())[:1500],
         "skipped": [(c.get("name"), clip(_one_line(c.get("summary") or "(no reason recorded)"), 160))
