@@ -61,6 +61,8 @@ for n, tps in ((1, 410.0), (2, 800.0), (4, 1490.4)):
     append_point(run, {"sessions": n, "output_tokens_per_s": tps, "ttft_p50_ms": 35.2, "errors": 0, "ok": n})
 time.sleep(float(sys.argv[2]))
 verdict([{"name": "load", "status": "pass"}, {"name": "throughput.sweep", "status": "pass"}])
+time.sleep(float(sys.argv[2]))
+print("bakeoff verdict: qualified", flush=True)
 '''
 TRAINER = ["fixture tiny-test: building into /cache/tiny-test",
            "  tokenizer: 1024 tokens (1.0 s)",
@@ -205,9 +207,12 @@ def test_sweep_points_as_plain_lines_and_in_the_table(tmp_path, capfd):
     out = capfd.readouterr().out
     assert code == 0 and run_dir == tmp_path / "run"
     sweep = [x for x in out.splitlines() if x.startswith("[sweep]")]
-    # the first point at once; the next within the interval, left out; the last as the run ends
+    # the first point at once; the next within the interval, left out; the last once the sweep
+    # check is recorded, before the run's verdict line (a new user's logs had it after)
     assert sweep == ["[sweep] transformers: sweep 1 session: 410 tok/s, TTFT p50 35 ms",
                      "[sweep] transformers: sweep 4 sessions: 1,490 tok/s, TTFT p50 35 ms"]
+    lines = out.splitlines()
+    assert lines.index(sweep[-1]) < lines.index("bakeoff verdict: qualified")
     assert "\x1b" not in out and "\r" not in out
     assert read_point(run_dir) == {"sessions": 4, "output_tokens_per_s": 1490.4, "ttft_p50_ms": 35.2,
                                    "valid": True, "errors": 0}

@@ -249,11 +249,12 @@ class Progress:
 
     def _sweep_line(self, label: str, run_file: str, final: bool = False) -> None:
         """Plain mode: ``[sweep] LABEL: sweep 4 sessions: ...`` when a new point completed, at
-        most once per interval (the last point always)."""
+        most once per interval, and the last point as soon as the sweep check is recorded (not
+        after the run's verdict line, where it once came)."""
         point = read_point(run_dir_of(run_file))
         if point is None or point == self.sweeps.get(label):
             return
-        if final or self._throttle.due(label):
+        if final or self._throttle.due(label) or any(c["name"] == "throughput.sweep" for c in read_checks(run_file)[1]):
             self.sweeps[label] = point
             print(f"\n[sweep] {label}: {point_text(point)}", flush=True)
 
