@@ -262,7 +262,9 @@ def engine_state(request, pytestconfig, settings, run) -> dict:
                              "engine_version": info.engine_version, "device": info.device})
             c.evidence("backend_info.json", info.model_dump())
             c.evidence("engine.log.tail", backend.log_tail(200))
-            c.summary = f"{info.engine} {info.engine_version or ''} started in {info.startup_s} s".strip()
+            c.summary = (f"attached to {info.engine} {info.engine_version or ''} at {info.base_url} in {info.startup_s} s "
+                         "(a server bakeoff did not start)" if info.device == "remote" else
+                         f"{info.engine} {info.engine_version or ''} started in {info.startup_s} s").replace("  ", " ")
             if c.values.get("patches"):  # what was changed in the checkpoint, and what pre-flight warns of
                 c.summary += f"; on a patched checkpoint ({', '.join(c.values['patches'])})"
             for warning in (c.values.get("preflight") or {}).get("warnings") or []:

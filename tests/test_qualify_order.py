@@ -169,3 +169,15 @@ def test_plain_environment_lines_start_on_their_own_line_once_runs_go():
     board.runs_started()
     board.env_log("beta", "beta environment ready in 3.0 s")
     assert lines == ["[envs] alpha: failed (EngineFailure); its run records why", "\n[envs] beta environment ready in 3.0 s"]
+
+
+def test_a_run_attached_to_a_server_says_so_in_its_step_note(tmp_path):
+    """A new user's finding: an attached run read "engine start 0 s" for a server bakeoff never started."""
+    import json
+
+    from bakeoff.cli.steps import run_note
+
+    for device, words in (("remote", "attached to a running server 0 s"), ("cpu", "engine start 7 s")):
+        (tmp_path / "verdict.json").write_text(json.dumps({"backend_info": {"device": device, "startup_s": 0.066
+                                                                            if device == "remote" else 7.2}}))
+        assert run_note(tmp_path) == words

@@ -263,7 +263,8 @@ def run_note(run_dir: Path) -> str:
     try:
         info = read_json(run_dir / "verdict.json").get("backend_info") or {}
         if info.get("startup_s") is not None:
-            parts.append(f"engine start {float(info['startup_s']):.0f} s")
+            what = "attached to a running server" if info.get("device") == "remote" else "engine start"
+            parts.append(f"{what} {float(info['startup_s']):.0f} s")
     except (OSError, ValueError, TypeError, AttributeError):
         pass
     return ", ".join(parts)
