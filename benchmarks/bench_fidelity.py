@@ -252,6 +252,18 @@ def ratio_cell(r: dict) -> str:
     return cell if r.get("resolved") else "unresolved " + cell
 
 
+def cpu_table(rows: list[dict]) -> str:
+    """CPU microseconds per output token of each process, both sides (medians over the runs):
+    where bakeoff's figure loses to the tool, which of its processes spends the difference."""
+    lines = ["engine | sessions | bakeoff: us/token per process | tool: us/token per process", "--- | --- | --- | ---"]
+    for r in rows:
+        label = r["engine"] + ("" if r["variant"] == "default" else f" [{r['variant']}]")
+        cells = [", ".join(f"{k} {fmt(v, '.0f')}" for k, v in (r.get(side) or {}).items() if v is not None) or "-"
+                 for side in ("bakeoff_cpu_us_per_token", "tool_cpu_us_per_token")]
+        lines.append(" | ".join((label, str(r["sessions"]), *cells)))
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     """The printed table (one line per engine, variant and session count)."""
     lines = [" | ".join(COLUMNS), " | ".join("---" for _ in COLUMNS)]
@@ -335,6 +347,8 @@ def main(argv: list[str] | None = None) -> dict:
             log(f"  {name} skipped: {why}")
     log("")
     log(table(rows))
+    log("")
+    log(cpu_table(rows))
     for name, why in skipped.items():
         log(f"{name}: not measured: {why}")
     out = {"command": [sys.executable, *sys.argv], "model": args.model, "model_path": str(model.path),

@@ -88,3 +88,4 @@ def test_transformers_row_per_session_count_with_ratio_from_both_figures(tmp_pat
     printed = capsys.readouterr().out
     assert table(res["rows"]) in printed and " | ".join(COLUMNS) in printed
     assert "transformers | 2 | " in printed
+    assert "engine | sessions | bakeoff: us/token per process | tool: us/token per process" in printed
