@@ -131,7 +131,8 @@ def test_the_report_shows_counts_configuration_and_every_skipped_check(tmp_path)
         "exact_match_rate": 272 / 300, "accuracy": 0.94, "reference_accuracy": 0.94}))
     run.record(Check(name="needles.retrieval", status="skip", summary="report only: no recorded recall rate"))
     run.record(Check(name="throughput.sweep", status="pass", values={"points": [
-        {"sessions": 1, "requests": 2, "output_tokens_per_s": 300.0, "itl_p50_ms": 0.0, "tpot_p50_ms": 2.5}]}))
+        {"sessions": 1, "requests": 2, "ok": 2, "input_tokens": 100, "output_tokens": 64, "output_tokens_per_s": 300.0,
+         "itl_p50_ms": 0.0, "tpot_p50_ms": 2.5}]}))
     run.finish()
     md = write_report([rd.path], tmp_path / "rep").read_text()
     assert "| vllm | 94% (282/300) |" in md and "272 exact, 27 tie, 0 real, 1 undetermined of 300" in md
@@ -139,6 +140,7 @@ def test_the_report_shows_counts_configuration_and_every_skipped_check(tmp_path)
     assert "22.8 at 2,048 tokens" in md
     assert "`needles.retrieval`: report only: no recorded recall rate" in _section(md, "Checks not verified")
     assert "ITL is per token: at the points where its p50 is 0.00" in md
+    assert "| 1 | 2 | 50 / 32 | 300.0 |" in md  # requests, tokens in / out per request
 
 
 def test_an_old_run_without_reasons_gets_them_recomputed(runs, tmp_path):

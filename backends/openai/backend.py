@@ -235,13 +235,13 @@ class OpenAIBackend(Backend):
         data: list = []
         if m_status == 200:
             try:
-                data = [d for d in json.loads(m_body).get("data") or [] if isinstance(d, dict)]
-                listed = [d.get("id") for d in data if isinstance(d.get("id"), str) and d.get("id")]
+                data = json.loads(m_body).get("data") or []
+                listed = [d.get("id") for d in data if d.get("id")]
                 owned_by = data[0].get("owned_by") if data else None
             except (ValueError, AttributeError):
                 pass
         model = self.options.model or (listed[0] if listed else None)
-        stated = next((d.get("max_model_len") for d in data if d.get("id") == model), None)
+        stated = next((d.get("max_model_len") for d in data if isinstance(d, dict) and d.get("id") == model), None)
         max_len = self.options.max_model_len or (stated if isinstance(stated, int) and not isinstance(stated, bool)
                                                  and 0 < stated < 1 << 31 else None)
         if model is None:

@@ -97,11 +97,15 @@ engine or host cannot run).
 **Token counts disputed: the server's usage and the client's count disagree, so tokens/s and TPOT may be off** (throughput.accounting: {{ r.disputed }}).
 {% endif %}
 
-| sessions | aggregate output tok/s | per-session tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | ITL p50 ms | errors | valid |
-|---|---|---|---|---|---|---|---|---|
+| sessions | requests | tokens in / out per request | aggregate output tok/s | per-session tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | ITL p50 ms | errors | valid |
+|---|---|---|---|---|---|---|---|---|---|---|
 {% for p in r.points -%}
-| {{ p.sessions }} | {{ fmt(p.output_tokens_per_s, 1) }} | {{ fmt(p.per_session_output_tokens_per_s, 1) }} | {{ fmt(p.ttft_p50_ms, 1) }} | {{ fmt(p.ttft_p99_ms, 1) }} | {{ fmt(p.tpot_p50_ms, 2) }} | {{ fmt(p.itl_p50_ms, 2) }} | {{ p.errors }} | {{ "no: " ~ p.invalid_reason if p.valid is false else "yes" }} |
+| {{ p.sessions }} | {{ p.requests }} | {{ per_request(p, "input_tokens") }} / {{ per_request(p, "output_tokens") }} | {{ fmt(p.output_tokens_per_s, 1) }} | {{ fmt(p.per_session_output_tokens_per_s, 1) }} | {{ fmt(p.ttft_p50_ms, 1) }} | {{ fmt(p.ttft_p99_ms, 1) }} | {{ fmt(p.tpot_p50_ms, 2) }} | {{ fmt(p.itl_p50_ms, 2) }} | {{ p.errors }} | {{ "no: " ~ p.invalid_reason if p.valid is false else "yes" }} |
 {% endfor %}
+Each point: that many closed-loop sessions, each sending its next request when the last ended; the
+percentiles are over the point's requests (few requests: a p99 is their maximum). valid: the load
+generator measured itself within its error budget at that concurrency (`loadgen.calibration`).
+
 {% if r.itl_in_frames %}ITL is per token: at the points where its p50 is 0.00 most tokens reached the client several to an
 event (the server sends them in frames), so half the per-token gaps are 0; TPOT is the decode pace there.
 {% endif %}{% if r.warmup %}Warm-up (reported apart): first request TTFT {{ fmt(r.warmup.first_request_ttft_ms, 1) }} ms.{% endif %}
@@ -241,6 +245,14 @@ def _require_verdict_shape(v: Any, path: Path) -> None:
         raise bad("nests deeper than bakeoff writes") from None
 
 
+def per_request(point: dict[str, Any], key: str) -> str:
+    """A point's mean tokens per ok request (``input_tokens`` or ``output_tokens``), or ``–``."""
+    total, ok = point.get(key), point.get("ok")
+    if isinstance(total, (int, float)) and isinstance(ok, int) and ok > 0 and math.isfinite(float(total)):
+        return fmt(total / ok, 0)
+    return "–"
+
+
 def _of(shown: str, rate: Any, n: Any) -> str:
     """``94% (282/300)``: a rate with its count, where both are numbers."""
     if isinstance(rate, (int, float)) and isinstance(n, int) and n > 0 and math.isfinite(float(rate)):
@@ -347,7 +359,7 @@ def write_report(run_paths: list[Path], out_dir: Path) -> Path:
     # but a link target made here (percent-encoded, ``|safe``), whose "_" or "\\" an escape would change
     env = Environment(trim_blocks=False, lstrip_blocks=False, keep_trailing_newline=True,
                       finalize=lambda x: x if isinstance(x, Markup) else md_escape(x))
-    text = env.from_string(TEMPLATE).render(runs=runs, fmt=fmt, configurations=configurations(runs),
+    text = env.from_string(TEMPLATE).render(runs=runs, fmt=fmt, per_request=per_request, configurations=configurations(runs),
                                             whole=lambda r: clip(_one_line(r), WHOLE_REASON_CHARS))
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "report.md", text)
