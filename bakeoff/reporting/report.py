@@ -245,8 +245,17 @@ def _require_verdict_shape(v: Any, path: Path) -> None:
         raise bad("nests deeper than bakeoff writes") from None
 
 
+def _notes(v: dict[str, Any]) -> dict[str, Any]:
+    """A run's ``backend_info.notes`` (an empty dict where a damaged run holds something else)."""
+    info = v.get("backend_info")
+    notes = info.get("notes") if isinstance(info, dict) else None
+    return notes if isinstance(notes, dict) else {}
+
+
 def per_request(point: dict[str, Any], key: str) -> str:
     """A point's mean tokens per ok request (``input_tokens`` or ``output_tokens``), or ``–``."""
+    if not isinstance(point, dict):
+        return "–"
     total, ok = point.get(key), point.get("ok")
     if isinstance(total, (int, float)) and isinstance(ok, int) and ok > 0 and math.isfinite(float(total)):
         return fmt(total / ok, 0)
@@ -306,10 +315,9 @@ def load_run(path: Path) -> dict[str, Any]:
         "info": v.get("backend_info") or {}, "points": sweep.get("points") or [], "warmup": sweep.get("warmup"),
         "itl_in_frames": any(p.get("itl_p50_ms") == 0 and (p.get("tpot_p50_ms") or 0) > 0
                              for p in sweep.get("points") or [] if isinstance(p, dict)),
-        "notes": "; ".join(f"{k} {clip(_one_line(val), 160)}" for k, val in
-                           ((v.get("backend_info") or {}).get("notes") or {}).items())[:1500],
+        "notes": "; ".join(f"{k} {clip(_one_line(val), 160)}" for k, val in _notes(v).items())[:1500],
         "skipped": [(c.get("name"), clip(_one_line(c.get("summary") or "(no reason recorded)"), 160))
-                    for c in v.get("checks", []) if c.get("status") == "skip"],
+                    for c in v.get("checks", []) if isinstance(c, dict) and c.get("status") == "skip"],
         "sanity": {"accuracy": _of(pct(kv.get("accuracy")), kv.get("accuracy"), kv.get("probes")) if ka else "–",
                    "flagged": (f"{dg['values'].get('flagged')}/{dg['values'].get('outputs')}" if dg.get("values") else "–"),
                    "exact": _agreement(ra, pct) if ra.get("status") != "skip" else clip(summary_text(ra, "–"), 60) if ra else "–",
