@@ -17,7 +17,7 @@ from bakeoff.host.run import CheckFailed, CheckSkipped, RunContext
 from bakeoff.api.specs import BackendConfig
 from bakeoff.api.verdict import Verdict
 from evaluations.inputs import check_request, resume_request
-from evaluations.session import (KEY_ENGINE, KEY_RUN, KEY_SETTINGS, KEY_TELEMETRY, MODULE_ORDER,
+from evaluations.session import (KEY_ENGINE, KEY_INTERRUPTED, KEY_RUN, KEY_SETTINGS, KEY_TELEMETRY, MODULE_ORDER,
                                  RELEVANT_PACKAGES, Settings, add_options, load_resume, request_from, settings_from)
 from backends import preflight
 from evaluations import patching
@@ -70,7 +70,8 @@ def pytest_configure(config: pytest.Config) -> None:
             verdict = None
     except UserError as exc:
         raise pytest.UsageError(one_line(str(exc))) from None
-    procs.sigterm_as_interrupt()  # SIGTERM ends the session like Ctrl-C: engines stopped, verdict incomplete
+    # SIGTERM ends the session like Ctrl-C (engines stopped, verdict incomplete); either is remembered
+    procs.sigterm_as_interrupt(lambda: config.stash.__setitem__(KEY_INTERRUPTED, True))
     config.stash[KEY_TELEMETRY] = start_telemetry(rundir)
     if verdict is not None:
         config.stash[KEY_SETTINGS] = s
@@ -176,7 +177,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     backend = state.get("backend")
     if backend is not None:
         backend.stop()
-    interrupted = exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR) or session.shouldstop
+    interrupted = (exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR) or session.shouldstop
+                   or config.stash.get(KEY_INTERRUPTED, False))
     tr = config.pluginmanager.get_plugin("terminalreporter")
     try:
         record_telemetry(config, run)

@@ -66,6 +66,7 @@ class Settings:
 KEY_SETTINGS = pytest.StashKey[Settings]()
 KEY_RUN = pytest.StashKey[RunContext]()
 KEY_ENGINE = pytest.StashKey[dict]()
+KEY_INTERRUPTED = pytest.StashKey[bool]()  # set by the first SIGINT/SIGTERM (bakeoff.host.procs.sigterm_as_interrupt)
 KEY_TELEMETRY = pytest.StashKey[object]()  # a started bakeoff.host.telemetry.GpuSampler, or the reason there is none
 
 

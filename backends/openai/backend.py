@@ -30,7 +30,7 @@ from backends.base import Backend
 from bakeoff.loadgen.side_http import error_body, open_bounded
 from bakeoff.api.errors import EngineFailure
 from bakeoff.loadgen.accounting import TokenCounter
-from bakeoff.loadgen.client import OpenAIClient
+from bakeoff.loadgen.client import REQUEST_KEYS, OpenAIClient
 from bakeoff.loadgen.progress import Progress
 from bakeoff.api.specs import BackendInfo, GenerationRequest, Spec, TokenEvent
 from backends._server import parse_prometheus
@@ -62,7 +62,8 @@ class OpenAIOptions(Spec):
         extra_body: JSON fields added to every request (e.g. ``{"return_token_ids": true}``
             for vLLM, so token counts come from ids).
         read_timeout_s: no byte within this many seconds ends a request as ``hang`` (where the
-            server's ``/metrics`` shows token counters, only when they did not advance).
+            server's ``/metrics`` shows token counters, only when they did not advance); at least 1 s
+            (a smaller one called a healthy server hung).
         max_model_len: the server's context length in tokens, which the long-context checks size
             their prompts within; default: the ``max_model_len`` its ``GET /v1/models`` entry
             states (vLLM and SGLang do), else unknown (and the checks use the model's own).
@@ -74,8 +75,20 @@ class OpenAIOptions(Spec):
     api_key_env: str | None = None
     tokenizer: str | None = None
     extra_body: dict[str, Any] = Field(default_factory=dict)
-    read_timeout_s: float = Field(120.0, gt=0)
+    read_timeout_s: float = Field(120.0, ge=1.0)
     max_model_len: int | None = Field(None, gt=0)
+
+    @field_validator("extra_body")
+    @classmethod
+    def _extra_body_sets_no_request_field(cls, v: dict[str, Any]) -> dict[str, Any]:
+        """Fields bakeoff sets per request are not the user's to override (issue 36's census: ``stream:
+        false`` read as a server ignoring stream=true; ``max_tokens: 1`` capped every output and blamed
+        the engine)."""
+        taken = sorted(k for k in v if k in REQUEST_KEYS)
+        if taken:
+            raise ValueError(f"extra_body may not set {', '.join(taken)}: bakeoff sets them for each request; "
+                             "pass other fields only (e.g. return_token_ids, chat_template_kwargs)")
+        return v
 
     @field_validator("base_url")
     @classmethod

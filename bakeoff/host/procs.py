@@ -27,16 +27,25 @@ SIGNAL_MEANING = {
 OOM_MARKERS = ("Killed", "out of memory", "Out of memory", "MemoryError", "std::bad_alloc", "Cannot allocate memory")
 
 
-def sigterm_as_interrupt() -> None:
+def sigterm_as_interrupt(on_interrupt=None) -> None:
     """SIGTERM (a CI job's timeout, a machine shutdown) ends this process like Ctrl-C: a
     ``KeyboardInterrupt`` raised where it runs, so its ``finally`` blocks stop engines and keep what
-    was written. One interruption only: a second SIGTERM is ignored, not raised inside the teardown
-    the first one started. A no-op off the main thread (Python sets handlers there only)."""
+    was written. One interruption only: a second SIGTERM or SIGINT is ignored, not raised inside the
+    teardown the first one started (a second Ctrl-C there once left pytest's exit status OK and the
+    cut-off run recorded as finished: issue 36's census, 5.24). ``on_interrupt()`` is called first,
+    so the caller knows the run was interrupted whatever its framework concludes. SIGINT is taken
+    only where Python's own handler has it (an ignored SIGINT stays ignored). A no-op off the main
+    thread (Python sets handlers there only)."""
     def handler(signum, frame):
-        ignore_sigterm()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+        if on_interrupt is not None:
+            on_interrupt()
         raise KeyboardInterrupt(f"signal {signum}")
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, handler)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, handler)
 
 
 def ignore_sigterm() -> None:

@@ -50,6 +50,11 @@ STREAM_SECONDS_PER_TOKEN = 2.0  # the slowest stream bakeoff waits out: 0.5 tok/
 STREAM_EVENT_SLACK = 16
 
 
+# the fields the client sets per request: an ``extra_body`` that set them would turn streaming off,
+# cap every output or change sampling behind the verdict's back (issue 36's census: 5.21, 5.22)
+REQUEST_KEYS = ("model", "prompt", "messages", "max_tokens", "max_completion_tokens", "stream", "stream_options",
+                "temperature", "top_p", "seed", "ignore_eos", "stop", "stop_sequences", "logprobs", "top_logprobs", "n")
+
 DRAIN_MAX_S, DRAIN_MAX_BYTES = 10.0, 16 << 20  # what is read after [DONE] to keep a connection, at most
 
 
@@ -193,7 +198,7 @@ class OpenAIClient:
                     body["logprobs"] = req.logprobs
         elif req.stop:
             body["stop_sequences"] = req.stop
-        body.update(self.extra_body)
+        body.update(self.extra_body)  # never a key of REQUEST_KEYS: the openai backend's options refuse them
         return body
 
     async def stream(self, req: GenerationRequest, on_sent=None) -> AsyncIterator[TokenEvent]:
@@ -287,20 +292,27 @@ class OpenAIClient:
                         resp.release()
                         raise _over_bounds(path, resp.nbytes, (t - t_send) / 1e9, max_bytes, max_s, req.max_tokens,
                                            n_events)
-                    if data == "[DONE]":
+                    if data == "[DONE]":  # the end: nothing after it is read, in this read or a later one
                         done = True
-                        continue
+                        break
                     try:
                         obj = _loads(data)
                     except ValueError:
                         malformed.append(data[:200])
                         continue
                     if api_is_messages:
+                        if "choices" in obj and "type" not in obj:  # an OpenAI chunk on /v1/messages
+                            resp.release()
+                            raise EngineFailure("protocol-violation", f"{path} answered with OpenAI chat-completion "
+                                                "chunks (\"choices\"), not Messages events: the server speaks the OpenAI "
+                                                "API there; attach with api=chat or api=completions")
                         for ev in _parse_messages(obj, name, t):
                             if ev is _STOP:
                                 done = True
                             else:
                                 yield ev
+                        if done:
+                            break
                         continue
                     choices = obj.get("choices")
                     if choices and len(choices) == 1 and not obj.get("usage"):  # the common case, inline
