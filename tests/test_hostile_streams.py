@@ -47,6 +47,11 @@ def plain_text(sock):
     sock.sendall(HEAD.replace(b"text/event-stream", b"text/plain") + _event(" tok") * 4 + b"data: [DONE]\n\n")
 
 
+def bad_chunk(sock):
+    """A chunked body whose chunk size is not a hexadecimal number."""
+    sock.sendall(HEAD.replace(b"Connection: close", b"Transfer-Encoding: chunked") + b"zz\r\n" + _event(" tok") + b"\r\n")
+
+
 def trickle(sock):
     """One byte every 50 ms: each resets a read timeout; the stream never ends."""
     sock.sendall(HEAD)
@@ -133,6 +138,14 @@ def test_a_stream_labelled_other_than_an_event_stream_is_named(hostile):
     failure, took, _ = _run(hostile(plain_text), 4, 5.0)
     assert failure is not None and failure.failure_class == "protocol-violation", failure
     assert "Content-Type text/plain, not text/event-stream" in failure.message and took < 5
+
+
+def test_broken_chunked_framing_is_a_protocol_violation_not_an_engine_crash(hostile):
+    """Census 5.19: a chunk size of ``zz`` raised ValueError, which every check charged to the
+    engine as ``runtime-crash``."""
+    failure, took, _ = _run(hostile(bad_chunk), 4, 5.0)
+    assert failure is not None and failure.failure_class == "protocol-violation", failure
+    assert "chunk size b'zz' is not a hexadecimal number" in failure.message and took < 5
 
 
 def test_the_bounds_come_from_the_request():

@@ -163,6 +163,25 @@ def test_a_redirected_stream_is_named_not_parsed_and_not_followed(serve, monkeyp
     assert origin.seen[0]["Authorization"] == "Bearer sk-secret" and elsewhere.seen == []
 
 
+def test_an_answer_that_is_not_well_formed_http_is_an_oserror(serve):
+    """Census 5.18: 150 headers made http.client raise HTTPException (not an OSError), and the
+    tokenizer check ended ``error`` with no class."""
+    import urllib.error
+
+    def many_headers(h):
+        h.send_response(200)
+        for i in range(150):
+            h.send_header(f"X-H{i}", "v")
+        h.send_header("Content-Length", "2")
+        h.end_headers()
+        h.wfile.write(b"{}")
+
+    s = serve(many_headers)
+    with pytest.raises(urllib.error.URLError) as info:
+        open_bounded(s.url + "/tokenize", 5)
+    assert isinstance(info.value, OSError) and "not well-formed HTTP: HTTPException" in str(info.value)
+
+
 def test_a_body_cut_short_is_an_oserror_naming_the_cut_not_a_traceback(serve):
     """``Content-Length: 100000`` and 10 bytes, then the connection closed (issue 36's census: the
     tokenizer check ended ``error`` with ``IncompleteRead``, a cut ``/metrics`` failed the load):

@@ -354,6 +354,8 @@ class OpenAIClient:
             if exc.kind == "cut" and not await self._answers():
                 raise EngineFailure("runtime-crash", f"the server went away: stream cut after {nbytes} bytes and "
                                     f"{elapsed:.3f} s, and {self.base_url} refuses connections now") from None
+            if exc.kind == "malformed":
+                raise EngineFailure("protocol-violation", f"POST {path}: {exc}") from None
             if exc.kind == "undecodable":
                 raise EngineFailure("transport-distortion", f"{exc} (a hop compressed the stream; measure without it)") from None
             raise EngineFailure("transport-distortion",

@@ -32,7 +32,8 @@ class TransportError(Exception):
 
     Attributes:
         kind: ``connect`` (could not connect), ``cut`` (closed mid-body), ``timeout`` (no byte
-            within the read timeout), ``undecodable`` (a compressed body that does not inflate).
+            within the read timeout), ``undecodable`` (a compressed body that does not inflate),
+            ``malformed`` (HTTP framing that is not HTTP: a chunk size that is not a number).
         nbytes: body bytes received before the failure.
     """
 
@@ -230,7 +231,12 @@ class Response:
             if i < 0:
                 self._pend = data[pos:]
                 break
-            size = int(data[pos:i].split(b";", 1)[0].strip() or b"0", 16)
+            field = data[pos:i].split(b";", 1)[0].strip() or b"0"
+            try:
+                size = int(field, 16)
+            except ValueError:  # a framing fault, not the engine's: named as such (census 5.19)
+                raise TransportError("malformed", f"the chunked body's framing is broken: chunk size {field[:40]!r} "
+                                     "is not a hexadecimal number", self.nbytes) from None
             pos = i + 2
             if size == 0:  # last chunk; trailers, if any, are ignored
                 self.complete = True

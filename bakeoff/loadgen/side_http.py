@@ -117,9 +117,12 @@ def open_bounded(req: urllib.request.Request | str, timeout_s: float, deadline_s
     """
     t0 = time.monotonic()
     opener = urllib.request.build_opener(_NoRedirect)
-    with opener.open(req, timeout=timeout_s) as resp:
-        body = read_bounded(resp, timeout_s, deadline_s, max_bytes, t0)
-        return resp.status, body, dict(resp.headers)
+    try:
+        with opener.open(req, timeout=timeout_s) as resp:
+            body = read_bounded(resp, timeout_s, deadline_s, max_bytes, t0)
+            return resp.status, body, dict(resp.headers)
+    except http.client.HTTPException as exc:  # an answer that is not HTTP (over 100 headers, a bad status line)
+        raise urllib.error.URLError(f"the server's answer is not well-formed HTTP: {type(exc).__name__}: {exc}") from None
 
 
 def error_body(exc: urllib.error.HTTPError, timeout_s: float, limit: int = 2000) -> str:
