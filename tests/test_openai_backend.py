@@ -51,6 +51,41 @@ def test_the_context_length_the_server_states_bounds_the_long_prompts(tmp_path):
         assert info.max_model_len is None and "max_model_len" not in info.notes
 
 
+def test_a_dropped_models_answer_is_asked_again_not_read_as_an_empty_list(tmp_path):
+    """Census 5.13: a server that drops every second connection dropped GET /v1/models, and the
+    run was config-rejected "lists none (status 0)"; asked again, it answers."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            seen.append(self.path)
+            if self.path == "/v1/models" and seen.count("/v1/models") == 1:
+                self.close_connection = True
+                self.connection.shutdown(2)  # dropped: no status line
+                return
+            body = json.dumps({"data": [{"id": "m"}]} if self.path == "/v1/models" else {"status": "ok"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        info = make(tmp_path, base_url=f"http://127.0.0.1:{httpd.server_address[1]}").start()
+        assert info.served_model == "m" and seen.count("/v1/models") == 2
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
 def test_registry_resolves_openai():
     assert backends.resolve("openai") is OpenAIBackend
 

@@ -242,6 +242,13 @@ class OpenAIBackend(Backend):
         if self._probed is None:
             self.probe()
         health, models = self._probed
+        if models.status == 0 and not self.options.model:  # no answer (a dropped connection): asked once more
+            models = self._get("/v1/models", 10)
+            if models.status == 0:
+                raise EngineFailure("hang" if models.timed_out else "load-failure",
+                                    f"GET {self.base_url}/v1/models got no answer twice ({models.body}): "
+                                    "the model name cannot be learned; pass --backend-opt model=NAME or fix the server",
+                                    {"models.txt": models.body[:2000]})
         m_status, m_body = models.status, models.body
         listed: list[str] = []
         owned_by = None
