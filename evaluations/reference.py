@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -236,11 +237,14 @@ def reference(settings, run, probe_set):
     finally:
         ref.stop()
     if result["ok"] and all(o["status"] == "ok" for o in result["outputs"]):
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = tempfile.NamedTemporaryFile("w", dir=cache.parent, delete=False)
-        tmp.write(json.dumps(result))
-        tmp.close()
-        os.replace(tmp.name, cache)
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=cache.parent, delete=False) as tmp:
+                tmp.write(json.dumps(result))
+            os.replace(tmp.name, cache)
+        except OSError as exc:  # a read-only or full cache costs the next run time, never this run's checks
+            print(f"bakeoff: the reference's outputs were not cached ({exc.strerror or exc}: {cache.parent}); "
+                  "the next run computes them again", file=sys.stderr)
     return result
 
 

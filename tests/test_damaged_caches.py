@@ -48,3 +48,34 @@ def test_a_damaged_judge_answer_is_asked_again(tmp_path, monkeypatch):
     for entry in ref.root.glob("*.json"):
         entry.write_text("{")
     assert ref.score("p", [1], "", 0) == first and asked == ["p", "p", "p"]
+
+
+@pytest.mark.slow
+def test_a_reference_cache_that_cannot_be_written_costs_no_check(tmp_path):
+    """Census 5.11 (a read-only cache): writing the reference's fresh outputs raised OSError in a
+    fixture, and the sanity checks went missing from the verdict with no word. Now the outputs are
+    used, the run says they were not cached, and the checks are recorded (here a file stands where
+    the reference's cache folder goes)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from bakeoff.loadgen.synth_launch import SynthServer
+
+    repo = Path(__file__).resolve().parents[1]
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "reference").write_text("not a folder")
+    with SynthServer({"model": "m", "output_tokens": 4}) as srv:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "evaluations/", "-p", "no:cacheprovider", "-q",
+                               "--backend", "openai", f"--backend-opt=base_url={srv.url}", "--model=fixture:tiny-qwen3",
+                               f"--artifacts={tmp_path / 'art'}", "-k", "test_calibration or test_load or test_sanity"],
+                              capture_output=True, text=True, cwd=repo, timeout=900,
+                              env=dict(os.environ, BAKEOFF_CACHE=str(cache)))
+    out = proc.stdout + proc.stderr
+    assert "the reference's outputs were not cached" in out, out[-3000:]
+    v = json.loads(next((tmp_path / "art" / "runs").glob("*/verdict.json")).read_text())
+    names = {c["name"]: c for c in v["checks"]}
+    assert names["sanity.reference_agreement"]["status"] == "fail", names.get("sanity.reference_agreement")
+    assert "Traceback" not in out
