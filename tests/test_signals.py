@@ -20,8 +20,8 @@ import sys, time
 from bakeoff.host.procs import sigterm_as_interrupt
 seen = []
 sigterm_as_interrupt(lambda: seen.append("interrupted"))
-print("ready", flush=True)
 try:
+    print("ready", flush=True)
     time.sleep(30)
 except KeyboardInterrupt as exc:
     print("first:", exc, seen, flush=True)
