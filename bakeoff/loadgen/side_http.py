@@ -122,6 +122,8 @@ def open_bounded(req: urllib.request.Request | str, timeout_s: float, deadline_s
             body = read_bounded(resp, timeout_s, deadline_s, max_bytes, t0)
             return resp.status, body, dict(resp.headers)
     except http.client.HTTPException as exc:  # an answer that is not HTTP (over 100 headers, a bad status line)
+        if isinstance(exc, OSError):  # RemoteDisconnected: a dropped connection, as callers already read it
+            raise
         raise urllib.error.URLError(f"the server's answer is not well-formed HTTP: {type(exc).__name__}: {exc}") from None
 
 
