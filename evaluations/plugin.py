@@ -312,8 +312,11 @@ def pytest_runtest_makereport(item, call):
             # a fixture of bakeoff's that raised (census 5.11: a read-only cache) is not the engine's
             # fault: the check did not run, and the run cannot qualify on it (incomplete, with the reason)
             exc = call.excinfo.value
-            run.record(Check(name=name, status="skip", required=True,
-                             summary=f"not run: bakeoff's setup of it failed: {type(exc).__name__}: {exc}"[:500]))
+            if isinstance(exc, EngineFailure):  # the engine failed while a fixture drove it: its failure, classed
+                run.record(Check(name=name, status="fail", failure_class=exc.failure_class, summary=exc.message[:500]))
+            else:
+                run.record(Check(name=name, status="skip", required=True,
+                                 summary=f"not run: bakeoff's setup of it failed: {type(exc).__name__}: {exc}"[:500]))
     return report
 
 
