@@ -10,16 +10,34 @@ from bakeoff.api.specs import GenerationRequest
 from bakeoff.analysis.sanity import jsonable_logprobs
 
 
-def probe_max_tokens(expected: str, match: str = "prefix") -> int:
+# Tokens a completion probe gets beyond its expected text's own token count: room for the answer in a
+# less usual split of the same text (the check is a prefix match on the decoded text). SmolLM2-135M-Instruct's
+# 240 completion probes: the character bound asked for 2,934 tokens, of which vLLM's right answers needed
+# 1-4 each (81% of what it generated came after the answer); this budget asks for 1,260 (2026-12-05).
+PROBE_SLACK_TOKENS = 3
+
+
+def probe_max_tokens(expected: str, match: str = "prefix", tokenizer=None) -> int:
     """Tokens to generate for a probe: enough for the expected text plus slack.
 
-    A character-level upper bound (no tokenizer in the parent process): BPE tokens cover at
-    least one character, so ``len(expected) + 4`` always suffices. A chat probe (``contains``)
-    gets 48 tokens: the answer may come after a few words of prose.
+    With the reference model's tokenizer (the same vocabulary the engine under test serves), a
+    completion probe gets the expected text's token count plus :data:`PROBE_SLACK_TOKENS`.
+    Without one, a character-level upper bound: BPE tokens cover at least one character, so
+    ``len(expected) + 4`` always suffices; never more than that either way. A chat probe
+    (``contains``) gets 48 tokens: the answer may come after a few words of prose.
     """
     if match == "contains":
         return 48
-    return min(64, len(expected) + 4)
+    bound = min(64, len(expected) + 4)
+    if tokenizer is None:
+        return bound
+    return min(bound, len(tokenizer(expected, add_special_tokens=False)["input_ids"]) + PROBE_SLACK_TOKENS)
+
+
+def budget(p) -> int:
+    """A probe's token budget: its own (set from the reference tokenizer, see
+    :func:`evaluations.reference.probe_set_of`), else the character bound."""
+    return p.max_tokens or probe_max_tokens(p.expected, p.match)
 
 
 # Probes in flight: enough for a batching engine to batch them (the transformers worker's static
@@ -36,7 +54,7 @@ def run_probes(backend, probes, max_tokens: int | None = None, concurrency: int 
     Args:
         backend: a started backend.
         probes: :class:`bakeoff.models.resolve.Probe` items.
-        max_tokens: tokens per probe (default: :func:`probe_max_tokens`).
+        max_tokens: tokens per probe (default: each probe's :func:`budget`).
         concurrency: probes in flight.
         logprobs: ask for the top-k logprobs of each token (the tie rule's evidence).
 
@@ -51,7 +69,7 @@ def run_probes(backend, probes, max_tokens: int | None = None, concurrency: int 
 
         async def one(p):
             req = GenerationRequest(request_id=f"probe-{p.id}", prompt=p.prompt,
-                                    max_tokens=max_tokens or probe_max_tokens(p.expected, p.match), temperature=0.0,
+                                    max_tokens=max_tokens or budget(p), temperature=0.0,
                                     logprobs=logprobs)
             async with sem:
                 rec = await run_request(backend, req)
@@ -62,8 +80,7 @@ def run_probes(backend, probes, max_tokens: int | None = None, concurrency: int 
         # sent shortest first (tokens to generate, then prompt length), answered in the given order: a
         # static batch runs to its longest row, so alike probes batched together waste less (SmolLM2-135M's
         # 300 probes through the reference's static batches: 98 s in the given order, 88 s sorted)
-        order = sorted(range(len(probes)), key=lambda i: (probe_max_tokens(probes[i].expected, probes[i].match),
-                                                          len(probes[i].prompt)))
+        order = sorted(range(len(probes)), key=lambda i: (budget(probes[i]), len(probes[i].prompt)))
         try:
             done = await asyncio.gather(*(one(probes[i]) for i in order))
         finally:

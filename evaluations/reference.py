@@ -20,7 +20,7 @@ import json
 import os
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +34,12 @@ from bakeoff.models.resolve import Probe, ResolvedModel
 from bakeoff.analysis.sanity import PROBE_LOGPROBS, probe_correct
 from bakeoff.api.specs import BackendConfig
 from bakeoff.analysis.generic_probes import chat_template_of, generic_probes
-from evaluations.probing import run_probes
+from evaluations.probing import PROBE_SLACK_TOKENS, probe_max_tokens, run_probes
+from evaluations.tokenizing import reference_tokenizer
 
-REFERENCE_CACHE_VERSION = 3  # 2: outputs carry top-k logprobs; 3: keyed by the resolved options (float32 on CPU, static batches)
+# 2: outputs carry top-k logprobs; 3: keyed by the resolved options (float32 on CPU, static batches);
+# 4: keyed by each probe's token budget
+REFERENCE_CACHE_VERSION = 4
 
 
 # The reference generates greedy requests in static batches (one left-padded ``generate`` over the
@@ -143,7 +146,9 @@ def probe_set_of(settings) -> ProbeSet:
     no template: nothing to compare them with)."""
     shipped = settings.model.probes() or settings.reference_model.probes()
     if shipped:
-        return ProbeSet(shipped, shipped, "model", {"chat_template": "none: probes shipped with the model"})
+        shipped, budgets = with_budgets(settings, shipped)
+        return ProbeSet(shipped, shipped, "model", {"chat_template": "none: probes shipped with the model",
+                                                    "token_budget": budgets})
     ref_template, ref_special = _template(settings.reference_model)
     reference = [Probe(**p) for p in generic_probes(chat_template=ref_template, special=ref_special)]
     model_template, model_special = _template(settings.model)
@@ -165,6 +170,9 @@ def probe_set_of(settings) -> ProbeSet:
         rendering["left_out"] = (f"{len(reference) - len(ids)} reference-only, {len(backend) - len(ids)} engine-only "
                                  "probes (a chat form only one side's template gives)")
         reference, backend = [p for p in reference if p.id in ids], [p for p in backend if p.id in ids]
+    reference, rendering["token_budget"] = with_budgets(settings, reference)
+    budgets = {p.id: p.max_tokens for p in reference}
+    backend = [replace(p, max_tokens=budgets[p.id]) for p in backend]
     by_id = {p.id: p for p in backend}
     backend = [by_id[p.id] for p in reference]
     rendering["templates_identical"] = same_model or model_template == ref_template
@@ -176,6 +184,17 @@ def probe_set_of(settings) -> ProbeSet:
         b, r = diff[0]
         rendering["first_difference"] = {"id": b.id, "engine_prompt": b.prompt, "reference_prompt": r.prompt}
     return ProbeSet(backend, reference, "generic", rendering)
+
+
+def with_budgets(settings, items: list[Probe]) -> tuple[list[Probe], str]:
+    """``items`` with their token budgets set (:func:`evaluations.probing.probe_max_tokens`) from the
+    reference model's tokenizer, the same for both sides of a probe, and how they were set."""
+    tok, why = reference_tokenizer(settings.reference_model.path,
+                                   bool(settings.reference_options.get("trust_remote_code", False)))
+    out = [replace(p, max_tokens=probe_max_tokens(p.expected, p.match, tok)) for p in items]
+    how = (f"the expected text's tokens + {PROBE_SLACK_TOKENS} (reference tokenizer); chat probes 48" if tok is not None
+           else f"len(expected) + 4 characters: {why}")
+    return out, how
 
 
 @pytest.fixture(scope="session")
@@ -202,7 +221,7 @@ def reference_cache_key(settings, probe_set: ProbeSet) -> str:
     the probes as the reference computes them (:attr:`ProbeSet.reference`: its own rendering)."""
     return hashlib.sha256(json.dumps([REFERENCE_CACHE_VERSION, settings.reference_model.path,
                                       _model_stamp(settings.reference_model), reference_options(settings),
-                                      [[p.prompt, p.expected, p.match] for p in probe_set.reference]]).encode()
+                                      [[p.prompt, p.expected, p.match, p.max_tokens] for p in probe_set.reference]]).encode()
                           ).hexdigest()[:16]
 
 

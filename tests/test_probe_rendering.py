@@ -93,3 +93,37 @@ def test_template_effect_needs_the_differently_rendered_probes_to_diverge_more()
     assert not int4["template_changes_answers"]
     assert not template_effect(rows(1, 0), {"c0"})["template_changes_answers"]  # one probe never decides (p=1/300)
     assert fisher_greater(5, 10, 5, 10) > 0.5 and fisher_greater(0, 0, 3, 10) == 1.0
+
+
+def test_token_budgets_come_from_the_reference_tokenizer_alike_on_both_sides(tmp_path):
+    """A completion probe generates its expected text's tokens + PROBE_SLACK_TOKENS (never more than
+    the character bound); each probe has the same budget on both sides; the shipped probes too."""
+    from transformers import AutoTokenizer
+
+    from bakeoff.models import fixtures
+    from evaluations.probing import PROBE_SLACK_TOKENS, probe_max_tokens
+
+    trained = Path(fixtures.build("tiny-qwen3"))
+    tok = AutoTokenizer.from_pretrained(trained)
+    model = ResolvedModel(label="tiny-qwen3", path=str(trained), local=True, fixture="tiny-qwen3")
+    s = probe_set_of(_settings(model, model))
+    assert s.source == "model" and "reference tokenizer" in s.rendering["token_budget"]
+    assert s.backend == s.reference
+    for p in s.reference:
+        n = len(tok(p.expected, add_special_tokens=False)["input_ids"])
+        assert p.max_tokens == min(n + PROBE_SLACK_TOKENS, probe_max_tokens(p.expected, p.match))
+    assert any(p.max_tokens < probe_max_tokens(p.expected, p.match) for p in s.reference)  # tighter than characters
+    # generic probes (a model that ships none): the engine's side gets the reference's budgets, id by id
+    real, wrong = _model(tmp_path / "real", CHATML), _model(tmp_path / "wrong", LLAMA2_TEMPLATE)
+    g = probe_set_of(_settings(wrong, real))
+    assert [(p.id, p.max_tokens) for p in g.backend] == [(p.id, p.max_tokens) for p in g.reference]
+
+
+def test_without_a_tokenizer_the_budget_is_the_character_bound_saying_why(tmp_path):
+    from evaluations.probing import probe_max_tokens
+
+    real = _model(tmp_path / "real", CHATML)  # tokenizer_config.json only: no vocabulary to count with
+    s = probe_set_of(_settings(real, real))
+    assert s.rendering["token_budget"].startswith("len(expected) + 4 characters: ")
+    assert all(p.max_tokens == probe_max_tokens(p.expected, p.match) for p in s.reference)
+    assert {p.max_tokens for p in s.reference if p.match == "contains"} == {48}

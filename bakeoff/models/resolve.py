@@ -30,6 +30,7 @@ class Probe:
     prompt: str
     expected: str
     match: str = "prefix"
+    max_tokens: int | None = None  # tokens to generate (None: the character bound, evaluations/probing.py)
 
 
 @dataclass
