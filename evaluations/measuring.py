@@ -170,15 +170,25 @@ class Calibration:
                                         if self.probe_tokens and self.probe_ttft_ms else "not measured")}
 
 
-def calibrate(engine, fixture: bool, k: int = 40) -> Calibration:
-    """Prompt tokens per haystack unit, from the engine's usage on k and 2k units, and the prefill
-    rate from the TTFT of the longer one (``max_tokens`` 1, sent alone).
+# Haystack units of the calibration's shorter prompt (the longer has twice as many): a fixture's unit is
+# one key-value pair (about one token), a generic one a sentence (about 24 tokens). 20 sentences (about
+# 480 and 960 tokens) reach the lengths a slow engine's budgets then allow (SmolLM2-135M on 2 cores: needle
+# prompts up to ~920 tokens), at half the time of 40 (ORT GenAI: 3.0 + 6.8 s of each run, 2026-12-05); the
+# fit through both points (``a n + b n^2``) extrapolates to longer prompts on faster engines.
+CALIBRATION_UNITS = {True: 40, False: 20}
+
+
+def calibrate(engine, fixture: bool, k: int | None = None) -> Calibration:
+    """Prompt tokens per haystack unit, from the engine's usage on k and 2k units
+    (default :data:`CALIBRATION_UNITS`), and the prefill rate from the TTFT of the longer one
+    (``max_tokens`` 1, sent alone).
 
     Returns:
         The :class:`Calibration`; ``tokens_per_unit`` falls back to an estimate (1 token per
         fixture pair, each pair being one token of its tokenizer / 20 per generic sentence) when
         the engine reports no prompt usage, and the probe's tokens are then counted with it.
     """
+    k = k or CALIBRATION_UNITS[bool(fixture)]
     # k units, then fewer when the engine refuses the longer prompt: a tokenizer that spends many
     # tokens per word (a fixture's small vocabulary under a real-size model, examples/h200/) puts
     # 2k generic sentences past a 2,048-token context, and the estimate then overshoots it.
@@ -205,7 +215,7 @@ def _with_rate(cal: Calibration, recs: list[RequestRecord], tokens: list[int]) -
                        tokens[0] if t_short else None, t_short or None)
 
 
-def tokens_per_unit(engine, fixture: bool, k: int = 40) -> tuple[float, str]:
+def tokens_per_unit(engine, fixture: bool, k: int | None = None) -> tuple[float, str]:
     """``(tokens_per_unit, source)`` of :func:`calibrate`."""
     cal = calibrate(engine, fixture, k)
     return cal.tokens_per_unit, cal.source
