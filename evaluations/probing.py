@@ -43,8 +43,9 @@ def budget(p) -> int:
 # Probes in flight: enough for a batching engine to batch them (the transformers worker's static
 # batches, og.Engine's, vLLM's scheduler); greedy outputs of a correct engine do not depend on it
 # beyond numerical ties, which the agreement's tie rule names. 4 left SmolLM2-135M's 300 probes at
-# 1.5 min through the transformers worker on 2 cores.
-PROBE_CONCURRENCY = 16
+# 1.5 min through the transformers worker on 2 cores; an engine whose batches hold fewer takes them
+# as its batches free up. The reference's static batches hold 32 (evaluations/reference.py).
+PROBE_CONCURRENCY = 32
 
 
 def run_probes(backend, probes, max_tokens: int | None = None, concurrency: int = PROBE_CONCURRENCY,
