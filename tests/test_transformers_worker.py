@@ -69,18 +69,20 @@ def test_the_reference_is_static_batches_in_float32_on_cpu_whatever_the_backends
     from backends._hosting.threads import usable_cpus
 
     # on every usable CPU: the reference computes alone and is not measured
-    assert reference_config(settings({}, {}), tmp_path / "r").options == {"batching": "static", "dtype": "float32",
-                                                                          "num_threads": usable_cpus()}
+    assert reference_config(settings({}, {}), tmp_path / "r").options == {"batching": "static", "max_batch_size": 32,
+                                                                          "dtype": "float32", "num_threads": usable_cpus()}
     assert reference_config(settings({}, {"batching": "continuous"}), tmp_path / "r").options["batching"] == "continuous"
     assert reference_config(settings({}, {"device": "cuda"}), tmp_path / "r").options == {"batching": "static",
+                                                                                         "max_batch_size": 32,
                                                                                          "device": "cuda"}
     assert not is_reference_run(settings({}, {}))
     assert is_reference_run(settings({"batching": "static", "dtype": "float32"}, {}))  # threads: rounding only
     assert is_reference_run(settings({"batching": "static", "dtype": "float32", "num_threads": 1}, {}))
+    assert is_reference_run(settings({"batching": "static", "dtype": "float32", "max_batch_size": 8}, {}))  # padding: rounding only
     assert is_reference_run(settings({"batching": "continuous", "dtype": "float32"}, {"batching": "continuous"}))
     assert not is_reference_run(settings({"batching": "static"}, {}))  # the checkpoint's dtype: a candidate
     monkeypatch.setattr(host_envs, "has_cuda", lambda: True)
-    assert reference_config(settings({}, {}), tmp_path / "r").options == {"batching": "static"}
+    assert reference_config(settings({}, {}), tmp_path / "r").options == {"batching": "static", "max_batch_size": 32}
 
 
 @pytest.mark.slow
