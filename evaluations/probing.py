@@ -43,9 +43,10 @@ def budget(p) -> int:
 # Probes in flight: enough for a batching engine to batch them (the transformers worker's static
 # batches, og.Engine's, vLLM's scheduler); greedy outputs of a correct engine do not depend on it
 # beyond numerical ties, which the agreement's tie rule names. 4 left SmolLM2-135M's 300 probes at
-# 1.5 min through the transformers worker on 2 cores; an engine whose batches hold fewer takes them
-# as its batches free up. The reference's static batches hold 32 (evaluations/reference.py).
-PROBE_CONCURRENCY = 32
+# 1.5 min through the transformers worker on 2 cores; 32 made the static-batching engines (batches of
+# 16) slower, not faster: optimum-ort 3 min 07 s -> 3 min 25 s of its run, vLLM no faster (2026-12-05).
+# The reference sends as many as its batches hold (evaluations/reference.py).
+PROBE_CONCURRENCY = 16
 
 
 def run_probes(backend, probes, max_tokens: int | None = None, concurrency: int = PROBE_CONCURRENCY,

@@ -34,7 +34,7 @@ from bakeoff.models.resolve import Probe, ResolvedModel
 from bakeoff.analysis.sanity import PROBE_LOGPROBS, probe_correct
 from bakeoff.api.specs import BackendConfig
 from bakeoff.analysis.generic_probes import chat_template_of, generic_probes
-from evaluations.probing import PROBE_SLACK_TOKENS, probe_max_tokens, run_probes
+from evaluations.probing import PROBE_CONCURRENCY, PROBE_SLACK_TOKENS, probe_max_tokens, run_probes
 from evaluations.tokenizing import reference_tokenizer
 
 # 2: outputs carry top-k logprobs; 3: keyed by the resolved options (float32 on CPU, static batches);
@@ -47,8 +47,9 @@ REFERENCE_CACHE_VERSION = 4
 # backends/transformers/static.py), whatever the transformers backend's default: one request at a
 # time took 3 of the 10 minutes of a SmolLM2-135M run on 2 cores for its 300 probes (30 layers, a
 # launch-bound ~15 tok/s per sequence). Left padding moves float32 logits by rounding only.
-# ``--reference-opt batching=...`` changes it. Batches of up to 32: SmolLM2-135M's 300 probes took 41.7 s
-# on 2 cores against 49.4 s at 16 and 47.9 s at 64 (more left padding), 2026-12-05.
+# ``--reference-opt batching=...`` changes it. Batches of up to 32, as many probes in flight: SmolLM2-135M's
+# 300 probes took 35.3 / 41.2 s on 2 cores against 45.9 / 45.5 s at 16 (alternated), 47.9 s at 64 (more left
+# padding), 2026-12-05.
 REFERENCE_DEFAULTS = {"batching": "static", "max_batch_size": 32}
 # On a CPU the reference computes in float32 whatever the checkpoint's dtype: it is the yardstick, not
 # a measured engine; float32 is the most exact and the least host-dependent (bf16 kernels differ between
@@ -251,7 +252,8 @@ def reference(settings, run, probe_set):
     ref = backends.resolve("transformers")(reference_config(settings, run.dir.path / "engine" / "reference"))
     try:
         info = ref.start()
-        result = {"ok": True, "outputs": run_probes(ref, items, logprobs=PROBE_LOGPROBS),
+        in_flight = max(PROBE_CONCURRENCY, int(reference_options(settings).get("max_batch_size") or 0))
+        result = {"ok": True, "outputs": run_probes(ref, items, logprobs=PROBE_LOGPROBS, concurrency=in_flight),
                   "engine": {"device": info.device, "engine_version": info.engine_version,
                              "options": reference_options(settings), "dtype": info.notes.get("dtype")}}
     except EngineFailure as exc:
