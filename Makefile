@@ -9,7 +9,7 @@ STAMP := $(VENV)/.bakeoff-installed
 BACKENDS ?= transformers,vllm,ort-genai,optimum-ort,openvino,trtllm
 MODEL ?= fixture:tiny-qwen3
 
-.PHONY: qualify qualify-real test test-fresh install clean-venv chromium
+.PHONY: qualify qualify-real test test-fresh install clean-venv chromium docs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ test: $(STAMP) chromium
 # and copied, then the tests run; each phase is timed (.ci/test-fresh).
 test-fresh: $(STAMP) chromium
 	VENV=$(VENV) bash .ci/test-fresh
+
+# The docs site (mkdocs.yml, docs/) into site/, warnings as errors (tests/test_docs.py builds it the same way).
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict
 
 # Headless Chromium renders the HTML report in a test; installed from Debian's packages when
 # this user may (root), else that test skips and says why.

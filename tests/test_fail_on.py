@@ -1,4 +1,4 @@
-"""``bakeoff qualify --fail-on STATUS``: the exit codes of README "CI gating".
+"""``bakeoff qualify --fail-on STATUS``: the exit codes of the docs' "CI gating" page (docs/concepts/ci-gating.md).
 
 The real runs are elsewhere, to keep CI's time: the disqualified untrained fixture exiting 1
 under ``--fail-on disqualified`` in ``tests/test_installed.py`` (from the installed wheel), and
@@ -31,13 +31,11 @@ def test_parse_and_gate():
                                                       "ort-genai: incomplete (no run written: pytest exit 4)"]
 
 
-def test_exit_codes_are_the_readme_table():
-    """The README's table and the gating module's constants say the same codes."""
+def test_exit_codes_are_the_docs_table():
+    """The CI gating page's table and the gating module's constants say the same codes."""
     from bakeoff.cli import gating
 
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## CI gating"):]
-    section = section[:section.index("\n## ", 4)]
+    section = (REPO / "docs" / "concepts" / "ci-gating.md").read_text()
     for code in (gating.EXIT_OK, gating.EXIT_FAILED_GATE, gating.EXIT_BAD_INPUT, gating.EXIT_NO_RUN, gating.EXIT_INTERRUPTED):
         assert f"| {code} |" in section
     assert "--fail-on disqualified" in section
@@ -45,7 +43,7 @@ def test_exit_codes_are_the_readme_table():
 
 def test_sigterm_mid_run_exits_130_and_keeps_the_run(tmp_path):
     """A CI job's timeout sends SIGTERM to bakeoff alone: it asks its pytest child to stop, keeps
-    what was measured (verdict ``incomplete``) and exits 130, the README's code for an interruption."""
+    what was measured (verdict ``incomplete``) and exits 130, the CI gating page's code for an interruption."""
     import json
     import signal
     import subprocess

@@ -99,7 +99,7 @@ def test_installed_qualification_from_a_temporary_folder(installed):
     """``bakeoff qualify`` of the transformers backend from an empty folder: the run lands in
     ./artifacts, the evaluations ran from the installed package; the untrained fixture (cheap:
     it fails its known answers, then the checks needing a sane engine skip) is disqualified and
-    ``--fail-on disqualified`` makes that exit 1 (README "CI gating"). This is also the
+    ``--fail-on disqualified`` makes that exit 1 (docs/concepts/ci-gating.md). This is also the
     transformers case of tests/test_e2e_engines.py's untrained-twin test."""
     python, work = installed
     env = dict(os.environ, PYTHONPATH="")  # nothing of the checkout on the path

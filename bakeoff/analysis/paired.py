@@ -8,7 +8,7 @@ one-sided exact p-value of a drop is ``P(X >= b)`` (McNemar 1947, exact conditio
 the test used for paired classifier comparisons, Dietterich 1998, and by lm-eval-harness
 style paired comparisons).
 
-Decision rule (bakeoff's, documented in the README): a candidate **regresses** only when
+Decision rule (bakeoff's, documented in docs/concepts/verdicts.md): a candidate **regresses** only when
 the drop is significant (one-sided ``p < ALPHA``) *and* larger than ``TOLERANCE`` (absolute,
 on the probe accuracy). Anything else is "within noise": one probe never decides a verdict,
 and a significant but tiny drop on thousands of probes does not disqualify either.

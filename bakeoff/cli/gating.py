@@ -1,4 +1,4 @@
-"""``bakeoff qualify --fail-on STATUS``: the exit code a CI job gates on (README "CI gating").
+"""``bakeoff qualify --fail-on STATUS``: the exit code a CI job gates on (docs/concepts/ci-gating.md).
 
 | code | meaning |
 |---|---|

@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "in pytest.log); only the verdicts at the end")
     q.add_argument("--fail-on", action="append", default=[], metavar="STATUS",
                    help=f"exit 1 when a run's verdict is STATUS (repeatable): {', '.join(GATE_STATUSES)}; "
-                        "without it the exit code is 0 whatever the verdicts (README 'CI gating')")
+                        "without it the exit code is 0 whatever the verdicts (docs/concepts/ci-gating.md)")
     q.add_argument("--resume", default=None, metavar="RUN_DIR",
                    help="finish a cut-off run (its verdict says incomplete): completed checks are kept, then the report "
                         "is re-written; the run's own backend, model and options apply")

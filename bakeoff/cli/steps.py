@@ -34,7 +34,7 @@ from bakeoff.cli.phases import fmt_s
 from bakeoff.host.artifacts import read_json
 
 # Installs at once. Kept at two, not measured again for issue 30: on the 2-core AVX-512 host
-# (README, 2026-12-03) four environments took 105 s two at a time against 111 s for the same four
+# (docs/getting-started.md, 2026-12-03) four environments took 105 s two at a time against 111 s for the same four
 # one after another (make test-fresh): bytecode compilation and unpacking share the same two cores,
 # so neither is clearly faster in all; two lets a download overlap another install's compilation.
 PARALLEL_INSTALLS = 2
