@@ -195,7 +195,11 @@ def with_budgets(settings, items: list[Probe]) -> tuple[list[Probe], str]:
     reference model's tokenizer, the same for both sides of a probe, and how they were set."""
     tok, why = reference_tokenizer(settings.reference_model.path,
                                    bool(settings.reference_options.get("trust_remote_code", False)))
-    out = [replace(p, max_tokens=probe_max_tokens(p.expected, p.match, tok)) for p in items]
+    try:
+        out = [replace(p, max_tokens=probe_max_tokens(p.expected, p.match, tok)) for p in items]
+    except Exception as exc:  # noqa: BLE001 - a tokenizer that loads but cannot encode: the character bound
+        tok, why = None, f"the reference tokenizer did not encode the answers ({type(exc).__name__}: {str(exc)[:120]})"
+        out = [replace(p, max_tokens=probe_max_tokens(p.expected, p.match)) for p in items]
     how = (f"the expected text's tokens + {PROBE_SLACK_TOKENS} (reference tokenizer); chat probes 48" if tok is not None
            else f"len(expected) + 4 characters: {why}")
     return out, how

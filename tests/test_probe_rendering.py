@@ -127,3 +127,17 @@ def test_without_a_tokenizer_the_budget_is_the_character_bound_saying_why(tmp_pa
     assert s.rendering["token_budget"].startswith("len(expected) + 4 characters: ")
     assert all(p.max_tokens == probe_max_tokens(p.expected, p.match) for p in s.reference)
     assert {p.max_tokens for p in s.reference if p.match == "contains"} == {48}
+
+
+def test_a_tokenizer_that_cannot_encode_leaves_the_character_bound(tmp_path, monkeypatch):
+    import evaluations.reference as reference
+    from evaluations.probing import probe_max_tokens
+
+    def broken(text, add_special_tokens=True):
+        raise ValueError("no vocabulary")
+
+    monkeypatch.setattr(reference, "reference_tokenizer", lambda path, trust_remote_code=False: (broken, ""))
+    real = _model(tmp_path / "real", CHATML)
+    s = probe_set_of(_settings(real, real))
+    assert "did not encode the answers (ValueError: no vocabulary)" in s.rendering["token_budget"]
+    assert all(p.max_tokens == probe_max_tokens(p.expected, p.match) for p in s.reference)
