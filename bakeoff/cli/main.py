@@ -140,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("qualify", help="run the evaluations once per backend, then write a report")
     q.add_argument("--backends", help=f"comma-separated, from: {', '.join(backends.names())} "
                    f"(default: {','.join(backends.DEFAULT_QUALIFY)})")
-    q.add_argument("--model", default=None, help=f"checkpoint folder, hub id, or fixture:NAME (default: {DEFAULT_MODEL})")
+    q.add_argument("--model", default=None, help=f"checkpoint folder, hub id, fixture:NAME, or a packaged model "
+                   f"(smollm2-135m-instruct) (default: {DEFAULT_MODEL})")
     q.add_argument("--backend-opt", action="append", default=[], metavar="[BACKEND:]KEY=VALUE",
                    help="an engine option (repeatable); BACKEND: limits it to one backend, e.g. "
                         "vllm:kv_cache_dtype=fp8 (an unknown key is refused with the backend's valid keys)")
