@@ -55,10 +55,12 @@ def test_the_judges_scorer_starts_without_continuous_batching(tmp_path):
     settings = SimpleNamespace(reference_model=SimpleNamespace(path=str(tmp_path)), start_timeout_s=60.0,
                                progress_timeout_s=60.0, request_deadline_factor=5.0,
                                reference_options={"batching": "continuous", "device": "cuda"})
-    assert reference_config(settings, tmp_path / "r").options == {"batching": "continuous", "device": "cuda"}
-    assert reference_config(settings, tmp_path / "j", scoring=True).options == {"batching": "none", "device": "cuda"}
+    assert reference_config(settings, tmp_path / "r").options == {"batching": "continuous", "max_batch_size": 32,
+                                                                  "device": "cuda"}
+    assert reference_config(settings, tmp_path / "j", scoring=True).options == {"batching": "none", "max_batch_size": 32,
+                                                                                "device": "cuda"}
     assert settings.reference_options["batching"] == "continuous"  # the run's own settings untouched
     # the default static batches score between batches: the scorer keeps them (its open-ended answers one batch)
     settings.reference_options = {"device": "cpu"}
     assert reference_config(settings, tmp_path / "j", scoring=True).options == \
-        {"batching": "static", "dtype": "float32", "num_threads": usable_cpus(), "device": "cpu"}
+        {"batching": "static", "max_batch_size": 32, "dtype": "float32", "num_threads": usable_cpus(), "device": "cpu"}
