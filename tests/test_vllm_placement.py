@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -91,5 +92,9 @@ def test_real_vllm_cpu_is_placed(tmp_path):
         assert _cores(roles[placement.ENGINE_CORE]) == {frozenset(decode)} == _cores(roles[placement.WORKER])
         assert _cores(v.proc.pid) == {frozenset(front)} and _cores(os.getpid()) == mine
         assert "engine core with the worker" in v.info.notes["cpu_placement"]
+        # vLLM's ZMQ IPC sockets go to a folder of the run's own, not the system's temp folder ...
+        rpc_dir = Path(v.rpc_dir)
+        assert any(p.is_socket() for p in rpc_dir.iterdir()), list(rpc_dir.iterdir())
     finally:
         v.stop()
+    assert not rpc_dir.exists()  # ... removed at stop (a stopped server leaves its socket files)
