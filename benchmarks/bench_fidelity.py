@@ -186,7 +186,10 @@ def alternate(bake: BakeoffSide, tool: ToolSide, sessions: int, pairs: int, log,
     """One untimed run of each side, then tool, bakeoff, tool, ...: ``pairs`` bakeoff runs, and
     more while the ratio's interval is wider than ``half_width``, up to ``max_pairs``."""
     bake.run(sessions)
-    tool.run(sessions)
+    first = tool.run(sessions)
+    if first.get("kinds"):
+        log(f"    {sessions} sessions, untimed: {tool.describe(sessions)}: {first['kinds']}"
+            + (f" failed: {first['failed_kinds']}" if first.get("failed_kinds") else ""))
     t_runs, b_runs = [tool.run(sessions)], []
     i = 0
     while i < pairs or (i < (max_pairs or pairs) and not resolved(interval_of(b_runs, t_runs)[1], half_width)):
@@ -197,8 +200,7 @@ def alternate(bake: BakeoffSide, tool: ToolSide, sessions: int, pairs: int, log,
         i += 1
         log(f"    {sessions} sessions, pair {i}/{pairs}+: bakeoff {b_runs[-1]['output_tokens_per_s']:.1f}, "
             f"{tool.name} {t_runs[-2]['output_tokens_per_s']:.1f} / {t_runs[-1]['output_tokens_per_s']:.1f} tok/s"
-            + (f" {t_runs[-1]['kinds']}" if t_runs[-1].get("kinds") else "")
-            + (f" failed: {t_runs[-1]['failed_kinds']}" if t_runs[-1].get("failed_kinds") else "") + f"{fill}"
+            + f"{fill}"
             f" (load {os.getloadavg()[0]:.1f})")
     return b_runs, t_runs
 

@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_fidelity import (COLUMNS, alternate, main, paired_ratios, parse_args, ratio_cell,  # noqa: E402
                                        summarize_row, table)
+from benchmarks.fidelity_tools import ToolSide  # noqa: E402
 
 
 def test_paired_ratio_is_bakeoff_over_the_mean_of_the_tool_runs_around_it():
@@ -72,7 +73,11 @@ def test_transformers_row_per_session_count_with_ratio_from_both_figures(tmp_pat
     assert json.loads(out.read_text())["rows"] == json.loads(json.dumps(res["rows"], default=str))
     assert res["skipped"] == {} and [r["sessions"] for r in res["rows"]] == [1, 2]
     for r in res["rows"]:
-        assert r["engine"] == "transformers" and r["tool"].startswith("bare transformers, best of serial / batched")
+        # the kind is chosen once, in the untimed run, and every timed run is that kind alone
+        assert r["engine"] == "transformers" and r["tool"].startswith("bare transformers, ")
+        assert "(the best of serial / batched / continuous in the untimed run)" in r["tool"]
+        assert len({x["kind"] for x in r["tool_runs"]}) == 1 and r["tool"].split(", ")[1].split(" (")[0] == \
+            r["tool_runs"][0]["kind"]
         b = [x["output_tokens_per_s"] for x in r["bakeoff_runs"]]
         t = [x["output_tokens_per_s"] for x in r["tool_runs"]]
         assert len(b) == 2 and len(t) == 3 and all(x > 0 for x in b + t)
@@ -89,3 +94,38 @@ def test_transformers_row_per_session_count_with_ratio_from_both_figures(tmp_pat
     assert table(res["rows"]) in printed and " | ".join(COLUMNS) in printed
     assert "transformers | 2 | " in printed
     assert "engine | sessions | bakeoff: us/token per process | tool: us/token per process" in printed
+
+
+class _Kinds(ToolSide):
+    """A fake tool (named so) whose kinds give fixed figures; records which kinds ran."""
+
+    kinds = ("serial", "batched")
+
+    def __init__(self, figures: dict[str, float], fails: tuple[str, ...] = ()):
+        self.figures, self.fails, self.ran = figures, fails, []
+
+    def run_kind(self, sessions: int, kind: str | None) -> dict:
+        self.ran.append((sessions, kind))
+        if kind in self.fails:
+            raise RuntimeError(f"{kind} gave no result")
+        return {"output_tokens_per_s": self.figures[kind] * sessions, "kind": kind}
+
+
+def test_a_tools_kind_is_chosen_in_its_first_run_at_a_session_count_and_kept():
+    tool = _Kinds({"serial": 10.0, "batched": 12.0})
+    first = tool.run(8)
+    assert first["kind"] == "batched" and first["kinds"] == {"serial": 80.0, "batched": 96.0}
+    assert [tool.run(8)["kind"] for _ in range(3)] == ["batched"] * 3
+    assert tool.ran == [(8, "serial"), (8, "batched")] + [(8, "batched")] * 3  # timed runs: the chosen kind alone
+    tool.run(1)  # another session count chooses again
+    assert tool.ran[-2:] == [(1, "serial"), (1, "batched")]
+    assert "batched (the best of serial / batched in the untimed run)" in tool.describe(8)
+
+
+def test_a_kind_that_fails_in_the_choosing_run_is_named_and_never_chosen():
+    tool = _Kinds({"serial": 10.0, "batched": 12.0}, fails=("batched",))
+    first = tool.run(4)
+    assert first["kind"] == "serial" and "batched" in first["failed_kinds"]
+    assert tool.run(4)["kind"] == "serial"
+    with pytest.raises(RuntimeError, match="every kind failed"):
+        _Kinds({"serial": 1.0, "batched": 1.0}, fails=("serial", "batched")).run(2)
