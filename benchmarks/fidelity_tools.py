@@ -21,12 +21,13 @@ import numpy as np
 BARE = Path(__file__).resolve().parent / "fidelity_bare.py"
 TOOLS = {
     "vllm": "vllm bench serve against bakeoff's server",
-    "ort-genai": "bare og.Generator batch per turn / og.Engine closed loop on the worker's export, the better per run",
+    "ort-genai": "bare og.Generator batch per turn / og.Engine closed loop on the worker's export, the better "
+                 "chosen in the untimed run",
     "openvino": "bare ContinuousBatchingPipeline (LLMPipeline with batching=pipeline) on the worker's IR",
     "optimum-ort": "bare ORTModelForCausalLM.generate on the worker's export: one at a time or one batch per turn, "
-                   "the better per run",
+                   "the better chosen in the untimed run",
     "transformers": "bare generate one at a time, one generate batch per turn, or a ContinuousBatchingManager "
-                    "closed loop, the best per run",
+                    "closed loop, the best chosen in the untimed run",
 }
 # keys of bakeoff's completions body that are not extra fields (vllm bench serve sends its own)
 STANDARD_KEYS = {"model", "max_tokens", "stream", "temperature", "top_p", "prompt", "messages", "stream_options",

@@ -2,8 +2,8 @@
 
 The real model (the shipped ``tiny-qwen3`` fixture) on CPU: bakeoff's thread default reaches torch
 in the thread that generates, a dropped stream stops its generation, ``/v1/score`` is answered by
-the engine process, and with continuous batching a request that asks for logprobs runs through
-``generate`` with the manager paused: the reference's tokens and logprobs.
+the engine process, and with continuous batching requests that ask for logprobs run as static batches
+with the manager paused: the reference's tokens and logprobs.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def _probe(b, prompt: str, max_tokens: int, logprobs: int | None = None, ignore_
 
 
 def test_the_reference_is_static_batches_in_float32_on_cpu_whatever_the_backends_default(tmp_path, monkeypatch):
-    """The transformers backend batches by default (static on CPU, continuous on GPU) in the checkpoint's
+    """The transformers backend batches by default (on CPU static or continuous by the model's decode step,
+    continuous on GPU) in the checkpoint's
     dtype where the CPU computes it natively; the suite's reference runs static batches in float32 on a
     CPU, so a default transformers run is a candidate judged against it, and ``batching=static,
     dtype=float32`` is the reference itself; on CUDA (or with ``device=cuda``) the reference keeps the
@@ -58,7 +59,7 @@ def test_the_reference_is_static_batches_in_float32_on_cpu_whatever_the_backends
 
     from evaluations.reference import is_reference_run, reference_config
 
-    assert resolve("transformers").Options().batching is None  # static on CPU, continuous on an accelerator
+    assert resolve("transformers").Options().batching is None  # chosen at start (test_cpu_batching_default...)
     model = SimpleNamespace(path=str(tmp_path))
 
     def settings(options: dict, reference_options: dict):
@@ -141,7 +142,7 @@ def test_generate_runs_in_its_own_process_with_the_thread_default(model, tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.engine("transformers")
-def test_continuous_batching_serves_logprob_requests_through_generate(model, tmp_path):
+def test_continuous_batching_serves_logprob_requests_in_static_batches_as_alone(model, tmp_path):
     ref = _start(model, tmp_path / "ref", batching="none")
     try:
         want = _probe(ref, "count: 21 22 23 24 =>", 12, logprobs=3)
@@ -152,6 +153,18 @@ def test_continuous_batching_serves_logprob_requests_through_generate(model, tmp
         assert b.info.notes["batching"] == "continuous" and not b.info.fallbacks, b.info.fallbacks
         got = _probe(b, "count: 21 22 23 24 =>", 12, logprobs=3)
         assert got.output_token_ids == want.output_token_ids and got.output_logprobs == want.output_logprobs
+
+        async def probes():  # probes come many at once: a static batch with the manager paused
+            recs = await asyncio.gather(*[run_request(b, GenerationRequest(
+                request_id=f"p{i}", prompt="count: 21 22 23 24 =>", max_tokens=12, temperature=0.0, logprobs=3))
+                for i in range(4)])
+            await b.aclose()
+            return recs
+
+        for r in asyncio.run(probes()):
+            assert r.output_token_ids == want.output_token_ids and r.output_logprobs == want.output_logprobs
+        m = b.metrics()
+        assert m["bakeoff_worker:requests_in_static_batches"] == 5 and m["bakeoff_worker:static_batches"] < 5
         alone = _probe(b, "count: 21 22 23 24 =>", 12, ignore_eos=True)  # found the engine idle: generate
         assert alone.status == "ok" and alone.output_tokens == 12
 
@@ -164,7 +177,7 @@ def test_continuous_batching_serves_logprob_requests_through_generate(model, tmp
 
         assert all(r.status == "ok" and r.output_tokens == 12 for r in asyncio.run(together()))
         m = b.metrics()
-        assert m["bakeoff_worker:requests_outside_the_batch"] == 1 and m["bakeoff_worker:lone_requests"] == 1
+        assert m["bakeoff_worker:requests_outside_the_batch"] == 5 and m["bakeoff_worker:lone_requests"] == 1
         assert m["bakeoff_worker:requests_in_the_batch"] >= 2
         assert "idle" in b.info.notes["scheduling"]
     finally:
@@ -266,5 +279,34 @@ def test_static_batches_serve_logprob_requests_as_generate_does(model, tmp_path)
             for (tok_a, lp_a, top_a), (tok_c, lp_c, top_c) in zip(g.output_logprobs, w.output_logprobs):
                 assert tok_a == tok_c and lp_a == pytest.approx(lp_c, abs=1e-3)
                 assert sorted(top_a, key=top_a.get)[-3:] == sorted(top_c, key=top_c.get)[-3:]
+    finally:
+        b.stop()
+
+
+def test_cpu_batching_default_follows_the_measured_decode_step():
+    """Unset ``batching`` on CPU: continuous for a model whose decode step takes at least
+    CONTINUOUS_MIN_STEP_MS (SmolLM2-135M, 49 ms), static for a faster one (the 2 ms fixture); the
+    run's notes name the measured step. A fake engine (named so) stands in for the step's timing."""
+    from types import SimpleNamespace
+
+    from backends.transformers.engine import CONTINUOUS_MIN_STEP_MS, TransformersEngine
+
+    def decide(step_ms: float):
+        return TransformersEngine.cpu_batching_default(SimpleNamespace(decode_step_ms=lambda: step_ms))
+
+    mode, why = decide(49.0)
+    assert mode == "continuous" and "49.0 ms" in why
+    mode, why = decide(2.0)
+    assert mode == "static" and "2.00 ms" in why
+    assert decide(CONTINUOUS_MIN_STEP_MS)[0] == "continuous" and decide(CONTINUOUS_MIN_STEP_MS * 0.99)[0] == "static"
+
+
+@pytest.mark.slow
+@pytest.mark.engine("transformers")
+def test_the_fixture_gets_static_batches_by_default_with_its_step_in_the_notes(model, tmp_path):
+    b = _start(model, tmp_path)
+    try:
+        assert b.info.notes["batching"] == "static", b.info.notes
+        assert b.info.notes["batching_default"].startswith("static on CPU: a decode step of one sequence took")
     finally:
         b.stop()

@@ -23,12 +23,17 @@ class TransformersOptions(Spec):
         device: ``auto`` picks CUDA when present, else CPU.
         dtype: weights dtype; ``auto`` keeps the checkpoint's.
         trust_remote_code: off unless the user turns it on (recorded in the verdict).
-        batching: how concurrent requests share the model; unset: ``static`` on CPU,
-            ``continuous`` on an accelerator, stated in the run's notes (``batching_default``).
+        batching: how concurrent requests share the model; unset: ``continuous`` on an
+            accelerator, on CPU ``continuous`` when one decode step of the model takes at least
+            ``CONTINUOUS_MIN_STEP_MS`` (10 ms, measured at start: SmolLM2-135M's 49 ms, where the
+            manager served 108 tok/s at 8 sessions against 96.5 for a batched ``generate``) and
+            ``static`` for a faster one (the fixture's 2 ms, below), stated in the run's notes with
+            the measured step (``batching_default``).
             ``static``: the greedy requests waiting when one begins share one left-padded
             ``generate`` (``backends/transformers/static.py``); ``continuous``: transformers'
-            ContinuousBatchingManager (paged KV cache; requests with logprobs or sampling, and a
-            lone one, ``lone_request``, run on ``generate`` with the manager paused); ``none``:
+            ContinuousBatchingManager (paged KV cache; with the manager paused, greedy requests with
+            logprobs run in static batches, a sampled one and a lone one, ``lone_request``, on
+            ``generate``); ``none``:
             one ``generate`` at a time, how the suite's reference runs (``evaluations/reference.py``
             pins it). Measured on the 2-core host (2026-12-03, fixture, 64 tokens x 4 requests per
             session, bare loops): at 8 sessions a batched ``generate`` per wave 2,630 tok/s, the

@@ -10,11 +10,13 @@ process (:mod:`backends.transformers.engine`) runs that loop on its main thread,
 worker's commands on it too, and sends each request's tokens as frames.
 
 The manager serves greedy requests without logprobs (its generation config has
-``do_sample=False``, its outputs carry no scores). A request that asks for logprobs or samples
-(``temperature > 0``), and ``/v1/score``, run through ``generate`` / a forward pass alone, with
-the manager paused (``ContinuousBatchingManager.pause()``: its loop parks between steps, keeping
-its cache and its requests) and the model's own attention implementation: the reference's path,
-token for token (seen on CPU with transformers 5.19.0). When the manager is missing or its
+``do_sample=False``, its outputs carry no scores). Greedy requests that ask for logprobs (the
+probes) run as static batches of the like requests waiting (:mod:`backends.transformers.static`:
+each row's tokens and logprobs as ``generate`` alone gives them), a sampled one (``temperature >
+0``) through ``generate`` alone, and ``/v1/score`` as a forward pass, each with the manager paused
+(``ContinuousBatchingManager.pause()``: its loop parks between steps, keeping its cache and its
+requests) and the model's own attention implementation: the reference's path, token for token
+(seen on CPU with transformers 5.19.0). When the manager is missing or its
 warm-up request fails, :func:`start_batcher` returns the reason and the worker serves one request
 at a time.
 """
@@ -126,8 +128,7 @@ class ContinuousBatcher:
                 entry[0].finish("abort", self.engine.stats())
         elif kind == "gen":
             body = msg[2]
-            if float(body.get("temperature") or 0.0) > 0 or body.get("logprobs"):  # not the manager's to serve
-                self.outside += 1
+            if _outside(body):  # not the manager's to serve
                 self.alone(msg, chan)
             elif self.lone_wait_s and not self.live:  # idle: wait a moment for company
                 self.held.append(msg)
@@ -148,14 +149,28 @@ class ContinuousBatcher:
             self.add(msg, chan)
 
     def alone(self, msg: tuple, chan) -> None:
-        """One request through ``generate`` with the manager paused; commands that come meanwhile
-        are handled after it."""
+        """A request outside the manager's batch, with the manager paused: greedy requests with
+        logprobs (probes) as static batches with the like requests waiting
+        (:func:`backends.transformers.static.serve_static`: each row's tokens and logprobs as
+        ``generate`` alone gives them), a sampled one or a lone greedy one through ``generate``.
+        Commands that come meanwhile are handled after it, the outside requests among them the same way."""
         import collections
 
-        waiting: collections.deque = collections.deque()
-        self.paused(lambda: self.engine.generate(msg[1], msg[2], chan, waiting))
-        for later in waiting:
-            self.command(later, chan)
+        from backends.transformers.static import batch_key, serve_static
+
+        waiting: collections.deque = collections.deque([msg])
+        while waiting:
+            m = waiting.popleft()
+            if m is not msg and not (m[0] == "gen" and _outside(m[2])):
+                self.command(m, chan)
+                continue
+            if m[2].get("logprobs") and batch_key(m[2]) is not None:
+                before = self.engine.batched_requests
+                self.paused(lambda: serve_static(self.engine, m, chan, waiting))
+                self.outside += self.engine.batched_requests - before  # the batch's rows, joiners too
+            else:
+                self.outside += _outside(m[2])
+                self.paused(lambda: self.engine.generate(m[1], m[2], chan, waiting))
 
     def add(self, msg: tuple, chan) -> None:
         """A greedy request into the manager's batch."""
@@ -220,6 +235,11 @@ class ContinuousBatcher:
             if out.is_finished():
                 return
         raise RuntimeError(f"warm-up request got no result within {WARMUP_TIMEOUT_S:.0f} s")
+
+
+def _outside(body: dict[str, Any]) -> bool:
+    """A request the manager does not serve: sampled, or asking for logprobs."""
+    return float(body.get("temperature") or 0.0) > 0 or bool(body.get("logprobs"))
 
 
 def kv_fraction(engine, options: dict[str, Any]) -> float | None:

@@ -15,10 +15,12 @@ Three modes (``batching``):
 - ``none`` (the reference): one ``generate`` at a time on the main thread, in arrival order,
   tokens through a streamer that also reads commands between tokens (a cancel stops the running
   generation through a stopping criterion; other commands wait their turn).
-- ``static`` (the default on CPU, and optimum-ort's): the same loop, the greedy requests waiting
+- ``static`` (the default on CPU for a model whose decode step is shorter than
+  :data:`CONTINUOUS_MIN_STEP_MS`, and optimum-ort's): the same loop, the greedy requests waiting
   when one begins sharing its ``generate`` as one left-padded batch (:mod:`backends.transformers.static`).
-- ``continuous`` (the default on an accelerator): transformers' ``ContinuousBatchingManager``
-  (:mod:`backends.transformers.batching`);
+- ``continuous`` (the default on an accelerator, and on CPU for a slower model): transformers'
+  ``ContinuousBatchingManager`` (:mod:`backends.transformers.batching`); greedy requests with
+  logprobs (the probes) run in static batches with the manager paused;
   its own thread steps the model, and this process's main thread runs an asyncio loop that reads
   commands and gets each request's tokens through ``register_result_handler``.
 
@@ -41,6 +43,15 @@ from typing import Any
 from backends.transformers.logprobs import top_logprobs
 from backends._hosting.engine_frames import Out, answer_tokenize
 from backends.transformers.static import batch_key, serve_static
+
+# With ``batching`` unset on CPU: a model whose decode step (one sequence) takes at least this many
+# milliseconds is served by continuous batching, a faster one by static batches. Measured on the
+# 2-core host, 8 sessions x 4 requests of 64 tokens (benchmarks/bench_fidelity.py, bare loops): the
+# 2 ms fixture: a batched generate per wave 2,630 tok/s, the ContinuousBatchingManager 1,890 (the
+# manager's own work per step dominates a tiny model's); SmolLM2-135M (49 ms): the manager 108,
+# a batched generate 96.5, and bakeoff's worker 95 static against 104 continuous (2026-12-05). The
+# threshold lies between the two measured models, far from both.
+CONTINUOUS_MIN_STEP_MS = 10.0
 
 
 class TransformersEngine:
@@ -93,12 +104,11 @@ class TransformersEngine:
         self._info["stream_interval_ms"] = self.interval_s * 1000
         self._info["engine_process"] = os.getpid()
         self.batcher = None
-        batching = options.get("batching") or ("continuous" if self.device != "cpu" else "static")
-        if not options.get("batching"):
-            self._info["batching_default"] = (
-                "static on CPU (a batched generate per wave: 2,630 tok/s at 8 sessions on the 2-core host against "
-                "1,890 for transformers' ContinuousBatchingManager and 608 one generate at a time)" if batching == "static"
-                else "continuous on an accelerator (transformers' documented serving mode)")
+        batching = options.get("batching")
+        if not batching:
+            batching, self._info["batching_default"] = (
+                self.cpu_batching_default() if self.device == "cpu"
+                else ("continuous", "continuous on an accelerator (transformers' documented serving mode)"))
         self.static = batching == "static"  # backends/transformers/static.py
         self.max_batch = int(options.get("max_batch_size") or 16)
         self.batches = self.batched_requests = self.restarts = 0
@@ -112,12 +122,41 @@ class TransformersEngine:
             else:
                 self._info["batching_fallback"] = reason
 
+    def cpu_batching_default(self) -> tuple[str, str]:
+        """``continuous`` when one decode step of this model on this host takes at least
+        :data:`CONTINUOUS_MIN_STEP_MS`, else ``static``; and the sentence that says so (the run's notes)."""
+        step_ms = self.decode_step_ms()
+        if step_ms >= CONTINUOUS_MIN_STEP_MS:
+            return "continuous", (f"continuous on CPU: a decode step of one sequence took {step_ms:.1f} ms here "
+                                  f"(>= {CONTINUOUS_MIN_STEP_MS:g} ms; SmolLM2-135M, 49 ms: the manager served 108 "
+                                  "tok/s at 8 sessions against 96.5 for a batched generate per wave)")
+        return "static", (f"static on CPU: a decode step of one sequence took {step_ms:.2f} ms here "
+                          f"(< {CONTINUOUS_MIN_STEP_MS:g} ms; the 2 ms fixture: a batched generate per wave 2,630 tok/s "
+                          "at 8 sessions against 1,890 for transformers' ContinuousBatchingManager)")
+
+    def decode_step_ms(self) -> float:
+        """Milliseconds of one greedy decode step of one sequence: ``generate`` of 9 new tokens less
+        ``generate`` of 1 (the prefill), over 8, after one untimed call; the smaller of two tries."""
+        torch = self.torch
+        enc = self.tokenizer("The quick brown fox jumps over", return_tensors="pt").to(self.device)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+
+        def run(n: int) -> float:
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                self.model.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False, temperature=None,
+                                    top_p=None, top_k=None, pad_token_id=pad)
+            return time.perf_counter() - t0
+
+        run(2)
+        return min((run(9) - run(1)) / 8 * 1000 for _ in range(2))
+
     def info(self) -> dict[str, Any]:
         return self._info
 
     def stats(self) -> dict[str, float]:
         out = {"generated_tokens_engine": self.n_generated}
-        if self.static:
+        if self.static or self.batches:  # continuous batching runs its greedy logprobs requests in static batches
             out.update(static_batches=self.batches, requests_in_static_batches=self.batched_requests,
                        static_batch_restarts=self.restarts)
         if self.batcher is not None:
