@@ -310,3 +310,27 @@ def test_the_fixture_gets_static_batches_by_default_with_its_step_in_the_notes(m
         assert b.info.notes["batching_default"].startswith("static on CPU: a decode step of one sequence took")
     finally:
         b.stop()
+
+
+def test_a_cpu_default_of_continuous_batching_that_cannot_start_serves_static_batches(monkeypatch):
+    """bakeoff's own choice of continuous batching falls back to its other default, static batches
+    (not one request at a time), saying why; a user's ``batching=continuous`` keeps its own fallback.
+    The engine object is a bare instance (named so) with a faked step measurement and manager start."""
+    import backends.transformers.batching as batching_mod
+    from backends.transformers.engine import TransformersEngine
+
+    monkeypatch.setattr(batching_mod, "start_batcher", lambda engine, options: (None, "no manager here"))
+
+    def bare(device: str = "cpu") -> TransformersEngine:
+        eng = TransformersEngine.__new__(TransformersEngine)
+        eng.device, eng._info = device, {}
+        eng.cpu_batching_default = lambda: ("continuous", "continuous on CPU: a decode step of one sequence took 49 ms")
+        return eng
+
+    eng = bare()
+    eng.setup({})
+    assert eng.static and eng._info["batching"] == "static"
+    assert eng._info["batching_fallback"] == "static: continuous batching did not start (no manager here)"
+    eng = bare()
+    eng.setup({"batching": "continuous"})
+    assert not eng.static and eng._info["batching_fallback"] == "no manager here"

@@ -339,3 +339,17 @@ def test_an_engine_loop_reads_its_own_commands_between_steps(child_script):
     finally:
         proc.proc.kill()
         proc.proc.wait()
+
+
+@pytest.mark.parametrize("logprobs, ok", [(None, True), (0, True), (5, True), (20, True), (True, True), (False, True),
+                                          (21, False), (-1, False), ("x", False), (2.5, False), ([1], False)])
+def test_a_worker_refuses_a_logprobs_field_it_cannot_serve_with_its_reason(logprobs, ok):
+    """A bad ``logprobs`` is the request's 400, named, before it reaches an engine's batching (where
+    ``int("x")`` raised in the engine process's command loop and left the requests with it unanswered)."""
+    from backends._hosting.worker_server import check_body
+
+    body = {"prompt": "hi", "max_tokens": 4, **({} if logprobs is None else {"logprobs": logprobs})}
+    problem = check_body(body, chat=False)
+    assert (problem is None) == ok, problem
+    if not ok:
+        assert problem.startswith("logprobs must be an integer from 0 to 20 or a boolean")

@@ -102,7 +102,8 @@ def check_body(body: Any, chat: bool) -> str | None:
 
     Only what this server reads: a string ``prompt`` (or ``messages`` for chat),
     ``max_tokens`` a positive integer, ``temperature`` / ``top_p`` finite numbers
-    (``temperature >= 0``, ``0 < top_p <= 1``), ``seed`` an integer.
+    (``temperature >= 0``, ``0 < top_p <= 1``), ``seed`` an integer, ``logprobs`` an integer from 0
+    to 20 (OpenAI's completions bound) or a boolean.
     """
     import math
 
@@ -127,6 +128,9 @@ def check_body(body: Any, chat: bool) -> str | None:
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         return f"seed must be an integer, not {seed!r}"
+    lp = body.get("logprobs")  # completions: how many top logprobs; chat: a boolean (top_logprobs says how many)
+    if lp is not None and not isinstance(lp, bool) and (not isinstance(lp, int) or not 0 <= lp <= 20):
+        return f"logprobs must be an integer from 0 to 20 or a boolean, not {lp!r}"
     return None
 
 

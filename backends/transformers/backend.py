@@ -82,8 +82,9 @@ class TransformersOptions(Spec):
 
 
 class TransformersBackend(ChildServerBackend):
-    """Hugging Face transformers: batched by default (static batches on CPU, continuous batching on an
-    accelerator), ``generate`` one request at a time with ``batching=none`` (the suite's reference,
+    """Hugging Face transformers: batched by default (continuous batching on an accelerator and, on CPU,
+    for a model whose decode step takes 10 ms or more; static batches for a faster one), ``generate``
+    one request at a time with ``batching=none`` (the suite's reference,
     ``evaluations/reference.py``).
 
     Runs in bakeoff's own environment (it already holds torch and transformers for the

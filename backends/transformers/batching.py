@@ -47,17 +47,18 @@ class ContinuousBatcher:
         self.live: dict[str, list] = {}  # request key -> [Out, max_new_tokens, tokens sent]
         self.held: list = []  # gen commands that found the engine idle, waiting for company
         self.hold_timer = None
-        self.outside = self.lone = 0  # requests served by generate: logprobs / sampled, and alone
+        self.outside = self.lone = 0  # requests served outside the manager: logprobs / sampled; and lone ones
         self.batched = 0  # requests the manager served
 
     def info(self) -> dict[str, Any]:
         """``batching``, ``attn_implementation`` and the paged cache's size in tokens when known."""
         out: dict[str, Any] = {"batching": "continuous",
                                "attn_implementation": getattr(self.engine.model.config, "_attn_implementation", None),
-                               "paused_path": "requests with logprobs or temperature > 0, scoring, and"
+                               "paused_path": "greedy requests with logprobs as static batches; requests with "
+                                              "temperature > 0, scoring, and"
                                               + (f" a request that found the engine idle and no other within "
                                                  f"{self.lone_wait_s * 1000:g} ms," if self.lone_wait_s else "")
-                                              + " run through generate / a forward pass with the manager paused"}
+                                              + " through generate / a forward pass; all with the manager paused"}
         cache = getattr(getattr(self.manager, "batch_processor", None), "cache", None)
         pages = getattr(cache, "num_pages", None)
         if pages is None and getattr(cache, "num_blocks", None) and getattr(cache, "block_size", None):

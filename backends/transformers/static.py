@@ -1,4 +1,5 @@
-"""Static batching for the transformers engine loop (``batching=static``, optimum-ort's default).
+"""Static batching for the transformers engine loop (``batching=static``, optimum-ort's default, and
+the probes of ``batching=continuous``: greedy requests with logprobs, with the manager paused).
 
 ``ORTModelForCausalLM`` (optimum-onnx) has no continuous batching; its way to serve several
 prompts at once is one ``generate`` over a left-padded batch. When the loop takes a greedy request,
