@@ -23,6 +23,7 @@ from bakeoff.loadgen.client import OpenAIClient
 from bakeoff.loadgen.progress import Progress
 from bakeoff.loadgen.side_http import open_bounded
 from bakeoff.analysis.failures import classify_start, kernel_refusal, missing_tokenizer
+from bakeoff.host import hugepages
 from bakeoff.host.procs import ManagedProcess, describe_exit, died_by_signal, free_port
 from bakeoff.api.specs import BackendInfo, GenerationRequest, TokenEvent
 from backends._options import OptionReport, fallback_statements
@@ -130,7 +131,15 @@ class ChildServerBackend(Backend):
             raise self.classify_start_failure(exc) from None
         self.make_client(self.served_model())
         self.info = self.describe(round(startup_s, 2))
+        self.info.notes["huge_pages"] = self.huge_pages_note()
         return self.info
+
+    def huge_pages_note(self) -> str:
+        """What the engine's processes were asked to do about huge pages, and what they hold on them now."""
+        _, how = hugepages.engine_env()
+        pages = hugepages.anon_huge_pages(self.proc.members()) if self.proc is not None else None
+        return how + (f"; engine processes after start: AnonHugePages {pages[0]:g} MiB of Rss {pages[1]:g} MiB"
+                      if pages else "")
 
     def extra_body(self) -> dict[str, Any]:
         return {}

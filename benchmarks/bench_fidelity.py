@@ -337,6 +337,10 @@ def main(argv: list[str] | None = None) -> dict:
     log(f"fidelity: {args.model} ({model.path}), sessions {args.sessions}, {args.requests_per_session} requests x "
         f"{args.max_tokens} tokens per session, {args.warmup} warm-up, {args.pairs} pairs; host {platform.node()}, "
         f"{os.cpu_count()} CPUs")
+    from bakeoff.host import hugepages
+
+    pages = hugepages.engine_env()[1]
+    log(f"huge pages, bakeoff's engine processes and the engines' own loops alike: {pages}")
     rows: list[dict] = []
     skipped: dict[str, str] = {}
     t0 = time.monotonic()
@@ -357,7 +361,7 @@ def main(argv: list[str] | None = None) -> dict:
            "settings": {k: getattr(args, k) for k in ("sessions", "max_tokens", "requests_per_session", "warmup", "pairs",
                                                        "max_pairs", "half_width",
                                                      "vllm_bodies")},
-           "host": {"node": platform.node(), "cpus": os.cpu_count(), "machine": platform.machine()},
+           "host": {"node": platform.node(), "cpus": os.cpu_count(), "machine": platform.machine(), "huge_pages": pages},
            "metric": "aggregate output tokens/s: output tokens of the timed requests / s from the first send to the last end",
            "rows": rows, "skipped": skipped, "duration_s": round(time.monotonic() - t0, 1)}
     if args.out:

@@ -158,8 +158,13 @@ class BareChild(ToolSide):
     def __init__(self, python: str | Path, mode: str, model: str, options: dict[str, Any], name: str,
                  fixture: bool = True, args=None, kinds: tuple[str, ...] = ()):
         self.name, self.fixture, self.args, self.kinds = name, fixture, args, kinds
-        env = {"TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
         import os
+
+        from bakeoff.host import hugepages
+
+        # the pages bakeoff's engine processes get (bakeoff/host/hugepages.py): the ratio is the serving path's
+        env = {**hugepages.engine_env()[0], "TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1",
+               "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
 
         self.log = tempfile.NamedTemporaryFile("w+", prefix=f"fidelity-{mode}-", suffix=".log", delete=False)
         self.proc = subprocess.Popen([str(python), str(BARE), mode, model, json.dumps(options)], stdin=subprocess.PIPE,

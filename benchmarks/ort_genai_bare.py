@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -166,8 +167,12 @@ class BareOrtGenai:
             from bakeoff.host import envs
 
             python = envs.ensure(env_spec(), print)
+        from bakeoff.host import hugepages
+
+        # the engine's own loop on the pages bakeoff's engine processes get (bakeoff/host/hugepages.py)
         self.proc = subprocess.Popen([str(python), "-c", BARE_CHILD, str(export_dir), execution_provider, str(threads)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env={**os.environ, **hugepages.engine_env()[0]})
         ready = json.loads(self.proc.stdout.readline() or "{}")
         if not ready.get("ready"):
             raise RuntimeError(f"the bare ORT GenAI loop did not start (exit {self.proc.poll()})")

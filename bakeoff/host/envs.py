@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from bakeoff.api.errors import EngineFailure
-from bakeoff.host import env_patches, locks
+from bakeoff.host import env_patches, hugepages, locks
 from bakeoff.host.env_patches import SourcePatch
 from bakeoff.host.procs import background_preexec, tail
 
@@ -328,9 +328,11 @@ def freeze(python: Path | str, timeout_s: float = 60) -> dict[str, str]:
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for an engine child: ours plus bakeoff's packages (:func:`code_path`) on ``PYTHONPATH``."""
+    """Environment for an engine child: ours plus bakeoff's packages (:func:`code_path`) on ``PYTHONPATH``
+    and the switches that put its heap on huge pages (:func:`bakeoff.host.hugepages.engine_env`)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [str(code_path()), env.get("PYTHONPATH", "")] if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(hugepages.engine_env(env)[0])
     env.update(extra or {})
     return env

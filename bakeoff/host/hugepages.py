@@ -1,0 +1,117 @@
+"""Transparent huge pages for the engines' heaps: the CPU engines' weights and KV caches on 2 MiB pages.
+
+A CPU engine streams its weights through the cores once per decode step, so the TLB misses of 4 KiB
+pages are a large part of a step. Linux backs anonymous memory with transparent huge pages (THP)
+when ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``always``, or, in ``madvise`` mode (this
+project's hosts, Debian's and Ubuntu's kernels), only where the process asks with
+``madvise(MADV_HUGEPAGE)``, which ONNX Runtime, OpenVINO and torch's CPU allocator do not do by
+default. Two documented switches make them ask, with no root and no host change:
+
+- ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (glibc >= 2.35, the ``glibc.malloc.hugetlb`` tunable):
+  malloc madvises its mmap'd chunks and aligns its heap for THP; ONNX Runtime's and OpenVINO's CPU
+  allocators get their memory from malloc.
+- ``THP_MEM_ALLOC_ENABLE=1``: torch's CPU allocator (``c10/core/alloc_cpu.cpp``) aligns
+  allocations of 2 MiB and more to 2 MiB and madvises them.
+
+Measured on this project's 2-core AVX-512 host (2026-12-05, SmolLM2-135M-Instruct, bare loops of
+``benchmarks/fidelity_bare.py``, 1 thread, 4 requests x 64 tokens, three fresh processes each way):
+OpenVINO GenAI's ContinuousBatchingPipeline 33.6-34.9 -> 44.1-48.1 tok/s at 1 session and
+201-223 -> 244-282 at 8; optimum-onnx's ORTModelForCausalLM.generate 22.5-24.4 -> 29.0-30.9 tok/s;
+transformers (torch eager) 17.1-17.5 -> 17.2-17.9. An engine measured on 4 KiB pages is measured
+below what it can do on the same host, so bakeoff starts every engine with both switches where the
+host's mode is ``madvise`` (``always`` needs neither; ``never`` allows none), says so in the run's
+notes with the engine processes' ``AnonHugePages`` as evidence, and ``$BAKEOFF_HUGE_PAGES=off``
+starts them as they come. ``benchmarks/bench_fidelity.py`` gives the engines' own loops the same
+environment, so that its ratios measure bakeoff's serving path, not the page size.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+OPT_OUT = "BAKEOFF_HUGE_PAGES"
+GLIBC_HUGETLB = "glibc.malloc.hugetlb"
+MIN_GLIBC = (2, 35)  # the first glibc with the glibc.malloc.hugetlb tunable
+
+
+def thp_mode(path: Path = THP_ENABLED) -> str | None:
+    """The host's THP mode (``always``, ``madvise`` or ``never``: the bracketed word), None without THP."""
+    try:
+        text = path.read_text()[:200]
+    except OSError:
+        return None
+    start, end = text.find("["), text.find("]")
+    return text[start + 1:end] if 0 <= start < end else None
+
+
+def glibc_version() -> tuple[int, int] | None:
+    """This interpreter's glibc as ``(major, minor)`` (engine environments share the host's), None elsewhere."""
+    try:
+        name, version = (os.confstr("CS_GNU_LIBC_VERSION") or "").split()[:2]
+        major, minor = version.split(".")[:2]
+        return (int(major), int(minor)) if name == "glibc" else None
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def engine_env(environ: dict[str, str] | None = None, mode: str | None = "read",
+               glibc: tuple[int, int] | None | str = "read") -> tuple[dict[str, str], str]:
+    """The variables that put an engine's heap on huge pages, and what they do here (for the notes).
+
+    Args:
+        environ: the environment the engine would inherit (default: this process's); a
+            ``GLIBC_TUNABLES`` already in it is kept and extended, and one that sets
+            ``glibc.malloc.hugetlb`` itself is left as the user set it.
+        mode: the host's THP mode (default: read from sysfs).
+        glibc: glibc's ``(major, minor)`` (default: this interpreter's).
+
+    Returns:
+        ``(variables to add, reason)``; no variables when ``$BAKEOFF_HUGE_PAGES=off``, without THP,
+        in ``never`` mode (nothing can ask) or ``always`` mode (nothing needs to).
+    """
+    environ = dict(os.environ) if environ is None else environ
+    mode = thp_mode() if mode == "read" else mode
+    glibc = glibc_version() if glibc == "read" else glibc
+    if environ.get(OPT_OUT, "").strip().lower() in ("0", "off", "false", "no"):
+        return {}, f"off (${OPT_OUT}={environ[OPT_OUT]}): the engine's heap on the host's default pages"
+    if mode is None:
+        return {}, "no transparent huge pages on this host"
+    if mode != "madvise":
+        return {}, f"the host's THP mode is {mode!r}: nothing for the engine to ask"
+    extra = {"THP_MEM_ALLOC_ENABLE": "1"}
+    said = ["THP_MEM_ALLOC_ENABLE=1 (torch's CPU allocator)"]
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    if GLIBC_HUGETLB in tunables:
+        said.append(f"GLIBC_TUNABLES={tunables} as set")
+    elif glibc is not None and glibc >= MIN_GLIBC:
+        extra["GLIBC_TUNABLES"] = ":".join(t for t in (tunables, f"{GLIBC_HUGETLB}=1") if t)
+        said.append(f"{GLIBC_HUGETLB}=1 (malloc; glibc {glibc[0]}.{glibc[1]})")
+    else:
+        said.append(f"no malloc switch (glibc {glibc or 'unknown'} is older than 2.35)")
+    return extra, "host THP mode 'madvise'; the engine asks: " + ", ".join(said)
+
+
+def anon_huge_pages(pids: list[int]) -> tuple[float, float] | None:
+    """``(AnonHugePages MiB, Rss MiB)`` summed over ``pids`` (``/proc/<pid>/smaps_rollup``), None when none reads."""
+    huge = rss = 0.0
+    read = False
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                text = f.read(8192)
+        except OSError:
+            continue
+        read = True
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            if key in ("AnonHugePages", "Rss"):
+                kib = float(value.split()[0]) if value.split() else 0.0
+                if key == "Rss":
+                    rss += kib / 1024
+                else:
+                    huge += kib / 1024
+    return (round(huge, 1), round(rss, 1)) if read else None
