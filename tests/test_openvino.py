@@ -18,6 +18,7 @@ import pytest
 from adapters.openvino_export import OpenVinoExportOptions, env_spec, export
 from bakeoff.api.errors import EngineFailure
 from bakeoff.host import envs
+from tests.test_hugepages import assert_engine_heap_on_huge_pages
 from tests.test_ort_genai import _collect, _prompts, _reference_greedy, tiny_qwen3  # noqa: F401 - tiny_qwen3 is a fixture
 
 INT8 = OpenVinoExportOptions(weight_format="int8")
@@ -108,6 +109,7 @@ def test_backend_streams_concurrent_sessions_like_the_reference(tiny_qwen3, ov_b
     # the plugin's KV element type by name (u8 on this CPU's plugin), which capacity.kv_cache converts to bytes
     assert info.notes["kv_cache_precision"] in ("u8", "i8", "f16", "bf16", "f32", "u4", "i4"), info.notes
     assert float(info.notes["kv_cache_element_bytes"]) in (0.5, 1, 2, 4), info.notes
+    assert_engine_heap_on_huge_pages(info.notes)
     prompts = _prompts(tiny_qwen3)
     max_new = 8
 

@@ -19,6 +19,7 @@ from adapters.optimum_onnx_export.build import inspect
 from adapters.ort_genai_export import raise_for_problems
 from bakeoff.api.errors import EngineFailure
 from bakeoff.host import envs
+from tests.test_hugepages import assert_engine_heap_on_huge_pages
 from tests.test_openvino import qwen3_5_moe_checkpoint
 from backends._hosting.threads import default_threads
 from tests.test_ort_genai import _collect, _prompts, _reference_greedy, tiny_qwen3  # noqa: F401 - tiny_qwen3 is a fixture
@@ -96,6 +97,7 @@ def test_backend_streams_and_matches_reference(tiny_qwen3, onnx_export, tmp_path
         n = default_threads()[0]
         assert info.notes["intra_op_num_threads"].startswith(f"{n} (bakeoff's CPU default"), info.notes
         assert f"torch's threads in generate: {n})" in info.notes["intra_op_num_threads"]
+        assert_engine_heap_on_huge_pages(info.notes)
         assert b.ready_payload["info"]["engine_process"] != b.ready_payload["pid"]  # generate beside no HTTP loop
 
         async def run_all():
