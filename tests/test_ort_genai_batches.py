@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -47,7 +49,8 @@ class Engine:  # the attributes generator_batch reads of an OrtGenaiEngine
         s.og, s.np, s.tokenizer_json, s.cancelled, s.paged = og, np, "x", set(), False
         s.eos_ids, s.pad_id = set(eos if isinstance(eos, list) else [eos]), g["pad_token_id"]
         s.stream_interval_s, s.max_batch, s.inbox, s.context_length = 0.0, 16, gb.Inbox(), 4096
-        s.decode_steps = s.restarts = s.logprobs_rows_max = s.max_running = 0
+        s.decode_steps = s.restarts = s.logprobs_rows_max = s.max_running = s.wave_waits = 0
+        s.wave = None
         s.own_s = s.og_s = 0.0
         s.tok = og.Tokenizer(s.model)
     def encode(s, p):
@@ -96,8 +99,14 @@ pending = [(rid, {gb.TOKENIZE: b["__tokenize__"]} if "__tokenize__" in b else b)
 if wave:
     gb.run_batch(e, [("t0", wave[0])], wave_send, contextlib.nullcontext)
     drain()
+# rows that end on one step leave a wave behind: their clients come back together (take_batch waits for them)
+together = [(f"z{i}", dict(b, max_tokens=3, ignore_eos=True)) for i, b in enumerate(wave[:3])]
+e.wave = None
+if together:
+    gb.run_batch(e, together, send, contextlib.nullcontext)
 print(json.dumps({"frames": frames, "order": order, "restarts": wave_restarts, "rows_max": e.logprobs_rows_max,
-                  "running_max": e.max_running, "n": len(bodies), "wave": len(wave), "all_restarts": e.restarts}))
+                  "running_max": e.max_running, "n": len(bodies), "wave": len(wave), "all_restarts": e.restarts,
+                  "wave_after": e.wave[0] if e.wave else None, "together": len(together)}))
 """
 
 
@@ -147,6 +156,7 @@ def test_a_young_batch_restarts_for_a_wave_and_answers_tokenize_between_steps(ti
     r = _run(fp32_export, [{"prompt": p, "max_tokens": 6} for p in prompts])
     f = r["frames"]
     assert r["restarts"] == 1 and r["running_max"] == len(prompts)
+    assert r["together"] == 3 and r["wave_after"] == 3  # three rows that ended on one step: a wave of three
     for i in range(r["wave"]):  # rows continue after the restart (the fixture's fp32 export: the same tokens)
         want = f[f"a{i}"]["ids"][:6]
         assert f[f"w{i}"]["ids"] == want and f[f"w{i}"]["end"].startswith("end:"), (i, f[f"w{i}"], want)
@@ -179,3 +189,49 @@ def test_rows_that_fit_the_context_alone_do_not_fail_together(fp32_export):
     f = r["frames"]
     assert f["b0"]["end"] == f["a0"]["end"] and f["b0"]["ids"] == f["a0"]["ids"]
     assert f["b1"]["end"] == "end:length" and f["b1"]["ids"] == f["a1"]["ids"] and len(f["b1"]["ids"]) == 40
+
+
+def _waiting_engine(wave_rows: int, body: dict):
+    """The attributes :func:`take_batch` reads, after a batch whose ``wave_rows`` rows ended just now."""
+    from types import SimpleNamespace
+
+    from backends.ort_genai import generator_batch as gb
+
+    return SimpleNamespace(paged=False, max_batch=16, inbox=gb.Inbox(), wave_waits=0,
+                           wave=(wave_rows, time.perf_counter(), gb.batch_key(body)))
+
+
+def test_the_next_wave_after_a_batch_that_ended_together_is_waited_for_not_restarted(monkeypatch):
+    """Closed-loop clients whose streams ended on one step send their next requests over a few
+    milliseconds: the first to arrive waits (up to WAVE_WAIT_S) for the rest, and they start as one
+    batch instead of a batch of one that the others restart."""
+    from backends.ort_genai import generator_batch as gb
+
+    monkeypatch.setattr(gb, "WAVE_WAIT_S", 30.0)  # generous: a loaded host's timer fires late
+    body = {"prompt": "x", "max_tokens": 4, "ignore_eos": True}
+    e = _waiting_engine(4, body)
+    threading.Timer(0.05, lambda: [e.inbox.put((f"r{i}", body)) for i in range(1, 4)]).start()
+    t0 = time.perf_counter()
+    got = gb.take_batch(e, ("r0", body))
+    assert [rid for rid, _ in got] == ["r0", "r1", "r2", "r3"] and e.wave_waits == 1 and e.wave is None
+    assert time.perf_counter() - t0 < 20  # it returned when the wave was in, not at the deadline
+    # the wave is used once: the next batch does not wait again
+    e.inbox.put(("s1", body))
+    assert [rid for rid, _ in gb.take_batch(e, ("s0", body))] == ["s0", "s1"] and e.wave_waits == 1
+
+
+def test_a_wave_that_does_not_come_costs_at_most_the_wait_and_other_requests_never_wait(monkeypatch):
+    from backends.ort_genai import generator_batch as gb
+
+    monkeypatch.setattr(gb, "WAVE_WAIT_S", 0.2)
+    body = {"prompt": "x", "max_tokens": 4, "ignore_eos": True}
+    e = _waiting_engine(4, body)
+    t0 = time.perf_counter()
+    assert gb.take_batch(e, ("r0", body)) == [("r0", body)]
+    assert time.perf_counter() - t0 >= 0.15 and e.wave_waits == 1  # waited for the wave, then went alone
+    monkeypatch.setattr(gb, "WAVE_WAIT_S", 30.0)
+    for wave_rows, other in ((4, dict(body, ignore_eos=False)), (4, dict(body, logprobs=2)), (1, body)):
+        e = _waiting_engine(wave_rows, body)
+        t0 = time.perf_counter()
+        assert gb.take_batch(e, ("q", other)) == [("q", other)]  # another batch key, or a wave of one
+        assert time.perf_counter() - t0 < 10 and e.wave_waits == 0

@@ -39,7 +39,7 @@ import time
 from typing import Any
 
 from backends.ort_genai.frames import TOKENIZE, Decoder, Out, answer_tokenize
-from backends.ort_genai.generator_batch import MAX_BATCH, RESTART_TOKENS, Inbox, batch_key, run_batch, take_batch
+from backends.ort_genai.generator_batch import MAX_BATCH, RESTART_TOKENS, WAVE_WAIT_S, Inbox, batch_key, run_batch, take_batch
 from backends.ort_genai.og_engine import EngineScheduler
 from backends.ort_genai.tokenizing import tokenizer_disagreement, worker_detokenizer
 
@@ -106,6 +106,8 @@ class OrtGenaiEngine:
         self.decode_steps = 0
         self.logprobs_rows_max = 0  # the most logprobs requests one og.Generator batch ran
         self.restarts = 0  # og.Generator batches stopped young to take in newcomers (generator_batch.py)
+        self.wave: tuple | None = None  # (rows that ended on the last batch's last step, when, batch key)
+        self.wave_waits = 0  # batches whose first request waited for the rest of a wave
         self.max_batch = int(options.get("max_batch_size") or MAX_BATCH)
         self._t_out: float | None = None
         self.sched: EngineScheduler | None = None
@@ -130,7 +132,9 @@ class OrtGenaiEngine:
             self.notes["static_batching"] = (
                 f"og.Generator static batches: the greedy requests waiting together share one right-padded "
                 f"og.Generator batch (up to {self.max_batch}; a batch restarts while its rows are at most "
-                f"{RESTART_TOKENS} tokens old to take in a wave's late arrivals), sampled requests run alone: "
+                f"{RESTART_TOKENS} tokens old to take in a wave's late arrivals; after a batch whose rows ended together "
+                f"the next one waits up to {WAVE_WAIT_S * 1000:g} ms for the rest of their clients' next requests), "
+                "sampled requests run alone: "
                 "backends/ort_genai/generator_batch.py")
         self.info = {
             "engine": "onnxruntime-genai", "engine_version": og.__version__, "device": ep,
@@ -164,7 +168,8 @@ class OrtGenaiEngine:
         ``decode_steps_total`` the steps (generated tokens / steps: how full the batches were),
         ``logprobs_batch_rows_max`` the most logprobs requests one og.Generator batch ran,
         ``static_batch_restarts_total`` the og.Generator batches restarted young to take in
-        newcomers (:mod:`backends.ort_genai.generator_batch`). own /
+        newcomers, ``static_batch_wave_waits_total`` the batches whose first request waited for
+        the rest of a wave (:mod:`backends.ort_genai.generator_batch`). own /
         (own + og) is the share of the decode
         thread the worker takes, measured within the same requests, so it does not carry the
         run-to-run drift that a tokens/s comparison with a separate bare loop does.
@@ -172,7 +177,7 @@ class OrtGenaiEngine:
         return {"max_running_requests": self.max_running, "engine_seeds_honoured": int(self.engine_seeds),
                 "decode_own_seconds_total": round(self.own_s, 6), "decode_og_seconds_total": round(self.og_s, 6),
                 "decode_steps_total": self.decode_steps, "logprobs_batch_rows_max": self.logprobs_rows_max,
-                "static_batch_restarts_total": self.restarts}
+                "static_batch_restarts_total": self.restarts, "static_batch_wave_waits_total": self.wave_waits}
 
     # -- the main thread -----------------------------------------------------------------
     def serve(self, send, batch=contextlib.nullcontext) -> None:
