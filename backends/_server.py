@@ -73,6 +73,7 @@ class ChildServerBackend(Backend):
     """
 
     ready_mode: str = "health"  # "health" (GET /health) or "file" (worker ready file)
+    huge_pages: bool = False  # the engine process asks for huge pages by default (bakeoff/host/hugepages.py)
     api: str = "completions"
 
     def __init__(self, config):
@@ -136,7 +137,7 @@ class ChildServerBackend(Backend):
 
     def huge_pages_note(self) -> str:
         """What the engine's processes were asked to do about huge pages, and what they hold on them now."""
-        _, how = hugepages.engine_env()
+        _, how = hugepages.engine_env(wanted=self.huge_pages)
         pages = hugepages.anon_huge_pages(self.proc.members()) if self.proc is not None else None
         return how + (f"; engine processes after start: AnonHugePages {pages[0]:g} MiB of Rss {pages[1]:g} MiB"
                       if pages else "")

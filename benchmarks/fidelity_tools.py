@@ -156,14 +156,14 @@ class BareChild(ToolSide):
     """``benchmarks/fidelity_bare.py MODE`` in an engine's environment (line protocol: ``@@ JSON``)."""
 
     def __init__(self, python: str | Path, mode: str, model: str, options: dict[str, Any], name: str,
-                 fixture: bool = True, args=None, kinds: tuple[str, ...] = ()):
+                 fixture: bool = True, args=None, kinds: tuple[str, ...] = (), huge_pages: bool = False):
         self.name, self.fixture, self.args, self.kinds = name, fixture, args, kinds
         import os
 
         from bakeoff.host import hugepages
 
         # the pages bakeoff's engine processes get (bakeoff/host/hugepages.py): the ratio is the serving path's
-        env = {**hugepages.engine_env()[0], "TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1",
+        env = {**hugepages.engine_env(wanted=huge_pages)[0], "TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1",
                "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
 
         self.log = tempfile.NamedTemporaryFile("w+", prefix=f"fidelity-{mode}-", suffix=".log", delete=False)
@@ -335,14 +335,16 @@ def make_tool(name: str, engine, model: str, fixture: bool, args, variant: str, 
     if name == "openvino":
         opts = engine.engine_options()  # the worker's engine process's own, threads included
         return BareChild(engine.python, "openvino", engine.export_result.output_dir, opts,
-                         f"bare openvino_genai ({opts.get('batching')})", fixture, args)
+                         f"bare openvino_genai ({opts.get('batching')})", fixture, args, huge_pages=engine.huge_pages)
     if name == "optimum-ort":
         opts = {"provider": engine.options.provider, "intra_op_num_threads": engine.threads()[0],
                 "onnx_file": engine.export_result.onnx_file}
         return BareChild(engine.python, "optimum", engine.export_result.output_dir, opts,
-                         "bare ORTModelForCausalLM.generate", fixture, args, kinds=("serial", "batched"))
+                         "bare ORTModelForCausalLM.generate", fixture, args, kinds=("serial", "batched"),
+                         huge_pages=engine.huge_pages)
     if name == "transformers":
         return BareChild(sys.executable, "hf", model, {**engine.options.model_dump(include={"device", "dtype"}),
                                                        "num_threads": engine.threads()[0]},
-                         "bare transformers", fixture, args, kinds=("serial", "batched", "continuous"))
+                         "bare transformers", fixture, args, kinds=("serial", "batched", "continuous"),
+                         huge_pages=engine.huge_pages)
     raise ValueError(f"no tool for {name!r}")

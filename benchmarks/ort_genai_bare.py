@@ -172,7 +172,7 @@ class BareOrtGenai:
         # the engine's own loop on the pages bakeoff's engine processes get (bakeoff/host/hugepages.py)
         self.proc = subprocess.Popen([str(python), "-c", BARE_CHILD, str(export_dir), execution_provider, str(threads)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env={**os.environ, **hugepages.engine_env()[0]})
+                                     env={**os.environ, **hugepages.engine_env(wanted=False)[0]})  # as backends/ort_genai
         ready = json.loads(self.proc.stdout.readline() or "{}")
         if not ready.get("ready"):
             raise RuntimeError(f"the bare ORT GenAI loop did not start (exit {self.proc.poll()})")

@@ -26,13 +26,13 @@ def test_the_hosts_mode_is_the_bracketed_word(tmp_path):
 
 
 def test_madvise_hosts_get_both_switches_and_a_users_tunables_are_kept():
-    extra, why = hugepages.engine_env({}, mode="madvise", glibc=GLIBC)
+    extra, why = hugepages.engine_env({}, True, mode="madvise", glibc=GLIBC)
     assert extra == {"THP_MEM_ALLOC_ENABLE": "1", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
     assert "madvise" in why and "glibc 2.36" in why
-    extra, _ = hugepages.engine_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, mode="madvise", glibc=GLIBC)
+    extra, _ = hugepages.engine_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, True, mode="madvise", glibc=GLIBC)
     assert extra["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
     # a user who set the malloc switch themselves keeps their value
-    extra, why = hugepages.engine_env({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, mode="madvise", glibc=GLIBC)
+    extra, why = hugepages.engine_env({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, True, mode="madvise", glibc=GLIBC)
     assert "GLIBC_TUNABLES" not in extra and "glibc.malloc.hugetlb=0 as set" in why
 
 
@@ -43,12 +43,21 @@ def test_madvise_hosts_get_both_switches_and_a_users_tunables_are_kept():
     ({}, None, GLIBC, "no transparent huge pages"),
 ])
 def test_nothing_is_asked_where_it_cannot_or_need_not_be(environ, mode, glibc, says):
-    extra, why = hugepages.engine_env(environ, mode=mode, glibc=glibc)
+    extra, why = hugepages.engine_env(environ, True, mode=mode, glibc=glibc)
     assert extra == {} and says in why
 
 
+def test_an_engine_that_does_not_want_them_asks_only_when_told_to():
+    extra, why = hugepages.engine_env({}, False, mode="madvise", glibc=GLIBC)
+    assert extra == {} and why.startswith("not asked")
+    extra, _ = hugepages.engine_env({"BAKEOFF_HUGE_PAGES": "on"}, False, mode="madvise", glibc=GLIBC)
+    assert extra["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+    extra, _ = hugepages.engine_env({"BAKEOFF_HUGE_PAGES": "auto"}, True, mode="madvise", glibc=GLIBC)
+    assert "GLIBC_TUNABLES" in extra
+
+
 def test_an_old_glibc_gets_the_torch_switch_only_and_says_why():
-    extra, why = hugepages.engine_env({}, mode="madvise", glibc=(2, 31))
+    extra, why = hugepages.engine_env({}, True, mode="madvise", glibc=(2, 31))
     assert extra == {"THP_MEM_ALLOC_ENABLE": "1"} and "older than 2.35" in why
 
 
@@ -57,10 +66,11 @@ def test_engine_children_inherit_the_switches(monkeypatch):
     monkeypatch.setattr(hugepages, "glibc_version", lambda: GLIBC)
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     monkeypatch.delenv("BAKEOFF_HUGE_PAGES", raising=False)
-    env = envs.child_env({"X": "1"})
+    env = envs.child_env({"X": "1"}, huge_pages=True)
     assert env["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1" and env["THP_MEM_ALLOC_ENABLE"] == "1" and env["X"] == "1"
+    assert "GLIBC_TUNABLES" not in envs.child_env()  # exports and engines that do not want them
     monkeypatch.setenv("BAKEOFF_HUGE_PAGES", "off")
-    assert "GLIBC_TUNABLES" not in envs.child_env()
+    assert "GLIBC_TUNABLES" not in envs.child_env(huge_pages=True)
 
 
 ALLOCATE = """
@@ -87,7 +97,7 @@ def test_the_malloc_switch_puts_a_large_allocation_on_huge_pages_and_without_it_
     if mode != "madvise" or glibc is None or glibc < hugepages.MIN_GLIBC:
         pytest.skip(f"needs THP mode 'madvise' and glibc >= 2.35 (this host: mode {mode!r}, glibc {glibc})")
     base = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "BAKEOFF_HUGE_PAGES")}
-    extra, _ = hugepages.engine_env(base)
+    extra, _ = hugepages.engine_env(base, True)
     assert _huge_mib({**base, **extra}) >= 32  # most of the 96 MiB
     assert _huge_mib(base) == 0  # madvise mode: nothing without asking
 
@@ -99,9 +109,10 @@ def test_anon_huge_pages_reads_this_process_and_skips_gone_ones():
 
 
 def assert_engine_heap_on_huge_pages(notes: dict[str, str]) -> None:
-    """A started engine's ``huge_pages`` note: what was asked, and where malloc was asked, pages that show it."""
+    """A started engine's (one that wants them) ``huge_pages`` note: what was asked, and where malloc was
+    asked, pages that show it."""
     pages = notes["huge_pages"]
-    extra, why = hugepages.engine_env()
+    extra, why = hugepages.engine_env(wanted=True)
     assert pages.startswith(why), pages
     if "GLIBC_TUNABLES" in extra:  # the engine processes hold huge pages after loading
         assert float(pages.split("AnonHugePages ")[1].split()[0]) > 0, pages

@@ -67,6 +67,8 @@ class OptimumOrtBackend(ChildServerBackend):
     name = "optimum-ort"
     Options = OptimumOrtOptions
     ready_mode = "file"
+    # bare ORTModelForCausalLM.generate, 2026-12-05: 22.5-24.4 -> 29-31 tok/s at 1 session, 123 -> 132 at 8
+    huge_pages = True
 
     @classmethod
     def env_specs(cls) -> list[envs.EnvSpec]:
@@ -111,7 +113,7 @@ class OptimumOrtBackend(ChildServerBackend):
         cmd = [str(self.python), "-m", "backends.optimum_ort.worker", "--model", self.export_result.output_dir,
                "--port", str(port), "--ready-file", str(self.ready_file), "--served-model", self.config.model,
                "--options", json.dumps(opts)]
-        return cmd, envs.child_env({"TOKENIZERS_PARALLELISM": "false"})
+        return cmd, envs.child_env({"TOKENIZERS_PARALLELISM": "false"}, huge_pages=self.huge_pages)
 
     def describe(self, startup_s: float) -> BackendInfo:
         info = self.ready_payload.get("info", {})

@@ -327,12 +327,13 @@ def freeze(python: Path | str, timeout_s: float = 60) -> dict[str, str]:
         return {}
 
 
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+def child_env(extra: dict[str, str] | None = None, huge_pages: bool = False) -> dict[str, str]:
     """Environment for an engine child: ours plus bakeoff's packages (:func:`code_path`) on ``PYTHONPATH``
-    and the switches that put its heap on huge pages (:func:`bakeoff.host.hugepages.engine_env`)."""
+    and, for a serving engine whose backend wants them (``huge_pages``) or with ``$BAKEOFF_HUGE_PAGES=on``,
+    the switches that put its heap on huge pages (:func:`bakeoff.host.hugepages.engine_env`)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [str(code_path()), env.get("PYTHONPATH", "")] if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    env.update(hugepages.engine_env(env)[0])
+    env.update(hugepages.engine_env(env, huge_pages)[0])
     env.update(extra or {})
     return env

@@ -18,11 +18,19 @@ Measured on this project's 2-core AVX-512 host (2026-12-05, SmolLM2-135M-Instruc
 OpenVINO GenAI's ContinuousBatchingPipeline 33.6-34.9 -> 44.1-48.1 tok/s at 1 session and
 201-223 -> 244-282 at 8; optimum-onnx's ORTModelForCausalLM.generate 22.5-24.4 -> 29.0-30.9 tok/s;
 transformers (torch eager) 17.1-17.5 -> 17.2-17.9. An engine measured on 4 KiB pages is measured
-below what it can do on the same host, so bakeoff starts every engine with both switches where the
-host's mode is ``madvise`` (``always`` needs neither; ``never`` allows none), says so in the run's
-notes with the engine processes' ``AnonHugePages`` as evidence, and ``$BAKEOFF_HUGE_PAGES=off``
-starts them as they come. ``benchmarks/bench_fidelity.py`` gives the engines' own loops the same
-environment, so that its ratios measure bakeoff's serving path, not the page size.
+below what it can do on the same host. Not every engine gains: huge pages cost a 2 MiB fault (and,
+in ``madvise`` mode, a synchronous compaction) for every fresh large allocation, so code that
+allocates and frees large temporaries per step pays more than it saves. The same day, bare loops:
+ORT GenAI int4 (og.Generator) 88-89 -> 122 tok/s at 1 session but equal at 8 (210), with its TTFT
+624-628 -> 742-774 ms; inside ``bakeoff qualify`` (one run each way) transformers' 8-session peak
+104 -> 97 tok/s, vLLM CPU 182 -> 187 with its start 86 -> 102 s, engine starts and exports 3-9 s
+slower each. So a backend asks only where it measured a gain at 1 and 8 sessions
+(:attr:`backends._server.ChildServerBackend.huge_pages`: OpenVINO GenAI and optimum-onnx), and
+only for its serving process (not exports); ``$BAKEOFF_HUGE_PAGES=on`` asks for every engine,
+``off`` for none. The run's notes say what was asked (``huge_pages``, with the engine processes'
+``AnonHugePages`` after start); ``benchmarks/bench_fidelity.py`` gives each engine's own loop
+the environment bakeoff gives that engine, so that its ratios measure bakeoff's serving path,
+not the page size.
 
 Standard library only.
 """
@@ -58,26 +66,32 @@ def glibc_version() -> tuple[int, int] | None:
         return None
 
 
-def engine_env(environ: dict[str, str] | None = None, mode: str | None = "read",
+def engine_env(environ: dict[str, str] | None = None, wanted: bool = False, mode: str | None = "read",
                glibc: tuple[int, int] | None | str = "read") -> tuple[dict[str, str], str]:
     """The variables that put an engine's heap on huge pages, and what they do here (for the notes).
 
     Args:
         environ: the environment the engine would inherit (default: this process's); a
             ``GLIBC_TUNABLES`` already in it is kept and extended, and one that sets
-            ``glibc.malloc.hugetlb`` itself is left as the user set it.
+            ``glibc.malloc.hugetlb`` itself is left as the user set it. ``$BAKEOFF_HUGE_PAGES``:
+            ``auto`` (default: ``wanted``), ``on`` (every engine), ``off`` (none).
+        wanted: the engine's default (its backend's :attr:`huge_pages`: measured to gain).
         mode: the host's THP mode (default: read from sysfs).
         glibc: glibc's ``(major, minor)`` (default: this interpreter's).
 
     Returns:
-        ``(variables to add, reason)``; no variables when ``$BAKEOFF_HUGE_PAGES=off``, without THP,
-        in ``never`` mode (nothing can ask) or ``always`` mode (nothing needs to).
+        ``(variables to add, reason)``; no variables when not wanted, without THP, in ``never``
+        mode (nothing can ask) or ``always`` mode (nothing needs to).
     """
     environ = dict(os.environ) if environ is None else environ
+    choice = environ.get(OPT_OUT, "").strip().lower() or "auto"
+    if choice in ("0", "off", "false", "no"):
+        return {}, f"off (${OPT_OUT}={environ[OPT_OUT]}): the engine's heap on the host's default pages"
+    if choice not in ("1", "on", "true", "yes") and not wanted:
+        return {}, (f"not asked: this engine's default (measured no gain, or a loss; ${OPT_OUT}=on asks "
+                    "for every engine; bakeoff/host/hugepages.py)")
     mode = thp_mode() if mode == "read" else mode
     glibc = glibc_version() if glibc == "read" else glibc
-    if environ.get(OPT_OUT, "").strip().lower() in ("0", "off", "false", "no"):
-        return {}, f"off (${OPT_OUT}={environ[OPT_OUT]}): the engine's heap on the host's default pages"
     if mode is None:
         return {}, "no transparent huge pages on this host"
     if mode != "madvise":
