@@ -34,6 +34,8 @@ def test_madvise_hosts_get_both_switches_and_a_users_tunables_are_kept():
     # a user who set the malloc switch themselves keeps their value
     extra, why = hugepages.engine_env({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, True, mode="madvise", glibc=GLIBC)
     assert "GLIBC_TUNABLES" not in extra and "glibc.malloc.hugetlb=0 as set" in why
+    extra, why = hugepages.engine_env({"THP_MEM_ALLOC_ENABLE": "0"}, True, mode="madvise", glibc=GLIBC)
+    assert "THP_MEM_ALLOC_ENABLE" not in extra and "THP_MEM_ALLOC_ENABLE=0 as set" in why
 
 
 @pytest.mark.parametrize("environ, mode, glibc, says", [
@@ -68,7 +70,10 @@ def test_engine_children_inherit_the_switches(monkeypatch):
     monkeypatch.delenv("BAKEOFF_HUGE_PAGES", raising=False)
     env = envs.child_env({"X": "1"}, huge_pages=True)
     assert env["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1" and env["THP_MEM_ALLOC_ENABLE"] == "1" and env["X"] == "1"
-    assert "GLIBC_TUNABLES" not in envs.child_env()  # exports and engines that do not want them
+    assert "GLIBC_TUNABLES" not in envs.child_env(huge_pages=False)  # an engine that does not want them
+    monkeypatch.setenv("BAKEOFF_HUGE_PAGES", "on")
+    assert "GLIBC_TUNABLES" in envs.child_env(huge_pages=False)  # ... unless told to
+    assert "GLIBC_TUNABLES" not in envs.child_env()  # exports: never
     monkeypatch.setenv("BAKEOFF_HUGE_PAGES", "off")
     assert "GLIBC_TUNABLES" not in envs.child_env(huge_pages=True)
 

@@ -210,7 +210,15 @@ def test_the_next_wave_after_a_batch_that_ended_together_is_waited_for_not_resta
     monkeypatch.setattr(gb, "WAVE_WAIT_S", 30.0)  # generous: a loaded host's timer fires late
     body = {"prompt": "x", "max_tokens": 4, "ignore_eos": True}
     e = _waiting_engine(4, body)
-    threading.Timer(0.05, lambda: [e.inbox.put((f"r{i}", body)) for i in range(1, 4)]).start()
+    waiting, real_wait = threading.Event(), e.inbox.wait_count
+
+    def wait_count(*args):  # the real wait; the wave is sent once it began
+        waiting.set()
+        return real_wait(*args)
+
+    e.inbox.wait_count = wait_count
+    threading.Thread(target=lambda: waiting.wait(20) and [e.inbox.put((f"r{i}", body)) for i in range(1, 4)],
+                     daemon=True).start()
     t0 = time.perf_counter()
     got = gb.take_batch(e, ("r0", body))
     assert [rid for rid, _ in got] == ["r0", "r1", "r2", "r3"] and e.wave_waits == 1 and e.wave is None
@@ -226,9 +234,13 @@ def test_a_wave_that_does_not_come_costs_at_most_the_wait_and_other_requests_nev
     monkeypatch.setattr(gb, "WAVE_WAIT_S", 0.2)
     body = {"prompt": "x", "max_tokens": 4, "ignore_eos": True}
     e = _waiting_engine(4, body)
-    t0 = time.perf_counter()
+    ended = e.wave[1]
     assert gb.take_batch(e, ("r0", body)) == [("r0", body)]
-    assert time.perf_counter() - t0 >= 0.15 and e.wave_waits == 1  # waited for the wave, then went alone
+    assert time.perf_counter() - ended >= 0.19 and e.wave_waits == 1  # waited for the wave, then went alone
+    # a wave whose time is over is not waited for, nor counted
+    e = _waiting_engine(4, body)
+    e.wave = (4, e.wave[1] - 1.0, e.wave[2])
+    assert gb.take_batch(e, ("r0", body)) == [("r0", body)] and e.wave_waits == 0 and e.wave is None
     monkeypatch.setattr(gb, "WAVE_WAIT_S", 30.0)
     for wave_rows, other in ((4, dict(body, ignore_eos=False)), (4, dict(body, logprobs=2)), (1, body)):
         e = _waiting_engine(wave_rows, body)

@@ -238,7 +238,7 @@ class OrtGenaiBackend(ChildServerBackend):
         cmd = [str(self.python), "-m", "backends.ort_genai.worker", "--model", self.export_result.output_dir,
                "--port", str(port), "--ready-file", str(self.ready_file), "--served-model", self.config.model,
                "--options", json.dumps(opts)]
-        return cmd, envs.child_env({"TOKENIZERS_PARALLELISM": "false"})
+        return cmd, envs.child_env({"TOKENIZERS_PARALLELISM": "false"}, huge_pages=self.huge_pages)
 
     def prepare(self) -> None:
         """The environment, then the export (cached) the worker serves."""

@@ -122,13 +122,13 @@ def take_batch(engine, first: tuple) -> list[tuple]:
     key = batch_key(first[1])
     if key is None or engine.paged:
         return [first]
-    wave = engine.wave
+    wave, engine.wave = engine.wave, None  # a wave is waited for once, by the batch right after it
     if wave is not None and wave[2] == key and wave[0] > 1:
-        engine.wave = None
         want = min(engine.max_batch, wave[0]) - 1
-        if engine.inbox.count(_joins(key)) < want:
+        left = wave[1] + WAVE_WAIT_S - time.perf_counter()
+        if left > 0 and engine.inbox.count(_joins(key)) < want:
             engine.wave_waits += 1
-            engine.inbox.wait_count(_joins(key), want, wave[1] + WAVE_WAIT_S - time.perf_counter())
+            engine.inbox.wait_count(_joins(key), want, left)
     return [first] + _take(engine, key, engine.max_batch - 1)
 
 
@@ -241,7 +241,7 @@ def _generate(engine, rows: list[Row], batch, send, key: tuple | None = None) ->
         engine.og_s += t_out - t_in
         engine.decode_steps += 1
         step += 1
-        ended = 0
+        ended = back = 0  # rows that ended this step; those whose clients come back (not cancelled)
         with batch():
             for i, r in enumerate(rows):
                 if r.ended:
@@ -255,12 +255,13 @@ def _generate(engine, rows: list[Row], batch, send, key: tuple | None = None) ->
                     r.out.due(t_out)
                 eos = not ignore_eos and token in eos_ids
                 if eos or len(r.gen) >= r.max_new or (cancelled and r.rid in cancelled):
-                    r.end(engine, "abort" if r.rid in cancelled else "stop" if eos else "length")
-                    ended += 1
+                    aborted = bool(cancelled) and r.rid in cancelled
+                    r.end(engine, "abort" if aborted else "stop" if eos else "length")
+                    ended, back = ended + 1, back + (not aborted)
         if ended:
             live = [r for r in rows if not r.ended]
             if not live and key is not None:  # these rows' clients come back together (take_batch)
-                engine.wave = (ended, t_out, key)
+                engine.wave = (back, t_out, key)
         inbox = engine.inbox if send is not None else None
         if inbox is not None and not inbox.empty():
             if step <= young_steps and live and _waiting(engine, key, len(live)):

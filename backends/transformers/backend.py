@@ -125,7 +125,7 @@ class TransformersBackend(ChildServerBackend):
         cmd = [sys.executable, "-m", "backends.transformers.worker", "--model", self.config.model,
                "--port", str(port), "--ready-file", str(self.ready_file),
                "--options", json.dumps(self.worker_options())]
-        return cmd, child_env({"TOKENIZERS_PARALLELISM": "false"})
+        return cmd, child_env({"TOKENIZERS_PARALLELISM": "false"}, huge_pages=self.huge_pages)
 
     def describe(self, startup_s: float) -> BackendInfo:
         info = self.ready_payload.get("info", {})

@@ -177,7 +177,7 @@ class TrtllmBackend(ChildServerBackend):
             cmd = [python, "-m", "backends.trtllm.worker", "--model", self.config.model, "--port", str(port),
                    "--ready-file", str(self.ready_file), "--served-model", o.served_model_name,
                    "--options", json.dumps(self.engine_options())]
-            return cmd, envs.child_env(extra)
+            return cmd, envs.child_env(extra, huge_pages=self.huge_pages)
         serve = str(Path(python).parent / "trtllm-serve")
         cmd = [serve, self.config.model, "--host", "127.0.0.1", "--port", str(port), "--backend", o.backend,
                "--tp_size", str(o.tp_size), "--kv_cache_free_gpu_memory_fraction", str(o.kv_cache_free_gpu_memory_fraction)]
@@ -192,7 +192,7 @@ class TrtllmBackend(ChildServerBackend):
             Path(extra_file).write_text(json.dumps({"kv_cache_config": {"enable_block_reuse": o.enable_block_reuse}}))
         if extra_file:
             cmd += ["--extra_llm_api_options", extra_file]
-        return cmd, envs.child_env(extra)
+        return cmd, envs.child_env(extra, huge_pages=self.huge_pages)
 
     def start(self) -> BackendInfo:
         """Probe the host, preflight the checkpoint, then launch.

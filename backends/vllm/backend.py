@@ -287,7 +287,7 @@ class VllmBackend(ChildServerBackend):
             shutil.rmtree(self.rpc_dir, ignore_errors=True)
         self.rpc_dir = tempfile.mkdtemp(prefix="bakeoff-vllm-ipc-")
         extra["VLLM_RPC_BASE_PATH"] = self.rpc_dir
-        return cmd, envs.child_env(extra)
+        return cmd, envs.child_env(extra, huge_pages=self.huge_pages)
 
     def stop(self) -> None:
         """The template's stop, then the IPC sockets' folder removed."""

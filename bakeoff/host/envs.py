@@ -327,13 +327,19 @@ def freeze(python: Path | str, timeout_s: float = 60) -> dict[str, str]:
         return {}
 
 
-def child_env(extra: dict[str, str] | None = None, huge_pages: bool = False) -> dict[str, str]:
-    """Environment for an engine child: ours plus bakeoff's packages (:func:`code_path`) on ``PYTHONPATH``
-    and, for a serving engine whose backend wants them (``huge_pages``) or with ``$BAKEOFF_HUGE_PAGES=on``,
-    the switches that put its heap on huge pages (:func:`bakeoff.host.hugepages.engine_env`)."""
+def child_env(extra: dict[str, str] | None = None, huge_pages: bool | None = None) -> dict[str, str]:
+    """Environment for an engine child: ours plus bakeoff's packages (:func:`code_path`) on ``PYTHONPATH``.
+
+    Args:
+        extra: variables to add last.
+        huge_pages: a serving engine's default for huge pages (its backend's ``huge_pages``; the
+            switches of :func:`bakeoff.host.hugepages.engine_env`, which ``$BAKEOFF_HUGE_PAGES``
+            overrides); None (exports, checks): never.
+    """
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [str(code_path()), env.get("PYTHONPATH", "")] if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    env.update(hugepages.engine_env(env, huge_pages)[0])
+    if huge_pages is not None:
+        env.update(hugepages.engine_env(env, huge_pages)[0])
     env.update(extra or {})
     return env

@@ -96,8 +96,12 @@ def engine_env(environ: dict[str, str] | None = None, wanted: bool = False, mode
         return {}, "no transparent huge pages on this host"
     if mode != "madvise":
         return {}, f"the host's THP mode is {mode!r}: nothing for the engine to ask"
-    extra = {"THP_MEM_ALLOC_ENABLE": "1"}
-    said = ["THP_MEM_ALLOC_ENABLE=1 (torch's CPU allocator)"]
+    extra: dict[str, str] = {}
+    if "THP_MEM_ALLOC_ENABLE" in environ:
+        said = [f"THP_MEM_ALLOC_ENABLE={environ['THP_MEM_ALLOC_ENABLE']} as set"]
+    else:
+        extra["THP_MEM_ALLOC_ENABLE"] = "1"
+        said = ["THP_MEM_ALLOC_ENABLE=1 (torch's CPU allocator)"]
     tunables = environ.get("GLIBC_TUNABLES", "")
     if GLIBC_HUGETLB in tunables:
         said.append(f"GLIBC_TUNABLES={tunables} as set")
@@ -106,7 +110,7 @@ def engine_env(environ: dict[str, str] | None = None, wanted: bool = False, mode
         said.append(f"{GLIBC_HUGETLB}=1 (malloc; glibc {glibc[0]}.{glibc[1]})")
     else:
         said.append(f"no malloc switch (glibc {glibc or 'unknown'} is older than 2.35)")
-    return extra, "host THP mode 'madvise'; the engine asks: " + ", ".join(said)
+    return extra, "host THP mode 'madvise'; huge pages for the engine: " + ", ".join(said)
 
 
 def anon_huge_pages(pids: list[int]) -> tuple[float, float] | None:
