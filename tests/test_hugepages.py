@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from bakeoff.api.errors import UserError
 from bakeoff.host import envs, hugepages
 
 GLIBC = (2, 36)
@@ -22,6 +23,9 @@ def test_the_hosts_mode_is_the_bracketed_word(tmp_path):
     assert hugepages.thp_mode(f) == "always"
     f.write_text("garbage\n")
     assert hugepages.thp_mode(f) is None
+    for odd in (b"always [madvis\xe9] never", b"] always [madvise] never", b"[ madvise ] never", b"[sometimes]"):
+        f.write_bytes(odd)
+        assert hugepages.thp_mode(f) == ("madvise" if b"madvise ]" in odd or b"[madvise]" in odd else None), odd
     assert hugepages.thp_mode(tmp_path / "missing") is None
 
 
@@ -34,6 +38,9 @@ def test_madvise_hosts_get_both_switches_and_a_users_tunables_are_kept():
     # a user who set the malloc switch themselves keeps their value
     extra, why = hugepages.engine_env({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, True, mode="madvise", glibc=GLIBC)
     assert "GLIBC_TUNABLES" not in extra and "glibc.malloc.hugetlb=0 as set" in why
+    # a tunable whose name only contains the switch's is not the switch
+    extra, _ = hugepages.engine_env({"GLIBC_TUNABLES": "glibc.malloc.hugetlb_x=1"}, True, mode="madvise", glibc=GLIBC)
+    assert extra["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb_x=1:glibc.malloc.hugetlb=1"
     extra, why = hugepages.engine_env({"THP_MEM_ALLOC_ENABLE": "0"}, True, mode="madvise", glibc=GLIBC)
     assert "THP_MEM_ALLOC_ENABLE" not in extra and "THP_MEM_ALLOC_ENABLE=0 as set" in why
 
@@ -60,7 +67,7 @@ def test_an_engine_that_does_not_want_them_asks_only_when_told_to():
 
 def test_an_old_glibc_gets_the_torch_switch_only_and_says_why():
     extra, why = hugepages.engine_env({}, True, mode="madvise", glibc=(2, 31))
-    assert extra == {"THP_MEM_ALLOC_ENABLE": "1"} and "older than 2.35" in why
+    assert extra == {"THP_MEM_ALLOC_ENABLE": "1"} and "glibc 2.31 is older than 2.35" in why
 
 
 def test_engine_children_inherit_the_switches(monkeypatch):
@@ -76,6 +83,10 @@ def test_engine_children_inherit_the_switches(monkeypatch):
     assert "GLIBC_TUNABLES" not in envs.child_env()  # exports: never
     monkeypatch.setenv("BAKEOFF_HUGE_PAGES", "off")
     assert "GLIBC_TUNABLES" not in envs.child_env(huge_pages=True)
+    monkeypatch.setenv("BAKEOFF_HUGE_PAGES", "disabled")  # not a value: one line that says what to do
+    with pytest.raises(UserError, match="BAKEOFF_HUGE_PAGES='disabled' is not one of auto, on, off"):
+        envs.child_env(huge_pages=True)
+    assert "GLIBC_TUNABLES" not in envs.child_env()  # exports do not read it
 
 
 ALLOCATE = """

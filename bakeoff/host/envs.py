@@ -340,6 +340,11 @@ def child_env(extra: dict[str, str] | None = None, huge_pages: bool | None = Non
     env["PYTHONPATH"] = os.pathsep.join(p for p in [str(code_path()), env.get("PYTHONPATH", "")] if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if huge_pages is not None:
+        if hugepages.setting(env) is None:
+            from bakeoff.api.errors import UserError
+
+            raise UserError(f"BAKEOFF_HUGE_PAGES={env.get('BAKEOFF_HUGE_PAGES')!r} is not one of "
+                            f"{', '.join(hugepages.CHOICES)}; unset it for auto")
         env.update(hugepages.engine_env(env, huge_pages)[0])
     env.update(extra or {})
     return env

@@ -49,11 +49,14 @@ MIN_GLIBC = (2, 35)  # the first glibc with the glibc.malloc.hugetlb tunable
 def thp_mode(path: Path = THP_ENABLED) -> str | None:
     """The host's THP mode (``always``, ``madvise`` or ``never``: the bracketed word), None without THP."""
     try:
-        text = path.read_text()[:200]
+        with open(path, "rb") as f:
+            text = f.read(200).decode("ascii", errors="replace")
     except OSError:
         return None
-    start, end = text.find("["), text.find("]")
-    return text[start + 1:end] if 0 <= start < end else None
+    start = text.find("[")
+    end = text.find("]", start + 1)
+    word = text[start + 1:end].strip() if 0 <= start < end else ""
+    return word if word in ("always", "madvise", "never") else None
 
 
 def glibc_version() -> tuple[int, int] | None:
@@ -64,6 +67,16 @@ def glibc_version() -> tuple[int, int] | None:
         return (int(major), int(minor)) if name == "glibc" else None
     except (ValueError, OSError, AttributeError):
         return None
+
+
+CHOICES = ("auto", "on", "off")
+
+
+def setting(environ: dict[str, str]) -> str | None:
+    """``$BAKEOFF_HUGE_PAGES`` as ``auto`` (unset or empty), ``on`` or ``off``; None for any other value."""
+    value = environ.get(OPT_OUT, "").strip().lower() or "auto"
+    value = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}.get(value, value)
+    return value if value in CHOICES else None
 
 
 def engine_env(environ: dict[str, str] | None = None, wanted: bool = False, mode: str | None = "read",
@@ -84,10 +97,12 @@ def engine_env(environ: dict[str, str] | None = None, wanted: bool = False, mode
         mode (nothing can ask) or ``always`` mode (nothing needs to).
     """
     environ = dict(os.environ) if environ is None else environ
-    choice = environ.get(OPT_OUT, "").strip().lower() or "auto"
-    if choice in ("0", "off", "false", "no"):
+    choice = setting(environ)
+    if choice is None:
+        raise ValueError(f"{OPT_OUT}={environ.get(OPT_OUT)!r} is not one of {', '.join(CHOICES)}; unset it for auto")
+    if choice == "off":
         return {}, f"off (${OPT_OUT}={environ[OPT_OUT]}): the engine's heap on the host's default pages"
-    if choice not in ("1", "on", "true", "yes") and not wanted:
+    if choice != "on" and not wanted:
         return {}, (f"not asked: this engine's default (measured no gain, or a loss; ${OPT_OUT}=on asks "
                     "for every engine; bakeoff/host/hugepages.py)")
     mode = thp_mode() if mode == "read" else mode
@@ -103,13 +118,13 @@ def engine_env(environ: dict[str, str] | None = None, wanted: bool = False, mode
         extra["THP_MEM_ALLOC_ENABLE"] = "1"
         said = ["THP_MEM_ALLOC_ENABLE=1 (torch's CPU allocator)"]
     tunables = environ.get("GLIBC_TUNABLES", "")
-    if GLIBC_HUGETLB in tunables:
+    if any(t.split("=", 1)[0].strip() == GLIBC_HUGETLB for t in tunables.split(":")):
         said.append(f"GLIBC_TUNABLES={tunables} as set")
     elif glibc is not None and glibc >= MIN_GLIBC:
         extra["GLIBC_TUNABLES"] = ":".join(t for t in (tunables, f"{GLIBC_HUGETLB}=1") if t)
         said.append(f"{GLIBC_HUGETLB}=1 (malloc; glibc {glibc[0]}.{glibc[1]})")
     else:
-        said.append(f"no malloc switch (glibc {glibc or 'unknown'} is older than 2.35)")
+        said.append("no malloc switch (glibc " + (".".join(map(str, glibc)) if glibc else "unknown") + " is older than 2.35)")
     return extra, "host THP mode 'madvise'; huge pages for the engine: " + ", ".join(said)
 
 
@@ -119,15 +134,18 @@ def anon_huge_pages(pids: list[int]) -> tuple[float, float] | None:
     read = False
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/smaps_rollup") as f:
-                text = f.read(8192)
+            with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+                text = f.read(8192).decode("ascii", errors="replace")
         except OSError:
             continue
         read = True
         for line in text.splitlines():
             key, _, value = line.partition(":")
             if key in ("AnonHugePages", "Rss"):
-                kib = float(value.split()[0]) if value.split() else 0.0
+                try:
+                    kib = max(0.0, float(value.split()[0])) if value.split() else 0.0
+                except ValueError:  # not the kernel's format: not a figure
+                    continue
                 if key == "Rss":
                     rss += kib / 1024
                 else:
