@@ -125,7 +125,8 @@ def engine_env(environ: dict[str, str] | None = None, wanted: bool = False, mode
         said.append(f"{GLIBC_HUGETLB}=1 (malloc; glibc {glibc[0]}.{glibc[1]})")
     else:
         said.append("no malloc switch (glibc " + (".".join(map(str, glibc)) if glibc else "unknown") + " is older than 2.35)")
-    return extra, "host THP mode 'madvise'; huge pages for the engine: " + ", ".join(said)
+    why = "this engine's default" if wanted and choice != "on" else f"${OPT_OUT}={environ.get(OPT_OUT)}"
+    return extra, f"asked ({why}); host THP mode 'madvise'; huge pages for the engine: " + ", ".join(said)
 
 
 def anon_huge_pages(pids: list[int]) -> tuple[float, float] | None:
