@@ -276,7 +276,7 @@ class OgBare(ToolSide):
 
         o = engine.options
         self.bare = BareOrtGenai(engine.export_result.output_dir, o.execution_provider,
-                                 int(engine.threads()[0] or 0), engine.python)  # the worker's own count
+                                 int(engine.threads()[0] or 0), engine.python, huge_pages=engine.huge_pages)  # the worker's own count
         self.fixture, self.args = fixture, args
         self.name = f"bare og (onnxruntime-genai {self.bare.version}, paged export: {self.bare.paged})"
 

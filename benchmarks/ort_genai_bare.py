@@ -158,10 +158,11 @@ class BareOrtGenai:
         execution_provider: ``cpu`` or ``cuda`` (as the export was built).
         threads: decoder intra-op threads (0: ORT's default, as bakeoff's worker unless set).
         python: the interpreter (default: the ort-genai environment's, made if missing).
+        huge_pages: the ort-genai backend's default (bakeoff/host/hugepages.py), so the loop runs as its engine.
     """
 
     def __init__(self, export_dir: str | Path, execution_provider: str = "cpu", threads: int = 0,
-                 python: str | Path | None = None):
+                 python: str | Path | None = None, huge_pages: bool = False):
         if python is None:
             from adapters.ort_genai_export import env_spec
             from bakeoff.host import envs
@@ -172,7 +173,7 @@ class BareOrtGenai:
         # the engine's own loop on the pages bakeoff's engine processes get (bakeoff/host/hugepages.py)
         self.proc = subprocess.Popen([str(python), "-c", BARE_CHILD, str(export_dir), execution_provider, str(threads)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env={**os.environ, **hugepages.engine_env(wanted=False)[0]})  # as backends/ort_genai
+                                     env={**os.environ, **hugepages.engine_env(wanted=huge_pages)[0]})
         ready = json.loads(self.proc.stdout.readline() or "{}")
         if not ready.get("ready"):
             raise RuntimeError(f"the bare ORT GenAI loop did not start (exit {self.proc.poll()})")
