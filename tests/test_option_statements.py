@@ -336,3 +336,23 @@ def test_cpu_default_kv_cache_space_is_4_gib_and_said(monkeypatch, tmp_path):
     gpu = backend()
     gpu.cuda = True
     assert gpu.kv_cache_space_gib() is None
+    # sized by the user another way: vLLM's VLLM_CPU_KVCACHE_SPACE wins over its flags, so no default
+    assert backend(kv_cache_space_gib=None).kv_cache_space_gib() is None  # null: vLLM's own sizing
+    assert backend(gpu_memory_utilization=None).kv_cache_space_gib() is None
+    assert backend(extra_args="--gpu-memory-utilization 0.3").kv_cache_space_gib() is None
+    assert backend(extra_args="--kv-cache-memory-bytes=2000000000").kv_cache_space_gib() is None
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "8")
+    assert backend().kv_cache_space_gib() is None
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
+    monkeypatch.setattr(vb, "node_memory", lambda node=0: (0, 0))  # unreadable, not a ZeroDivisionError
+    assert backend().kv_cache_space_gib() == 1
+
+
+def test_null_size_options_are_not_judged_against_the_default_kv_line():
+    """``kv_cache_space_gib=null`` is accepted as "vLLM's own sizing": the option report must not
+    compare None with the log's KV size (it raised TypeError from float(None) in the load check)."""
+    from backends.vllm.option_log import report
+
+    for line in (AUTO_KV, EXPLICIT_KV):
+        rep = report(line, {"kv_cache_space_gib": None, "gpu_memory_utilization": None}, cuda=False)
+        assert "kv_cache_space_gib" not in rep.verified and "gpu_memory_utilization" not in rep.verified

@@ -13,6 +13,7 @@ fell back; or the effective values that prove they took) is read from the whole 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -136,6 +137,8 @@ def cpu_memory_utilization() -> tuple[float, str]:
     if mem is None:
         return CPU_MEMORY_SHARE, f"{CPU_MEMORY_SHARE} (bakeoff's CPU default; node memory not readable)"
     total, available = mem
+    if total <= 0:  # an unreadable node reads as none
+        return CPU_MEMORY_SHARE, f"{CPU_MEMORY_SHARE} (bakeoff's CPU default; node memory not readable)"
     share = min(CPU_MEMORY_SHARE, round(CPU_AVAILABLE_SHARE * available / total, 2))
     share = max(share, 0.05)
     why = ("half the node" if share == CPU_MEMORY_SHARE else
@@ -240,19 +243,27 @@ class VllmBackend(ChildServerBackend):
             return DEFAULT_MAX_MODEL_LEN
 
     def kv_cache_space_gib(self) -> float | None:
-        """The CPU KV cache size in GiB the engine gets: the option, else (on CPU, with
-        ``gpu_memory_utilization`` unset) :data:`CPU_KV_SPACE_GIB` or the share of the node
-        :func:`cpu_memory_utilization` allows when that is less (whole GiB, at least 1); None on CUDA
-        or when ``gpu_memory_utilization`` sizes it."""
+        """The CPU KV cache size in GiB the engine gets: the option, else on CPU
+        :data:`CPU_KV_SPACE_GIB` or the share of the node :func:`cpu_memory_utilization` allows when
+        that is less (whole GiB, at least 1). None (vLLM sizes it) on CUDA and wherever the user sized
+        it otherwise: ``gpu_memory_utilization`` or ``kv_cache_space_gib`` given (even as null),
+        ``--gpu-memory-utilization`` / ``--kv-cache-memory-bytes`` in ``extra_args``, or
+        ``VLLM_CPU_KVCACHE_SPACE`` in bakeoff's own environment (vLLM lets that variable win over its
+        flags, so a default there would override the user's choice)."""
         o = self.options
-        if o.kv_cache_space_gib is not None or self.cuda or o.gpu_memory_utilization is not None:
+        given = self.config.options
+        sized = ("kv_cache_space_gib" in given or "gpu_memory_utilization" in given
+                 or any(a.split("=")[0] in ("--gpu-memory-utilization", "--kv-cache-memory-bytes")
+                        for a in shlex.split(o.extra_args)) or os.environ.get("VLLM_CPU_KVCACHE_SPACE"))
+        if o.kv_cache_space_gib is not None or self.cuda or sized:
             return o.kv_cache_space_gib
         mem = node_memory()
         share = cpu_memory_utilization()[0]
         space = CPU_KV_SPACE_GIB if mem is None else max(1, min(CPU_KV_SPACE_GIB, int(share * mem[0] / 2**30)))
-        self.kv_space_note = (f"{space} GiB (bakeoff's CPU default, VLLM_CPU_KVCACHE_SPACE: vLLM's auto size, half the "
-                              "node, is written through at start, 25 s for 10.5 GiB on a 2-core host; "
-                              "backends/vllm/backend.py CPU_KV_SPACE_GIB; --backend-opt kv_cache_space_gib=N to change)")
+        self.kv_space_note = (f"{space} GiB (bakeoff's CPU default, VLLM_CPU_KVCACHE_SPACE, which vLLM CPU sizes its KV "
+                              "cache from in place of gpu_memory_utilization: vLLM's auto size, half the node, is "
+                              "written through at start, 25 s for 10.5 GiB on a 2-core host; backends/vllm/backend.py "
+                              "CPU_KV_SPACE_GIB; --backend-opt kv_cache_space_gib=N to change)")
         return space
 
     def engine_args(self) -> list[str]:
@@ -399,10 +410,10 @@ class VllmBackend(ChildServerBackend):
             notes["kv_block_size_tokens"] = blocks[-1]
         if getattr(self, "dtype_note", None):
             notes["dtype_choice"] = f"bakeoff's default (dtype unset): {self.dtype_note}"
-        if getattr(self, "cpu_memory_note", None):
-            notes["gpu_memory_utilization"] = self.cpu_memory_note
-        if getattr(self, "kv_space_note", None):
+        if getattr(self, "kv_space_note", None):  # the share passed beside it sizes nothing then
             notes["kv_cache_space"] = self.kv_space_note
+        elif getattr(self, "cpu_memory_note", None):
+            notes["gpu_memory_utilization"] = self.cpu_memory_note
         patched = env_patches.summary(self.environment_record())
         if patched:
             notes["env_patches"] = patched

@@ -189,12 +189,13 @@ def report(log: str, set_options: dict[str, Any], cuda: bool, log_name: str = "v
             rep.add(OptionStatement(option=opt, kind="overridden", line=f"{key}={cfg[key]} in: {cfg_line[:300]}",
                                     log=log_name, source="vllm/config/vllm.py VllmConfig.__str__ (effective config)",
                                     user_set=True))
-        elif opt == "gpu_memory_utilization" and not cuda and mem.get("requested_gib") and mem.get("total_gib"):
+        elif (opt == "gpu_memory_utilization" and not cuda and want is not None and mem.get("requested_gib")
+              and mem.get("total_gib")):
             ratio = mem["requested_gib"] / mem["total_gib"]
             if abs(ratio - float(want)) <= 0.01:
                 rep.verified[opt] = (f"{mem['requested_gib']} of {mem['total_gib']} GiB requested ({ratio:.3f}): "
                                      f"{message_of(mem['line'])[:160]}")
-        elif opt == "kv_cache_space_gib" and not cuda and mem:
+        elif opt == "kv_cache_space_gib" and not cuda and mem and want is not None:
             if mem["how"] == "explicitly" and abs(mem["kv_cache_gib"] - float(want)) <= 0.01:
                 rep.verified[opt] = f"{mem['kv_cache_gib']} GiB: {message_of(mem['line'])[:160]}"
             elif mem["how"] == "auto":
