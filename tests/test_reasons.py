@@ -227,3 +227,16 @@ def test_one_engine_in_a_lossy_and_a_lossless_configuration_reads_as_the_configu
     single = tmp_path / "single"
     shutil.copytree(next(root.glob("runs/*")), single / "runs" / "one")
     assert "One engine, several configurations" not in write_report([single], tmp_path / "rep2").read_text()
+
+
+def test_sweep_points_keep_the_token_totals_the_report_shows():
+    """The report's "tokens in / out per request" reads each point's ``input_tokens`` and
+    ``output_tokens`` (totals over its ok requests); the sweep check's values are filtered through
+    ``POINT_KEYS``, which dropped them, so every real report showed "– / –" (a new user saw it)."""
+    from bakeoff.loadgen.stats import summarize
+    from bakeoff.loadgen.throughput import POINT_KEYS
+    from bakeoff.reporting.report import per_request
+
+    point = {k: v for k, v in summarize([], 1.0, 1).items() if k in POINT_KEYS}
+    assert {"input_tokens", "output_tokens"} <= set(point)
+    assert per_request({**point, "input_tokens": 100, "output_tokens": 64, "ok": 2}, "input_tokens") == "50"

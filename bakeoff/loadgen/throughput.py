@@ -29,7 +29,8 @@ from bakeoff.loadgen.distortion import engine_timing, judge
 from bakeoff.loadgen.stats import summarize
 from bakeoff.loadgen.sweep import run_sweep
 
-POINT_KEYS = ("sessions", "requests", "ok", "errors", "output_tokens_per_s", "per_session_output_tokens_per_s",
+POINT_KEYS = ("sessions", "requests", "ok", "errors", "input_tokens", "output_tokens", "output_tokens_per_s",
+              "per_session_output_tokens_per_s",
               "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms",
               "accounting_mismatches", "accounting_disputed", "valid", "invalid_reason")
 # Per-repeat figures kept for the noise estimate of `bakeoff compare` (bakeoff/analysis/noise.py).

@@ -23,7 +23,7 @@ from bakeoff.analysis.failures import LOG_PREFIX
 
 TEMPLATE = """# bakeoff report
 
-{{ runs|length }} run(s). Each run directory holds `verdict.json`, `checks/`, `evidence/`.
+{{ runs|length }} run(s). Each run directory holds `verdict.json`, `checks/`, `evidence/`, `engine/` (the engine's log) and `run.json`.
 
 ## Verdicts
 
