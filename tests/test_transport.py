@@ -201,7 +201,9 @@ def test_buffering_proxy_is_flagged_and_the_direct_server_is_not(paced, tmp_path
     assert any("held back" in r for r in through["reasons"]) and any("burst" in r for r in through["reasons"])
     for ctl in (control, direct):
         assert ctl["distorted"] is False, json.dumps(ctl)
-        assert ctl["first_cluster_events_p50"] == 1
+        # the first event alone on a quiet host; a loaded one (CI's two workers, 2026-12-06) coalesced the paced
+        # server's first events (p50 2.5 once), never to the proxy's held-back bursts
+        assert ctl["first_cluster_events_p50"] < through["first_cluster_events_p50"], (ctl, through)
 
 
 def test_a_stream_that_arrives_in_one_burst_is_bursty():
