@@ -134,11 +134,9 @@ def cpu_memory_utilization() -> tuple[float, str]:
     (10.07/23.54 GiB) on kv cache allocation is less than requested memory for kv", seen when
     another engine was still running). Returns the value and a note for the run's evidence."""
     mem = node_memory()
-    if mem is None:
+    if mem is None or mem[0] <= 0:  # a node of 0 bytes reads as unreadable
         return CPU_MEMORY_SHARE, f"{CPU_MEMORY_SHARE} (bakeoff's CPU default; node memory not readable)"
     total, available = mem
-    if total <= 0:  # an unreadable node reads as none
-        return CPU_MEMORY_SHARE, f"{CPU_MEMORY_SHARE} (bakeoff's CPU default; node memory not readable)"
     share = min(CPU_MEMORY_SHARE, round(CPU_AVAILABLE_SHARE * available / total, 2))
     share = max(share, 0.05)
     why = ("half the node" if share == CPU_MEMORY_SHARE else
@@ -250,6 +248,12 @@ class VllmBackend(ChildServerBackend):
         ``--gpu-memory-utilization`` / ``--kv-cache-memory-bytes`` in ``extra_args``, or
         ``VLLM_CPU_KVCACHE_SPACE`` in bakeoff's own environment (vLLM lets that variable win over its
         flags, so a default there would override the user's choice)."""
+        if hasattr(self, "_kv_space"):  # decided once per backend: engine_args and command both ask
+            return self._kv_space
+        self._kv_space = self._decide_kv_space()
+        return self._kv_space
+
+    def _decide_kv_space(self) -> float | None:
         o = self.options
         given = self.config.options
         sized = ("kv_cache_space_gib" in given or "gpu_memory_utilization" in given
