@@ -12,6 +12,11 @@ received, in this order of strength:
    partial UTF-8 character held back by the server's detokenizer). U+FFFD is not
    re-tokenized: it is the server's rendering of a token's bytes that are not UTF-8 on their
    own (it would re-tokenize to 3 byte-level tokens), so it stands for its event's token.
+   Where every event carries logprobs (one entry per sampled token, as the OpenAI form streams
+   them) and their number equals usage, usage agrees (``client-logprobs``) whatever the text
+   re-tokenizes to: a busy vLLM frontend merges several steps into one event, and an EOS step's
+   empty text inside a merged event is invisible to a tokenizer (64 tokens counted 51 once),
+   not to its logprob entry. A hop that drops events drops their entries too.
 3. ``client-events``: without either, the number of content events (one step each), a lower
    bound that is exact for servers streaming one token per event.
 
@@ -193,6 +198,9 @@ def account(rec: RequestRecord, evs: list, usage_p: int | None, usage_c: int | N
         ks_text = [max(1, k) for k in counts]
         rec.text_output_tokens = sum(ks_text)
     ok = rec.status == "ok"
+    # one logprob entry per token the server sampled, where every event carries them (issue 37's
+    # servers, vLLM asked for logprobs): an exact count of a merged event's tokens, EOS steps included
+    lp_ks = [len(ev.logprobs) for ev in evs] if evs and not have_ids and all(ev.logprobs for ev in evs) else None
     if have_ids:
         ks = [len(ev.token_ids) for ev in evs]
         rec.client_output_tokens = sum(ks)
@@ -204,7 +212,10 @@ def account(rec: RequestRecord, evs: list, usage_p: int | None, usage_c: int | N
         ks = ks_text or [1] * len(evs)
         rec.client_output_tokens = sum(ks)
         basis = "client-tokenizer" if ks_text else "client-events"
-        if disputed is not None and basis == "client-tokenizer":
+        if lp_ks is not None and usage_c is not None and usage_c == sum(lp_ks):
+            rec.accounting, ks = "agree", lp_ks
+            rec.output_tokens, rec.output_tokens_source = usage_c, "server-usage (agrees with client-logprobs)"
+        elif disputed is not None and basis == "client-tokenizer":
             rec.accounting = "disputed"
             rec.output_tokens, rec.output_tokens_source = ((usage_c, f"server-usage (disputed: {disputed})")
                                                            if usage_c is not None else
