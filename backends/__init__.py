@@ -19,6 +19,7 @@ REGISTRY: dict[str, str] = {
     "openai": "backends.openai.backend:OpenAIBackend",
     "openvino": "backends.openvino.backend:OpenVinoBackend",
     "optimum-ort": "backends.optimum_ort.backend:OptimumOrtBackend",
+    "llamacpp": "backends.llamacpp.backend:LlamaCppBackend",
 }
 
 # Backends `bakeoff qualify` runs when --backends is not given: those that need no

