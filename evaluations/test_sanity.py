@@ -8,7 +8,8 @@ import pytest
 
 from bakeoff.loadgen.sweep import run_request
 from bakeoff.analysis.paired import ALPHA, TOLERANCE, binomial_below, decide, fisher_greater
-from bakeoff.analysis.sanity import PROBE_LOGPROBS, agreement, agreement_unjudgeable, detectors, probe_correct
+from bakeoff.analysis.sanity import (MAX_NON_GREEDY_FRACTION, PROBE_LOGPROBS, agreement, agreement_unjudgeable, detectors,
+                                     greedy_violated, non_greedy_steps, probe_correct)
 from bakeoff.api.specs import GenerationRequest
 from evaluations.plugin import attach_engine_evidence
 from evaluations.probing import open_ended_prompts, run_probes
@@ -119,6 +120,27 @@ def test_known_answers(run, settings, engine, probes, probe_set, probe_outputs, 
                                     f"{kept_share:.0%} of its right answers kept; e.g. {examples}" + configuration(engine),
                   fclass)
         c.summary = f"probe accuracy {acc:.0%} ({len(rows)} {source} probes), within noise of {base.kind}: {d.sentence(base.kind)}"
+
+
+@pytest.mark.check("sanity.greedy")
+def test_greedy(run, engine, probe_outputs):
+    """Temperature 0 is greedy: each chosen token is the top of the engine's own logprobs
+    (:func:`bakeoff.analysis.sanity.non_greedy_steps`); an engine whose server samples otherwise
+    (its own penalties or truncation) has accepted ``temperature=0`` without its effect
+    (``ineffective-option``). Without alternatives in the logprobs it verifies nothing: ``skip``."""
+    with run.check("sanity.greedy", "ineffective-option") as c:
+        counts = non_greedy_steps(probe_outputs)
+        c.values.update({k: counts[k] for k in ("verified", "non_greedy")})
+        if counts["examples"]:
+            c.evidence("non_greedy_steps.json", counts["examples"])
+        if not counts["verified"]:
+            c.skip("not verified: the engine's logprobs name no alternatives to the chosen token")
+        c.require(not greedy_violated(counts),
+                  f"{counts['non_greedy']}/{counts['verified']} probe steps at temperature 0 chose a token below the "
+                  f"engine's own top logprob (> {MAX_NON_GREEDY_FRACTION:.0%}): not greedy; e.g. step "
+                  f"{counts['examples'][0]['step'] if counts['examples'] else '?'} of "
+                  f"{counts['examples'][0]['id'] if counts['examples'] else '?'}")
+        c.summary = f"{counts['verified'] - counts['non_greedy']}/{counts['verified']} steps chose the engine's own top token"
 
 
 @pytest.mark.check("sanity.degeneration")

@@ -118,3 +118,46 @@ def test_ignore_eos_runs_to_max_tokens_and_usage_agrees(server):
     b, _ = server
     _, rec = _stream(b, prompt="The capital of France is Paris.", ignore_eos=True, max_tokens=48, logprobs=1)
     assert rec.output_tokens == rec.usage_output_tokens == 48 and rec.accounting == "agree", rec
+
+
+@pytest.mark.slow
+@pytest.mark.engine("llamacpp")
+def test_sanity_greedy_passes_the_neutral_server_and_fails_one_with_a_repeat_penalty(server):
+    """The rule of ``sanity.greedy`` on the real server's own logprobs: neutral sampling (bakeoff's
+    defaults) chooses the top token at every step; the same server asked for llama-cpp-python's
+    default ``repeat_penalty`` (a broken configuration made on purpose, issue 37) does not."""
+    from types import SimpleNamespace
+
+    from bakeoff.analysis.sanity import greedy_violated, non_greedy_steps
+    from evaluations.probing import run_probes
+
+    b, _ = server
+    texts = ["Once upon a time, in a small village by the sea,", "The three most important things to know about",
+             "Here is a short summary of the history of the bicycle:", "def fibonacci(n):",
+             "List the days of the week: Monday, Tuesday,", "The recipe for pancakes is as follows."]
+    probes = [SimpleNamespace(id=f"p{i}", task="open", prompt=t, expected="", match="prefix", max_tokens=32)
+              for i, t in enumerate(texts)]
+    neutral = non_greedy_steps(run_probes(b, probes, max_tokens=32, logprobs=5))
+    assert neutral["verified"] >= 150 and neutral["non_greedy"] == 0 and not greedy_violated(neutral), neutral
+    original = b.extra_body
+    try:
+        b.extra_body = lambda: {**original(), "repeat_penalty": 1.5, "repeat_last_n": 64}
+        b.make_client(b.served_model())
+        penalized = non_greedy_steps(run_probes(b, probes, max_tokens=32, logprobs=5))
+    finally:
+        b.extra_body = original
+        b.make_client(b.served_model())
+    assert greedy_violated(penalized) and penalized["examples"][0]["chosen_logprob"] < penalized["examples"][0]["top_logprob"], penalized
+
+
+def test_greedy_rule_counts_only_steps_with_alternatives_and_tolerates_rounding():
+    from bakeoff.analysis.sanity import greedy_violated, non_greedy_steps
+
+    ok = {"status": "ok", "id": "a", "logprobs": [[5, -0.1, [[5, -0.1], [6, -2.0]]], [7, -0.693147, [[7, -0.693147], [8, -0.693152]]],
+                                                  [9, -0.5, [[9, -0.5]]], None]}
+    counts = non_greedy_steps([ok])
+    assert counts == {"verified": 2, "non_greedy": 0, "examples": []} and not greedy_violated(counts)
+    bad = {"status": "ok", "id": "b", "logprobs": [[6, -2.0, [[5, -0.1], [6, -2.0]]]] * 3}
+    assert greedy_violated(non_greedy_steps([ok, bad]))
+    assert not greedy_violated(non_greedy_steps([ok] * 200 + [bad]))  # 3 of 403 steps: within the 1% noise rule
+    assert non_greedy_steps([{**bad, "status": "error"}])["verified"] == 0

@@ -251,3 +251,47 @@ def agreement_unjudgeable(agr: dict[str, Any], reference_accuracy: float, min_ac
             f"(< {min_accuracy:.0%}): the paired accuracy test cannot judge agreement, and {unverified} outputs "
             f"are not proven equal or tied ({agr['real']} real, {agr['undetermined']} undetermined divergences: a tie "
             f"needs both sides' logprobs; {blank} blank texts compared without token ids)")
+
+
+# Greedy decoding, verified from the engine's own logprobs (sanity.greedy). At temperature 0 a greedy
+# engine emits the most likely token of the very distribution it reports: its chosen token's logprob
+# is the top of its own top-k at every step, on every host (exact ties included: both are the top).
+# A server that applies its own sampler defaults (a repeat penalty, issue 37: llama-cpp-python's 1.1
+# chose 153 of 220 divergent tokens that were not its own top logprob) does not.
+GREEDY_TOLERANCE_NATS = 0.01  # rounding of reported logprobs (6 decimals) and fp32 log-softmax noise
+MAX_NON_GREEDY_FRACTION = 0.01  # of the verified steps; and at least MIN_NON_GREEDY_STEPS of them
+MIN_NON_GREEDY_STEPS = 3
+
+
+def non_greedy_steps(outputs: list[dict]) -> dict[str, Any]:
+    """Steps whose chosen token is not the top of the engine's own top-k logprobs.
+
+    Args:
+        outputs: greedy probe outputs (``run_probes`` rows, ``logprobs`` in the JSON-safe form).
+
+    Returns:
+        ``{"verified": steps with at least two alternatives, "non_greedy": count, "examples":
+        [...]}``; a step without alternatives (an engine that reports the chosen token only)
+        verifies nothing.
+    """
+    verified, bad = 0, []
+    for o in outputs:
+        if o.get("status") != "ok":
+            continue
+        for i, e in enumerate(o.get("logprobs") or []):
+            top = top_map(e)
+            if len(top) < 2 or e[1] is None:
+                continue
+            verified += 1
+            best_tok, best_lp = max(top.items(), key=lambda kv: kv[1])
+            if float(e[1]) < float(best_lp) - GREEDY_TOLERANCE_NATS:
+                bad.append({"id": o.get("id"), "step": i, "chosen": e[0], "chosen_logprob": e[1],
+                            "top": best_tok, "top_logprob": best_lp})
+    return {"verified": verified, "non_greedy": len(bad), "examples": bad[:20]}
+
+
+def greedy_violated(counts: dict[str, Any]) -> bool:
+    """More non-greedy steps than noise allows: more than :data:`MAX_NON_GREEDY_FRACTION` of the
+    verified steps and at least :data:`MIN_NON_GREEDY_STEPS`."""
+    n = counts["non_greedy"]
+    return n >= MIN_NON_GREEDY_STEPS and n > MAX_NON_GREEDY_FRACTION * counts["verified"]
