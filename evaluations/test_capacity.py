@@ -78,7 +78,8 @@ def test_kv_cache(run, engine, pytestconfig, settings):
             c.evidence("baseline_backend_info.json", baseline)
         c.summary = (f"KV cache {info.kv_cache_tokens:,} tokens"
                      + (f" in {info.kv_cache_memory_gib} GiB" if info.kv_cache_memory_gib else "")
-                     + f" ({info.max_concurrency}x at {info.max_model_len} tokens per request); " + ratio["text"]
+                     + (f" ({info.max_concurrency}x at {info.max_model_len} tokens per request)" if info.max_concurrency else "")
+                     + "; " + ratio["text"]
                      + (f"; {layout['text']}" if layout and ratio.get("role") != "compared" else ""))
         if ratio["ineffective"]:
             c.fail(f"kv_cache_dtype {ratio['kv_cache_dtype']} is ineffective: {ratio['text']}")

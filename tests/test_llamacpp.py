@@ -89,6 +89,7 @@ def test_the_real_server_states_its_configuration_and_tokenizes_as_the_checkpoin
     assert b.info.engine == "llama.cpp" and b.info.concurrent_requests == 4 and b.info.kv_cache_tokens == 8192
     assert notes["gguf"].endswith("...)") and "Q4_1.gguf" in notes["gguf"] and "AVX2 = 1" in notes["system_info"]
     assert b.info.max_model_len == 8192  # the model's trained context: the unified cache lets a slot use it all
+    assert b.info.max_concurrency == 1.0  # 8,192 cells hold one request at the 8,192-token context
     tok = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
     text = "The capital of France is"
     assert b.tokenize([text]) == [tok.encode(text, add_special_tokens=True).ids], b.tokenize_note

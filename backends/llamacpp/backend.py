@@ -172,4 +172,6 @@ class LlamaCppBackend(ChildServerBackend):
             backend=self.name, engine="llama.cpp", engine_version=info.get("engine_version"), device="cpu",
             launch_command=self.launch_cmd, base_url=self.base_url, served_model=self.config.model,
             startup_s=startup_s, concurrent_requests=slots, notes=notes,
-            kv_cache_tokens=opts.get("ctx_size"), max_model_len=n_ctx_slot)
+            kv_cache_tokens=opts.get("ctx_size"), max_model_len=n_ctx_slot,
+            # the unified cache holds this many requests at the longest context a slot may use
+            max_concurrency=round(opts["ctx_size"] / n_ctx_slot, 2) if opts.get("ctx_size") and n_ctx_slot else None)
