@@ -21,7 +21,7 @@ def _nothing_written(root: Path) -> bool:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["qualify", "--backends", "nope"], "unknown backend 'nope'; choose one of: openai, openvino, optimum-ort, ort-genai, transformers, trtllm, vllm"),
+    (["qualify", "--backends", "nope"], "unknown backend 'nope'; choose one of: llamacpp, openai, openvino, optimum-ort, ort-genai, transformers, trtllm, vllm"),
     (["qualify", "--backends", "vllm", "--backend-opt", "oops"], "malformed --backend-opt 'oops': expected key=value"),
     (["qualify", "--backends", "vllm", "--backend-opt", "max_model_lenn=5"], "unknown option 'max_model_lenn' for backend vllm; valid options:"),
     (["qualify", "--backends", "vllm", "--backend-opt", "trtllm:x=1"], "names backend 'trtllm', which is not among --backends vllm"),
