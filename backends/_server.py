@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, ClassVar
 
 from backends.base import Backend
 from bakeoff.api.errors import EngineFailure
@@ -23,7 +23,7 @@ from bakeoff.loadgen.client import OpenAIClient
 from bakeoff.loadgen.progress import Progress
 from bakeoff.loadgen.side_http import open_bounded
 from bakeoff.analysis.failures import classify_start, kernel_refusal, missing_tokenizer
-from bakeoff.host import hugepages
+from bakeoff.host import envs, hugepages
 from bakeoff.host.procs import ManagedProcess, describe_exit, died_by_signal, free_port
 from bakeoff.api.specs import BackendInfo, GenerationRequest, TokenEvent
 from backends._options import OptionReport, fallback_statements
@@ -75,6 +75,14 @@ class ChildServerBackend(Backend):
     ready_mode: str = "health"  # "health" (GET /health) or "file" (worker ready file)
     huge_pages: bool = False  # the engine process asks for huge pages by default (bakeoff/host/hugepages.py)
     api: str = "completions"
+    # the engine's own environment: its folder's ``env_spec`` (() -> bakeoff.host.envs.EnvSpec), made
+    # by :meth:`ensure_env`; None: the engine runs in bakeoff's environment or says its own env_specs
+    engine_env: ClassVar[Callable[[], envs.EnvSpec] | None] = None
+    log_name: ClassVar[str] = "env.log"  # the run's engine folder file that prepare()'s lines go to
+
+    @classmethod
+    def env_specs(cls) -> list:
+        return [cls.engine_env()] if cls.engine_env is not None else []
 
     def __init__(self, config):
         super().__init__(config)
@@ -97,6 +105,33 @@ class ChildServerBackend(Backend):
     def prepare(self) -> None:
         """Work before the launch (the engine's environment, an export, a host probe)."""
 
+    def _log(self, line: str) -> None:
+        with open(self.workdir / self.log_name, "a") as fh:
+            fh.write(line.rstrip() + "\n")
+
+    def ensure_env(self) -> Path:
+        """The engine's environment (:attr:`engine_env`, created on first use, progress to the log),
+        then :meth:`check_checkpoint` in it; sets and returns :attr:`env_python`."""
+        spec = self.engine_env()
+        self.env_python = envs.ensure(spec, self._log)
+        self.check_checkpoint(self.env_python, spec.name)
+        return self.env_python
+
+    def prepare_export(self, export: Callable[..., Any], options: Any, timeout_s: float, use_cache: bool) -> None:
+        """The export-then-serve backends' :meth:`prepare`: a local checkpoint folder, the environment,
+        the export (``export(model, options, log=, timeout_s=, use_cache=)``, cached by the adapter) into
+        :attr:`export_result`, written to ``export.json`` in the run's engine folder.
+
+        Raises:
+            EngineFailure: ``unavailable`` for a hub id (no hub access here); what the export raises.
+        """
+        if not Path(self.config.model).is_dir():
+            raise EngineFailure("unavailable", f"{self.name} exports local checkpoint folders; {self.config.model!r} "
+                                "is not one (no hub access here)")
+        self.ensure_env()
+        self.export_result = export(self.config.model, options, log=self._log, timeout_s=timeout_s, use_cache=use_cache)
+        (self.workdir / "export.json").write_text(self.export_result.model_dump_json(indent=1))
+
     def check_checkpoint(self, python, env_name: str) -> None:
         """Before the engine reads the checkpoint: its environment must read the config and tokenizer
         files as the reference's does (:mod:`backends._checkpoint_read`); the readings are written to
@@ -107,7 +142,7 @@ class ChildServerBackend(Backend):
         """
         from backends._checkpoint_read import check
 
-        readings = check(python, self.config.model, env_name, log=self._log if hasattr(self, "_log") else lambda s: None)
+        readings = check(python, self.config.model, env_name, log=self._log)
         if readings is not None:
             (self.workdir / "checkpoint_read.json").write_text(json.dumps(readings, indent=1))
 

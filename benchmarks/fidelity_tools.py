@@ -276,7 +276,7 @@ class OgBare(ToolSide):
 
         o = engine.options
         self.bare = BareOrtGenai(engine.export_result.output_dir, o.execution_provider,
-                                 int(engine.threads()[0] or 0), engine.python, huge_pages=engine.huge_pages)  # the worker's own count
+                                 int(engine.threads()[0] or 0), engine.env_python, huge_pages=engine.huge_pages)  # the worker's own count
         self.fixture, self.args = fixture, args
         self.name = f"bare og (onnxruntime-genai {self.bare.version}, paged export: {self.bare.paged})"
 
@@ -334,12 +334,12 @@ def make_tool(name: str, engine, model: str, fixture: bool, args, variant: str, 
         return OgBare(engine, fixture, args)
     if name == "openvino":
         opts = engine.engine_options()  # the worker's engine process's own, threads included
-        return BareChild(engine.python, "openvino", engine.export_result.output_dir, opts,
+        return BareChild(engine.env_python, "openvino", engine.export_result.output_dir, opts,
                          f"bare openvino_genai ({opts.get('batching')})", fixture, args, huge_pages=engine.huge_pages)
     if name == "optimum-ort":
         opts = {"provider": engine.options.provider, "intra_op_num_threads": engine.threads()[0],
                 "onnx_file": engine.export_result.onnx_file}
-        return BareChild(engine.python, "optimum", engine.export_result.output_dir, opts,
+        return BareChild(engine.env_python, "optimum", engine.export_result.output_dir, opts,
                          "bare ORTModelForCausalLM.generate", fixture, args, kinds=("serial", "batched"),
                          huge_pages=engine.huge_pages)
     if name == "transformers":

@@ -43,7 +43,6 @@ from pathlib import Path
 import pytest
 
 import backends
-from bakeoff.analysis.sanity import probe_correct
 from bakeoff.api.specs import BackendConfig
 from bakeoff.host.procs import free_port
 from bakeoff.models.resolve import resolve

@@ -48,3 +48,9 @@ def default_threads(cpus: int | None = None) -> tuple[int, str]:
     return threads, (f"bakeoff's CPU default: {n} usable CPUs less {FRONTEND_CPUS} for the worker's HTTP side and "
                      "the client (vLLM CPU reserves a core for its frontend the same way; "
                      "backends/_hosting/threads.py)")
+
+
+def option_or_default(value: int | None, option: str) -> tuple[int, str]:
+    """An engine's CPU thread count and why: the user's ``option`` where set, else
+    :func:`default_threads`."""
+    return (value, f"{option} option") if value is not None else default_threads()

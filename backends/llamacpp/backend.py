@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from backends._hosting.threads import default_threads
+from backends._hosting.threads import option_or_default
 from backends._server import ChildServerBackend
 from backends.llamacpp.env import env_spec
 from backends.llamacpp.preflight import rule as preflight_rule
@@ -103,39 +103,24 @@ class LlamaCppBackend(ChildServerBackend):
     name = "llamacpp"
     Options = LlamaCppOptions
     ready_mode = "file"
-
-    @classmethod
-    def env_specs(cls) -> list[envs.EnvSpec]:
-        return [env_spec()]
+    engine_env = staticmethod(env_spec)
 
     def __init__(self, config):
         super().__init__(config)
-        self.python: Path | None = None
         self.gguf: Path | None = None
-
-    @property
-    def env_python(self) -> Path | None:
-        """The llamacpp environment's interpreter (its packages go into the run's fingerprint)."""
-        return self.python
-
-    def _log(self, line: str) -> None:
-        with open(self.workdir / "env.log", "a") as fh:
-            fh.write(line.rstrip() + "\n")
 
     def prepare(self) -> None:
         """The GGUF, then the environment."""
         self.gguf = find_gguf(self.config.model, self.options.gguf)
-        self.python = envs.ensure(env_spec(), self._log)
+        self.env_python = envs.ensure(env_spec(), self._log)
 
     def threads(self) -> tuple[int, str]:
-        if self.options.threads is not None:
-            return self.options.threads, "threads option"
-        return default_threads()
+        return option_or_default(self.options.threads, "threads")
 
     def command(self, port: int) -> tuple[list[str], dict[str, str]]:
-        assert self.python is not None and self.gguf is not None
+        assert self.env_python is not None and self.gguf is not None
         opts = {**self.options.model_dump(exclude={"gguf", "threads"}), "threads": self.threads()[0]}
-        cmd = [str(self.python), "-m", "backends.llamacpp.worker", "--gguf", str(self.gguf), "--port", str(port),
+        cmd = [str(self.env_python), "-m", "backends.llamacpp.worker", "--gguf", str(self.gguf), "--port", str(port),
                "--ready-file", str(self.ready_file), "--options", json.dumps(opts)]
         return cmd, envs.child_env({})
 
@@ -156,14 +141,15 @@ class LlamaCppBackend(ChildServerBackend):
         info = self.ready_payload.get("info", {})
         opts = info.get("options", {})
         slots, n_ctx_slot = info.get("total_slots"), info.get("n_ctx_slot")
+        threads, why = self.threads()
         notes = {"gguf": f"{self.gguf} (sha256 {sha256_prefix(self.gguf)}...)",
-                 "environment": envs.describe(self.python), "build": str(info.get("build_info")),
+                 "environment": envs.describe(self.env_python), "build": str(info.get("build_info")),
                  "system_info": str(info.get("system_info")),
                  "parallel_slots": f"{slots} (continuous batching; parallel_slots option, default 32)",
                  "kv_cache": (f"{opts.get('ctx_size')} tokens {'shared by all slots (kv_unified)' if opts.get('kv_unified') else 'split among the slots'}"
                               f", {n_ctx_slot} per slot at most"),
                  "kv_cache_tokens": str(opts.get("ctx_size")),
-                 "threads": f"{self.threads()[0]} ({self.threads()[1]})",
+                 "threads": f"{threads} ({why})",
                  "prompt_cache": "on" if opts.get("cache_prompt") else "off",
                  "sampling": "neutral server defaults (top_k 0, top_p 1, min_p 0, no penalties): "
                              "llama-server's own (top_k 40, top_p 0.95, min_p 0.05) would apply to fields a "

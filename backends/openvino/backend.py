@@ -10,16 +10,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
 from adapters.openvino_export import OpenVinoExportOptions, OpenVinoExportResult, env_spec, export
-from backends._hosting.threads import default_threads
+from backends._hosting.threads import option_or_default
 from backends._server import ChildServerBackend
 from backends.openvino.preflight import rule as preflight_rule
-from bakeoff.api.errors import EngineFailure
 from bakeoff.api.specs import BackendInfo
 from bakeoff.host import envs
 
@@ -77,41 +75,20 @@ class OpenVinoBackend(ChildServerBackend):
     ready_mode = "file"
     # bare ContinuousBatchingPipeline, 2026-12-05: 34-36 -> 44-48 tok/s at 1 session, 201-223 -> 244-282 at 8
     huge_pages = True
-
-    @classmethod
-    def env_specs(cls) -> list[envs.EnvSpec]:
-        return [env_spec()]
+    engine_env = staticmethod(env_spec)
+    log_name = "export.log"
 
     def __init__(self, config):
         super().__init__(config)
         self.export_result: OpenVinoExportResult | None = None
-        self.python: Path | None = None
-
-    @property
-    def env_python(self) -> Path | None:
-        """The openvino environment's interpreter (its packages go into the run's fingerprint)."""
-        return self.python
-
-    def _log(self, line: str) -> None:
-        with open(self.workdir / "export.log", "a") as fh:
-            fh.write(line.rstrip() + "\n")
 
     def prepare(self) -> None:
         """The environment, then the export (cached) the worker serves."""
-        if not Path(self.config.model).is_dir():
-            raise EngineFailure("unavailable", f"openvino exports local checkpoint folders; {self.config.model!r} "
-                                "is not one (no hub access here)")
-        self.python = envs.ensure(env_spec(), self._log)
-        self.check_checkpoint(self.python, env_spec().name)
-        self.export_result = export(self.config.model, self.options.export_options(), log=self._log,
-                                    timeout_s=self.options.export_timeout_s, use_cache=self.options.reuse_export)
-        (self.workdir / "export.json").write_text(self.export_result.model_dump_json(indent=1))
+        self.prepare_export(export, self.options.export_options(), self.options.export_timeout_s, self.options.reuse_export)
 
     def threads(self) -> tuple[int | None, str]:
         """The plugin's ``INFERENCE_NUM_THREADS`` the worker gets, and why (None: the plugin's default)."""
-        if self.options.inference_num_threads is not None:
-            return self.options.inference_num_threads, "inference_num_threads option"
-        return default_threads()
+        return option_or_default(self.options.inference_num_threads, "inference_num_threads")
 
     def engine_options(self) -> dict:
         """What the engine process gets (:class:`backends.openvino.engine.OpenVinoEngine`); the bare
@@ -124,9 +101,9 @@ class OpenVinoBackend(ChildServerBackend):
         return opts
 
     def command(self, port: int) -> tuple[list[str], dict[str, str]]:
-        assert self.export_result is not None and self.python is not None
+        assert self.export_result is not None and self.env_python is not None
         opts = self.engine_options()
-        cmd = [str(self.python), "-m", "backends.openvino.worker", "--model", self.export_result.output_dir,
+        cmd = [str(self.env_python), "-m", "backends.openvino.worker", "--model", self.export_result.output_dir,
                "--port", str(port), "--ready-file", str(self.ready_file), "--served-model", self.config.model,
                "--options", json.dumps(opts)]
         return cmd, envs.child_env({"TOKENIZERS_PARALLELISM": "false"}, huge_pages=self.huge_pages)
@@ -136,7 +113,7 @@ class OpenVinoBackend(ChildServerBackend):
         continuous = info.get("batching") == "continuous"
         notes = {**self.export_result.notes(), "batching": str(info.get("batching")),
                  "openvino": str(info.get("openvino_version")), "detokenizer": str(info.get("detokenizer")),
-                 "logprobs": str(info.get("logprobs")), "environment": envs.describe(self.python),
+                 "logprobs": str(info.get("logprobs")), "environment": envs.describe(self.env_python),
                  "inference_precision": str(info.get("properties", {}).get("INFERENCE_PRECISION_HINT",
                                                                            "CPU plugin default")),
                  "inference_num_threads": f"{info.get('properties', {}).get('INFERENCE_NUM_THREADS', 'plugin default')} "

@@ -9,16 +9,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
 from adapters.optimum_onnx_export import OptimumOnnxOptions, OptimumOnnxResult, env_spec, export
-from backends._hosting.threads import default_threads
+from backends._hosting.threads import option_or_default
 from backends._server import ChildServerBackend
 from backends.optimum_ort.preflight import rule as _onnx_rule
-from bakeoff.api.errors import EngineFailure
 from bakeoff.api.specs import BackendInfo
 from bakeoff.host import envs
 
@@ -69,48 +67,28 @@ class OptimumOrtBackend(ChildServerBackend):
     ready_mode = "file"
     # bare ORTModelForCausalLM.generate, 2026-12-05: 22.5-24.4 -> 29-31 tok/s at 1 session, 123 -> 132 at 8
     huge_pages = True
-
-    @classmethod
-    def env_specs(cls) -> list[envs.EnvSpec]:
-        return [env_spec()]
+    engine_env = staticmethod(env_spec)
+    log_name = "export.log"
 
     def __init__(self, config):
         super().__init__(config)
         self.export_result: OptimumOnnxResult | None = None
-        self.python: Path | None = None
-
-    @property
-    def env_python(self) -> Path | None:
-        return self.python
-
-    def _log(self, line: str) -> None:
-        with open(self.workdir / "export.log", "a") as fh:
-            fh.write(line.rstrip() + "\n")
 
     def prepare(self) -> None:
-        if not Path(self.config.model).is_dir():
-            raise EngineFailure("unavailable", f"optimum-ort exports local checkpoint folders; {self.config.model!r} "
-                                "is not one (no hub access here)")
-        self.python = envs.ensure(env_spec(), self._log)
-        self.check_checkpoint(self.python, env_spec().name)
-        self.export_result = export(self.config.model, self.options.export_options(), log=self._log,
-                                    timeout_s=self.options.export_timeout_s, use_cache=self.options.reuse_export)
-        (self.workdir / "export.json").write_text(self.export_result.model_dump_json(indent=1))
+        self.prepare_export(export, self.options.export_options(), self.options.export_timeout_s, self.options.reuse_export)
 
     def threads(self) -> tuple[int | None, str]:
         """ORT's intra-op threads the worker's session gets, and why (None: ORT's default)."""
-        if self.options.intra_op_num_threads is not None:
-            return self.options.intra_op_num_threads, "intra_op_num_threads option"
-        if self.options.provider == "CPUExecutionProvider":
-            return default_threads()
+        if self.options.provider == "CPUExecutionProvider" or self.options.intra_op_num_threads is not None:
+            return option_or_default(self.options.intra_op_num_threads, "intra_op_num_threads")
         return None, "ORT's default (one per physical core)"
 
     def command(self, port: int) -> tuple[list[str], dict[str, str]]:
-        assert self.export_result is not None and self.python is not None
+        assert self.export_result is not None and self.env_python is not None
         opts = {"provider": self.options.provider, "intra_op_num_threads": self.threads()[0],
                 "onnx_file": self.export_result.onnx_file, "stream_interval_ms": self.options.stream_interval_ms,
                 "batching": self.options.batching, "max_batch_size": self.options.max_batch_size}
-        cmd = [str(self.python), "-m", "backends.optimum_ort.worker", "--model", self.export_result.output_dir,
+        cmd = [str(self.env_python), "-m", "backends.optimum_ort.worker", "--model", self.export_result.output_dir,
                "--port", str(port), "--ready-file", str(self.ready_file), "--served-model", self.config.model,
                "--options", json.dumps(opts)]
         return cmd, envs.child_env({"TOKENIZERS_PARALLELISM": "false"}, huge_pages=self.huge_pages)
@@ -119,7 +97,7 @@ class OptimumOrtBackend(ChildServerBackend):
         info = self.ready_payload.get("info", {})
         notes = {**self.export_result.notes(), "provider": str(info.get("provider")),
                  "providers_active": str(info.get("providers_active")), "onnxruntime": str(info.get("onnxruntime_version")),
-                 "transformers": str(info.get("transformers_version")), "environment": envs.describe(self.python),
+                 "transformers": str(info.get("transformers_version")), "environment": envs.describe(self.env_python),
                  "intra_op_num_threads": f"{info.get('intra_op_num_threads', 'ORT default')} ({self.threads()[1]}; "
                                          f"torch's threads in generate: {info.get('torch_num_threads')})",
                  "scheduling": (f"static batching: the greedy requests waiting when one begins share its "

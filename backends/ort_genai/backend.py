@@ -18,11 +18,10 @@ from pydantic import Field, model_validator
 
 from adapters.ort_genai_export import ExportOptions, ExportResult, env_spec, export
 from backends.ort_genai.preflight import rule as preflight_rule
-from backends._hosting.threads import default_threads
+from backends._hosting.threads import option_or_default
 from backends._options import OptionReport, OptionStatement, fallback_statements, read_log, rule, scan
 from backends._server import ChildServerBackend
 from bakeoff.host import envs
-from bakeoff.api.errors import EngineFailure
 from bakeoff.api.specs import BackendInfo
 
 
@@ -202,61 +201,40 @@ class OrtGenaiBackend(ChildServerBackend):
     name = "ort-genai"
     Options = OrtGenaiOptions
     ready_mode = "file"
-
-    @classmethod
-    def env_specs(cls) -> list[envs.EnvSpec]:
-        return [env_spec()]
+    engine_env = staticmethod(env_spec)
+    log_name = "export.log"
 
     def __init__(self, config):
         super().__init__(config)
         self.export_result: ExportResult | None = None
-        self.python: Path | None = None
-
-    @property
-    def env_python(self) -> Path | None:
-        """The ort-genai environment's interpreter (its packages go into the run's fingerprint)."""
-        return self.python
-
-    def _log(self, line: str) -> None:
-        with open(self.workdir / "export.log", "a") as fh:
-            fh.write(line.rstrip() + "\n")
 
     def threads(self) -> tuple[int | None, str]:
         """The decoder session's intra-op threads the worker gets, and why (None: ORT's default)."""
-        if self.options.intra_op_num_threads is not None:
-            return self.options.intra_op_num_threads, "intra_op_num_threads option"
-        if self.options.execution_provider == "cpu":
-            return default_threads()
+        if self.options.execution_provider == "cpu" or self.options.intra_op_num_threads is not None:
+            return option_or_default(self.options.intra_op_num_threads, "intra_op_num_threads")
         return None, "ORT's default (one per physical core)"
 
     def command(self, port: int) -> tuple[list[str], dict[str, str]]:
-        assert self.export_result is not None and self.python is not None
+        assert self.export_result is not None and self.env_python is not None
         opts = {"batching": self.options.batching, "execution_provider": self.options.execution_provider,
                 "source_model": self.export_result.source, "intra_op_num_threads": self.threads()[0],
                 "stream_interval_ms": self.options.stream_interval_ms, "lone_request": self.options.lone_request,
                 "max_batch_size": self.options.max_batch_size}
-        cmd = [str(self.python), "-m", "backends.ort_genai.worker", "--model", self.export_result.output_dir,
+        cmd = [str(self.env_python), "-m", "backends.ort_genai.worker", "--model", self.export_result.output_dir,
                "--port", str(port), "--ready-file", str(self.ready_file), "--served-model", self.config.model,
                "--options", json.dumps(opts)]
         return cmd, envs.child_env({"TOKENIZERS_PARALLELISM": "false"}, huge_pages=self.huge_pages)
 
     def prepare(self) -> None:
         """The environment, then the export (cached) the worker serves."""
-        if not Path(self.config.model).is_dir():
-            raise EngineFailure("unavailable", f"ort-genai exports local checkpoint folders; {self.config.model!r} "
-                                "is not one (no hub access from the builder here)")
-        self.python = envs.ensure(env_spec(), self._log)
-        self.check_checkpoint(self.python, env_spec().name)
-        self.export_result = export(self.config.model, self.options.export_options(), log=self._log,
-                                    timeout_s=self.options.export_timeout_s, use_cache=self.options.reuse_export)
-        (self.workdir / "export.json").write_text(self.export_result.model_dump_json(indent=1))
+        self.prepare_export(export, self.options.export_options(), self.options.export_timeout_s, self.options.reuse_export)
 
     def describe(self, startup_s: float) -> BackendInfo:
         info = self.ready_payload.get("info", {})
         notes = {**self.export_result.notes(), "batching": str(info.get("batching")),
                  "tokenizer": str(info.get("tokenizer")), "detokenizer": str(info.get("detokenizer")),
                  "intra_op_num_threads": f"{info.get('intra_op_num_threads', 'ORT default')} ({self.threads()[1]})",
-                 "stream_interval_ms": str(info.get("stream_interval_ms")), "environment": envs.describe(self.python)}
+                 "stream_interval_ms": str(info.get("stream_interval_ms")), "environment": envs.describe(self.env_python)}
         exported = self.options.export_options()
         if exported.int4_algo and self.options.int4_algo is None:  # bakeoff's default, stated where options are read
             notes["int4_algo"] = f"{exported.int4_algo} (bakeoff's INT4 default: lm_head out of INT4)"
