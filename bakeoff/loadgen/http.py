@@ -276,10 +276,11 @@ class Pool:
     def _put(self, conn: _Conn) -> None:
         self._idle.setdefault(conn.key, []).append(conn)
 
-    async def _get(self, scheme: str, host: str, port: int) -> tuple[_Conn, bool]:
+    async def _get(self, scheme: str, host: str, port: int, fresh: bool = False) -> tuple[_Conn, bool]:
+        """A pooled idle connection (and True), or a new one (``fresh``: always new) and False."""
         key = (scheme, host, port)
         idle = self._idle.get(key)
-        while idle:
+        while idle and not fresh:
             conn = idle.pop()
             if not conn.eof and conn.transport is not None and not conn.transport.is_closing():
                 return conn, True
@@ -335,7 +336,9 @@ class Pool:
         lines += [f"{k}: {v}" for k, v in headers.items()]
         raw = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
         for attempt in (0, 1):
-            conn, reused = await self._get(scheme, host, port)
+            # the retry takes a new connection: the other idle ones were idle as long and a server
+            # that closes connections after an idle timeout (llama-server's cpp-httplib: 5 s) closes them too
+            conn, reused = await self._get(scheme, host, port, fresh=attempt == 1)
             if on_sent is not None:
                 on_sent(time.monotonic_ns())
             conn.used += 1
