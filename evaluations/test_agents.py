@@ -7,7 +7,8 @@ agent does). Agents run concurrently (closed loop: an agent sends its next turn 
 previous one ends). Reported: per-stream decode tok/s, aggregate output tok/s, TTFT of the
 first turn (cold) and of later turns (warm: the transcript is a cached prefix), and the
 engine's prefix-cache hit rate over the benchmark (``vllm:prefix_cache_hits_total`` /
-``..._queries_total`` deltas) where the engine exposes it.
+``..._queries_total`` deltas) where the engine exposes it, else the sum of each response's cached
+prompt tokens over its prompt tokens where every response states them (llama-server's ``timings``).
 
 Report only: passes unless requests fail (their failure class). Sizes per profile are in
 ``SIZES`` (quick: 2 agents x 4 turns x ~160-token tool results: a few seconds on 2 CPU cores with vLLM).
@@ -79,7 +80,8 @@ def test_agents(run, settings, engine, prompt_calibration):
                     ignore_eos=True), session=a)
                 rows.append({"agent": a, "turn": t, "status": rec.status, "error": rec.error,
                              "error_class": rec.error_class, "prompt_tokens": rec.input_tokens,
-                             "output_tokens": rec.output_tokens, "ttft_ms": ttft_ms(rec),
+                             "output_tokens": rec.output_tokens, "cached_prompt_tokens": rec.cached_prompt_tokens,
+                             "ttft_ms": ttft_ms(rec),
                              "decode_tokens_per_s": decode_tokens_per_s(rec), "output": rec.output_text})
                 if rec.status != "ok":
                     return
@@ -114,10 +116,14 @@ def test_agents(run, settings, engine, prompt_calibration):
             "last_turn_prompt_tokens": max((r["prompt_tokens"] or 0 for r in ok), default=None),
             "scheduling": "serialized by the engine (one request at a time)" if serves_one_at_a_time(engine) else "concurrent",
         })
-        if PREFIX_QUERIES in after:
-            q, h = d.get(PREFIX_QUERIES, 0.0), d.get(PREFIX_HITS, 0.0)
+        said = ok and all(r["cached_prompt_tokens"] is not None and r["prompt_tokens"] is not None for r in ok)
+        if PREFIX_QUERIES in after or said:
+            q, h = ((d.get(PREFIX_QUERIES, 0.0), d.get(PREFIX_HITS, 0.0)) if PREFIX_QUERIES in after else
+                    (sum(r["prompt_tokens"] for r in ok), sum(r["cached_prompt_tokens"] for r in ok)))
             c.values.update({"prefix_cache_queries_tokens": q, "prefix_cache_hits_tokens": h,
-                             "prefix_cache_hit_rate": round(h / q, 3) if q else None})
+                             "prefix_cache_hit_rate": round(h / q, 3) if q else None,
+                             "prefix_cache": ("the engine's counters" if PREFIX_QUERIES in after else
+                                              "each response's cached prompt tokens (the server's usage or timings)")})
         else:
             c.values["prefix_cache_hit_rate"] = None
             c.values["prefix_cache"] = "counters unavailable (the engine exposes no prefix-cache counters)"

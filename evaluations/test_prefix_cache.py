@@ -5,8 +5,11 @@
   ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` (tokens) are read
   before and after each request: their deltas prove what the cache did. A repeated prompt
   with zero hits while prefix caching is on is an ``ineffective-option`` (docs/design.md failure
-  classes). Engines without counters get timings only (kept in values) and the check ends
-  ``skip``: a faster second request is not proof of a cache.
+  classes). Where the engine has no counters but each response states its cached prompt tokens
+  (OpenAI's ``usage.prompt_tokens_details.cached_tokens``, llama-server's ``timings.cache_n``:
+  :func:`cache_proof`), those are the queries and hits of that request. Engines with neither get
+  timings only (kept in values) and the check ends ``skip``: a faster second request is not
+  proof of a cache.
 - ``prefix_cache.correctness``: greedy output of the hit equals that of the miss, judged by
   the tie rule of the reference agreement (vLLM's ``check_logprobs_close``, see
   :func:`bakeoff.analysis.sanity.compare_tie_aware`): at the first differing token, if each
@@ -62,11 +65,14 @@ def _pair(engine, prompt: str, rid: str, max_tokens: int, logprobs: int | None =
         after = (wait_counter(engine, PREFIX_QUERIES, before.get(PREFIX_QUERIES, 0.0), 1.0)
                  if PREFIX_QUERIES in before else read_metrics(engine))
         d = delta(before, after, "vllm:prefix_cache")
+        queries, hits = d.get(PREFIX_QUERIES), d.get(PREFIX_HITS)
+        if queries is None and rec.cached_prompt_tokens is not None and rec.input_tokens is not None:
+            queries, hits = rec.input_tokens, rec.cached_prompt_tokens  # the server's own word on this request
         t = ttft_ms(rec)
         rows.append({"phase": phase, "status": rec.status, "error": rec.error, "error_class": rec.error_class,
                      "prompt_tokens": rec.input_tokens, "ttft_ms": t,
                      "prefill_tokens_per_s": (rec.input_tokens / (t / 1e3)) if (t and rec.input_tokens) else None,
-                     "queries_delta": d.get(PREFIX_QUERIES), "hits_delta": d.get(PREFIX_HITS),
+                     "queries_delta": queries, "hits_delta": hits,
                      "output_text": rec.output_text, "output_token_ids": rec.output_token_ids,
                      "output_logprobs": jsonable_logprobs(rec.output_logprobs)})
     return rows
@@ -119,13 +125,25 @@ def _caching_disabled(run) -> bool:
     return v is False or (isinstance(v, str) and v.strip().lower() in ("false", "0", "off", "no"))
 
 
-def _counted(engine) -> bool:
-    """Whether the engine exposes prefix-cache counters (the only proof of a hit)."""
-    return PREFIX_QUERIES in read_metrics(engine)
+@pytest.fixture(scope="module")
+def cache_proof(engine) -> str | None:
+    """How a prefix-cache hit is proven on this engine, the only proof there is (a faster second
+    request is not one): ``counters`` (its metrics count prefix-cache queries and hits, vLLM's
+    names), ``responses`` (each response states its cached prompt tokens: OpenAI's
+    ``usage.prompt_tokens_details.cached_tokens``, llama-server's ``timings.cache_n``; asked with
+    one 1-token request), or None."""
+    if PREFIX_QUERIES in read_metrics(engine):
+        return "counters"
+    rec = send(engine, [GenerationRequest(request_id="pc-proof", prompt="The cache", max_tokens=1, temperature=0.0)])[0]
+    return "responses" if rec.status == "ok" and rec.cached_prompt_tokens is not None else None
+
+
+PROOF_WORDS = {"counters": "the engine's prefix-cache counters",
+               "responses": "each response's cached prompt tokens (the server's usage or timings)"}
 
 
 @pytest.mark.check("prefix_cache.prefill")
-def test_prefill_cold_warm(run, settings, engine, long_len):
+def test_prefill_cold_warm(run, settings, engine, long_len, cache_proof):
     target, per_unit, src, scale = long_len
     salt = zlib.crc32(run.dir.run_id.encode()) % 10_000
     with run.check("prefix_cache.prefill", "ineffective-option") as c:
@@ -133,7 +151,7 @@ def test_prefill_cold_warm(run, settings, engine, long_len):
         if target is None:
             _no_room(c, engine, scale)
         reps = REPS.get(settings.profile, 3)
-        if not _counted(engine):  # the check can only skip: one pair, a shorter prompt, for the record
+        if cache_proof is None:  # the check can only skip: one pair, a shorter prompt, for the record
             reps, target = 1, min(target, UNVERIFIABLE_PROMPT_TOKENS)
         rows = []
         for i in range(reps):
@@ -156,7 +174,7 @@ def test_prefill_cold_warm(run, settings, engine, long_len):
             "cold_prefill_tokens_per_s": round(tok / (cs["median"] / 1e3), 1) if tok and cs.get("median") else None,
             "warm_prefill_tokens_per_s": round(tok / (ws["median"] / 1e3), 1) if tok and ws.get("median") else None,
             "warm_speedup": round(cs["median"] / ws["median"], 2) if cs.get("median") and ws.get("median") else None,
-            "counters": "available" if counters else "unavailable (the engine exposes no prefix-cache counters)",
+            "counters": PROOF_WORDS[cache_proof] if counters else "unavailable (the engine exposes no prefix-cache counters)",
             "prefix_caching_option": run.verdict.options.get("enable_prefix_caching", "engine default"),
         })
         if not counters:
@@ -181,13 +199,13 @@ def test_prefill_cold_warm(run, settings, engine, long_len):
 
 
 @pytest.mark.check("prefix_cache.correctness")
-def test_hit_equals_miss(run, settings, engine, long_len):
+def test_hit_equals_miss(run, settings, engine, long_len, cache_proof):
     target, per_unit, _, scale = long_len
     with run.check("prefix_cache.correctness", "cache-correctness") as c:
         c.values.update(scale.values())
         if target is None:
             _no_room(c, engine, scale)
-        if not _counted(engine):
+        if cache_proof is None:
             c.skip("the engine exposes no prefix-cache counters, so no request is known to be a hit: there is no hit "
                    "to compare with a miss (nothing sent)")
         prompt, expected = long_prompt(target, per_unit, is_fixture(settings), seed=777_777)

@@ -115,6 +115,28 @@ def test_greedy_answer_with_token_ids_from_the_logprob_entries(server):
 
 @pytest.mark.slow
 @pytest.mark.engine("llamacpp")
+def test_a_repeated_prompt_is_a_prefix_cache_hit_in_the_servers_own_words(server):
+    """llama-server has no prefix-cache counters; each response's ``timings.cache_n`` says how many
+    prompt tokens came from the slot's cache (evaluations/test_prefix_cache.py reads it as the proof)."""
+    from bakeoff.loadgen.sweep import run_request
+
+    b, _ = server
+    prompt = " ".join(f"Item {i} of the cached list is the word number {i * 7}." for i in range(40))
+
+    async def twice():
+        try:
+            return [await run_request(b, GenerationRequest(request_id=f"pc{i}", prompt=prompt, max_tokens=1,
+                                                            temperature=0.0)) for i in range(2)]
+        finally:
+            await b.aclose()
+    cold, warm = asyncio.run(twice())
+    assert cold.status == warm.status == "ok" and cold.input_tokens == warm.input_tokens > 400, (cold, warm)
+    assert cold.cached_prompt_tokens is not None and cold.cached_prompt_tokens < 0.1 * cold.input_tokens, cold
+    assert warm.cached_prompt_tokens >= 0.9 * warm.input_tokens, warm
+
+
+@pytest.mark.slow
+@pytest.mark.engine("llamacpp")
 def test_ignore_eos_runs_to_max_tokens_and_usage_agrees(server):
     b, _ = server
     _, rec = _stream(b, prompt="The capital of France is Paris.", ignore_eos=True, max_tokens=48, logprobs=1)
@@ -162,3 +184,21 @@ def test_greedy_rule_counts_only_steps_with_alternatives_and_tolerates_rounding(
     assert greedy_violated(non_greedy_steps([ok, bad]))
     assert not greedy_violated(non_greedy_steps([ok] * 200 + [bad]))  # 3 of 403 steps: within the 1% noise rule
     assert non_greedy_steps([{**bad, "status": "error"}])["verified"] == 0
+
+
+def test_cached_prompt_tokens_from_openai_usage_or_llama_timings_never_from_junk():
+    from bakeoff.loadgen.client import OpenAIClient, cached_prompt_tokens
+
+    assert cached_prompt_tokens({"usage": {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 8}}}) == 8
+    assert cached_prompt_tokens({"choices": [], "timings": {"cache_n": 511, "prompt_n": 2}}) == 511
+    assert cached_prompt_tokens({"usage": {"prompt_tokens": 9}}) is None
+    for junk in (True, -1, "8", 1.5, None):
+        assert cached_prompt_tokens({"usage": {"prompt_tokens_details": {"cached_tokens": junk}},
+                                     "timings": {"cache_n": junk}}) is None, junk
+    assert cached_prompt_tokens({"usage": [1], "timings": "x"}) is None
+    # llama-server's last event: the finish, its timings and usage in one chunk
+    client = OpenAIClient("http://127.0.0.1:1", "m")
+    evs = list(client._parse({"choices": [{"index": 0, "text": "", "finish_reason": "length"}],
+                              "usage": {"prompt_tokens": 600, "completion_tokens": 1},
+                              "timings": {"cache_n": 599, "prompt_n": 1}}, None, 5))
+    assert evs[-1].usage.cached_prompt_tokens == 599 and evs[-1].usage.prompt_tokens == 600

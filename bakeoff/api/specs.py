@@ -60,10 +60,17 @@ TokenLogprob = tuple[int | str, float, dict[int | str, float]]
 
 @dataclass(slots=True)
 class Usage:
-    """Token usage as the server reported it (OpenAI ``usage``)."""
+    """Token usage as the server reported it (OpenAI ``usage``).
+
+    Attributes:
+        cached_prompt_tokens: prompt tokens the server says it took from its prefix cache, not
+            prefilled: OpenAI's ``usage.prompt_tokens_details.cached_tokens``, or llama-server's
+            ``timings.cache_n`` on a stream's last event.
+    """
 
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_prompt_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -204,6 +211,7 @@ class RequestRecord:
     reasoning_tokens: int = 0
     input_tokens: int | None = None
     client_input_tokens: int | None = None  # the client's tokenizer on a completions prompt (accounting.py)
+    cached_prompt_tokens: int | None = None  # the server's own word on its prefix cache (Usage.cached_prompt_tokens)
     output_tokens: int | None = None
     output_tokens_source: str | None = None
     client_output_tokens: int | None = None

@@ -315,7 +315,7 @@ class OpenAIClient:
                             break
                         continue
                     choices = obj.get("choices")
-                    if choices and len(choices) == 1 and not obj.get("usage"):  # the common case, inline
+                    if choices and len(choices) == 1 and not obj.get("usage") and "timings" not in obj:  # the common case
                         ch = choices[0]
                         ids = ch.get("token_ids")
                         fr = ch.get("finish_reason")
@@ -402,8 +402,22 @@ class OpenAIClient:
             if text or ids or ch.get("finish_reason") or lps or step:
                 yield TokenEvent(t_ns=t, text=text, token_ids=ids, finish_reason=ch.get("finish_reason"),
                                  logprobs=lps or None, step=step)
-        if usage:
-            yield TokenEvent(t_ns=t, usage=Usage(usage.get("prompt_tokens"), usage.get("completion_tokens")))
+        cached = cached_prompt_tokens(obj)
+        if usage or cached is not None:
+            usage = usage if isinstance(usage, dict) else {}
+            yield TokenEvent(t_ns=t, usage=Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"), cached))
+
+
+def cached_prompt_tokens(obj: dict) -> int | None:
+    """Prompt tokens an event says the server took from its prefix cache (:class:`Usage`), or None
+    where it says nothing (or something that is not a count)."""
+    details = (obj.get("usage") or {}).get("prompt_tokens_details") if isinstance(obj.get("usage"), dict) else None
+    timings = obj.get("timings")
+    for value in ((details or {}).get("cached_tokens") if isinstance(details, dict) else None,
+                  timings.get("cache_n") if isinstance(timings, dict) else None):
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
 
 
 def _over_bounds(path: str, nbytes: int, elapsed_s: float, max_bytes: int, max_s: float, max_tokens: int,

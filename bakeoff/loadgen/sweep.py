@@ -62,6 +62,8 @@ async def run_request(backend, req: GenerationRequest, session: int = 0, schedul
                     usage_p = ev.usage.prompt_tokens
                 if ev.usage.completion_tokens is not None:
                     usage_c = ev.usage.completion_tokens
+                if ev.usage.cached_prompt_tokens is not None:
+                    rec.cached_prompt_tokens = ev.usage.cached_prompt_tokens
             if ev.finish_reason:
                 rec.finish_reason = ev.finish_reason
             if ev.text or ev.token_ids or ev.logprobs or ev.step:
