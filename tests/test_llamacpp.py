@@ -202,3 +202,27 @@ def test_cached_prompt_tokens_from_openai_usage_or_llama_timings_never_from_junk
                               "usage": {"prompt_tokens": 600, "completion_tokens": 1},
                               "timings": {"cache_n": 599, "prompt_n": 1}}, None, 5))
     assert evs[-1].usage.cached_prompt_tokens == 599 and evs[-1].usage.prompt_tokens == 600
+
+
+@pytest.mark.slow
+@pytest.mark.engine("llamacpp")
+def test_a_truncated_gguf_is_a_load_failure_in_llama_cpps_words(tmp_path):
+    """A damaged GGUF (half the shipped file: a broken download) fails the start as ``load-failure``
+    with llama.cpp's own words from its log; nothing is served."""
+    from bakeoff.models import packaged
+
+    model = str(packaged.build("smollm2-135m-instruct"))
+    whole = find_gguf(model, None)
+    cut = tmp_path / "half.gguf"
+    with open(whole, "rb") as src, open(cut, "wb") as dst:
+        dst.write(src.read(whole.stat().st_size // 2))
+    b = LlamaCppBackend(BackendConfig(backend="llamacpp", model=model, workdir=str(tmp_path / "w"),
+                                      options={"gguf": str(cut), "parallel_slots": 1, "ctx_size": 1024}))
+    try:
+        with pytest.raises(EngineFailure) as e:
+            b.start()
+    finally:
+        b.stop()
+    assert e.value.failure_class == "load-failure", (e.value.failure_class, str(e.value))
+    words = str(e.value) + json.dumps(getattr(e.value, "evidence", None) or {}, default=str)
+    assert "gguf" in words.lower() and ("failed to load" in words or "data is not within the file bounds" in words), words[-2000:]
