@@ -22,6 +22,7 @@ REGISTRY: dict[str, str] = {
     "awq-int4": "adapters.awq_int4.adapter:AwqInt4Adapter",
     "openvino": "adapters.openvino_export.adapter:OpenVinoExportAdapter",
     "optimum-onnx": "adapters.optimum_onnx_export.adapter:OptimumOnnxExportAdapter",
+    "gguf": "adapters.gguf_convert.adapter:GgufConvertAdapter",
 }
 
 

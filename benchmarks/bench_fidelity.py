@@ -68,7 +68,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bakeoff.analysis.noise import ratio_interval  # noqa: E402
 from benchmarks.fidelity_tools import TOOLS, ToolSide, cpu_per_token, engine_cpu_s, make_tool  # noqa: E402
 
-ENGINES = ("vllm", "ort-genai", "openvino", "optimum-ort", "transformers")
+ENGINES = ("vllm", "ort-genai", "openvino", "optimum-ort", "transformers", "llamacpp")
 COLUMNS = ("engine", "sessions", "bakeoff tok/s", "tool tok/s", "ratio [95% interval], pairs", "TTFT p50 ms b/t",
            "TPOT p50 ms b/t")
 HALF_WIDTH = 0.03  # the ratio's 95% interval, half its width at most, or the row is unresolved

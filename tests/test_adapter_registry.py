@@ -13,7 +13,7 @@ from bakeoff.cli.jobs.specs import ExportTask, JobTask, PushTarget
 
 
 def test_every_registered_adapter_implements_the_interface():
-    assert adapters.names() == ["awq-int4", "openvino", "optimum-onnx", "ort-genai"]
+    assert adapters.names() == ["awq-int4", "gguf", "openvino", "optimum-onnx", "ort-genai"]
     for name in adapters.names():
         cls = adapters.resolve(name)
         assert issubclass(cls, Adapter) and cls.name == name
@@ -22,7 +22,7 @@ def test_every_registered_adapter_implements_the_interface():
 
 
 def test_unknown_adapter_and_bad_options_are_refused_by_name():
-    with pytest.raises(UserError, match="unknown adapter 'nope'; choose one of: awq-int4, openvino, optimum-onnx, ort-genai"):
+    with pytest.raises(UserError, match="unknown adapter 'nope'; choose one of: awq-int4, gguf, openvino, optimum-onnx, ort-genai"):
         adapters.resolve("nope")
     with pytest.raises(ValidationError, match="num_samples"):
         adapters.resolve("awq-int4")({"num_samples": 0})

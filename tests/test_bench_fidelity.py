@@ -96,6 +96,20 @@ def test_transformers_row_per_session_count_with_ratio_from_both_figures(tmp_pat
     assert "engine | sessions | bakeoff: us/token per process | tool: us/token per process" in printed
 
 
+@pytest.mark.slow
+@pytest.mark.engine("llamacpp")
+def test_llamacpp_row_counts_every_token_on_both_sides(tmp_path):
+    """llama.cpp's own side is its server code in process (no HTTP), on the GGUF the backend serves."""
+    res = main(["--model", "smollm2-135m-instruct", "--engines", "llamacpp", "--sessions", "2", "--max-tokens", "4",
+                "--requests-per-session", "2", "--warmup", "1", "--pairs", "1", "--max-pairs", "1",
+                "--out", str(tmp_path / "fidelity.json")])
+    assert res["skipped"] == {} and len(res["rows"]) == 1, res["skipped"]
+    r = res["rows"][0]
+    assert r["engine"] == "llamacpp" and r["tool"] == "llama.cpp in process"
+    assert all(x["output_tokens"] == 2 * 2 * 4 for x in r["bakeoff_runs"] + r["tool_runs"]), r
+    assert r["ratio"] > 0 and r["tool_ttft_p50_ms"] > 0 and r["tool_tpot_p50_ms"] > 0
+
+
 class _Kinds(ToolSide):
     """A fake tool (named so) whose kinds give fixed figures; records which kinds ran."""
 

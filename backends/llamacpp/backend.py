@@ -1,10 +1,11 @@
 """llama.cpp backend: llama.cpp's own ``llama-server`` serving a GGUF file (``xllamacpp``).
 
-``start()`` finds the GGUF (:func:`find_gguf`), builds the ``llamacpp`` environment
-(:mod:`backends.llamacpp.env`, one prebuilt wheel), launches :mod:`backends.llamacpp.worker`,
-and speaks the OpenAI completions API to the server. ``--model`` stays the Hugging Face
-checkpoint the reference runs (and the client's tokenizer); the engine serves the GGUF, named in
-the run's notes with its sha256 prefix.
+``start()`` builds the ``llamacpp`` environment (:mod:`backends.llamacpp.env`, one prebuilt
+wheel), finds the GGUF (:func:`find_gguf`) or, where the checkpoint has none, converts it with
+llama.cpp's own converter (:mod:`adapters.gguf_convert`, cached; its refusal is the verdict's
+evidence), launches :mod:`backends.llamacpp.worker`, and speaks the OpenAI completions API to
+the server. ``--model`` stays the Hugging Face checkpoint the reference runs (and the client's
+tokenizer); the engine serves the GGUF, named in the run's notes with its sha256 prefix.
 
 Configuration (the run's notes say each): parallel slots with continuous batching
 (``parallel_slots``, default 32, the full profile's largest sweep point) sharing one unified KV
@@ -19,9 +20,12 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from adapters.gguf_convert import GgufOptions, GgufResult, convert
+from adapters.gguf_convert import env_spec as convert_env_spec
 
 from backends._hosting.threads import option_or_default
 from backends._server import ChildServerBackend
@@ -37,7 +41,12 @@ class LlamaCppOptions(BaseModel):
 
     Attributes:
         gguf: the GGUF file to serve; unset: the one GGUF in the model folder, or the one a
-            packaged model (``--model smollm2-135m-instruct``) keeps beside its checkpoint.
+            packaged model (``--model smollm2-135m-instruct``) keeps beside its checkpoint, or,
+            where there is none, the checkpoint converted by llama.cpp's converter.
+        convert_outtype: convert the checkpoint with llama.cpp's converter at this ``--outtype``
+            even where a GGUF is found; unset: only where none is, at ``q8_0``
+            (:class:`adapters.gguf_convert.GgufOptions`).
+        convert_timeout_s: the converter's deadline in seconds.
         parallel_slots: llama-server's ``--parallel``: requests decoded together (continuous
             batching); a request beyond them waits for a slot.
         ctx_size: llama-server's ``--ctx-size``: KV cache cells in tokens, shared by the slots
@@ -53,6 +62,8 @@ class LlamaCppOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     gguf: str | None = None
+    convert_outtype: Literal["q8_0", "f16", "bf16", "f32", "auto"] | None = None
+    convert_timeout_s: float = Field(3600.0, gt=0)
     parallel_slots: int = Field(32, ge=1, le=256)
     ctx_size: int = Field(32768, ge=256)
     kv_unified: bool = True
@@ -66,7 +77,8 @@ def find_gguf(model: str, given: str | None) -> Path:
     """The GGUF file to serve (:class:`LlamaCppOptions` ``gguf``).
 
     Raises:
-        EngineFailure: ``unavailable`` when there is none or several, saying what to pass.
+        EngineFailure: ``unavailable`` when there is none or several, saying what to pass
+            (:meth:`LlamaCppBackend.prepare` converts the checkpoint where there is none).
     """
     if given:
         p = Path(given).expanduser()
@@ -103,23 +115,44 @@ class LlamaCppBackend(ChildServerBackend):
     name = "llamacpp"
     Options = LlamaCppOptions
     ready_mode = "file"
-    engine_env = staticmethod(env_spec)
+
+    @classmethod
+    def env_specs(cls) -> list:
+        return [env_spec(), convert_env_spec()]
 
     def __init__(self, config):
         super().__init__(config)
         self.gguf: Path | None = None
+        self.converted: GgufResult | None = None
 
     def prepare(self) -> None:
-        """The GGUF, then the environment."""
-        self.gguf = find_gguf(self.config.model, self.options.gguf)
+        """The environment, then the GGUF: the one given or found, else the checkpoint converted."""
         self.env_python = envs.ensure(env_spec(), self._log)
+        outtype = self.options.convert_outtype
+        if outtype is None or self.options.gguf:
+            try:
+                self.gguf = find_gguf(self.config.model, self.options.gguf)
+                return
+            except EngineFailure as exc:
+                if self.options.gguf or "no GGUF file" not in exc.message or \
+                        not (Path(self.config.model) / "config.json").is_file():
+                    raise
+        self.converted = convert(self.config.model, GgufOptions(outtype=outtype or "q8_0"), log=self._log,
+                                 timeout_s=self.options.convert_timeout_s)
+        self.gguf = Path(self.converted.gguf)
 
     def threads(self) -> tuple[int, str]:
         return option_or_default(self.options.threads, "threads")
 
+    def worker_options(self) -> dict[str, Any]:
+        """What the worker's ``configure`` reads (:mod:`backends.llamacpp.worker`; the bare loop of
+        ``benchmarks/bench_fidelity.py`` reads the same)."""
+        return {**self.options.model_dump(exclude={"gguf", "threads", "convert_outtype", "convert_timeout_s"}),
+                "threads": self.threads()[0]}
+
     def command(self, port: int) -> tuple[list[str], dict[str, str]]:
         assert self.env_python is not None and self.gguf is not None
-        opts = {**self.options.model_dump(exclude={"gguf", "threads"}), "threads": self.threads()[0]}
+        opts = self.worker_options()
         cmd = [str(self.env_python), "-m", "backends.llamacpp.worker", "--gguf", str(self.gguf), "--port", str(port),
                "--ready-file", str(self.ready_file), "--options", json.dumps(opts)]
         return cmd, envs.child_env({})
@@ -142,7 +175,8 @@ class LlamaCppBackend(ChildServerBackend):
         opts = info.get("options", {})
         slots, n_ctx_slot = info.get("total_slots"), info.get("n_ctx_slot")
         threads, why = self.threads()
-        notes = {"gguf": f"{self.gguf} (sha256 {sha256_prefix(self.gguf)}...)",
+        sha = self.converted.gguf_sha256[:16] if self.converted else sha256_prefix(self.gguf)
+        notes = {"gguf": f"{self.gguf} (sha256 {sha}...)", **(self.converted.notes() if self.converted else {}),
                  "environment": envs.describe(self.env_python), "build": str(info.get("build_info")),
                  "system_info": str(info.get("system_info")),
                  "parallel_slots": f"{slots} (continuous batching; parallel_slots option, default 32)",

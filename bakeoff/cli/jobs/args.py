@@ -44,7 +44,7 @@ def add_jobs_parser(sub) -> None:
     """Add ``jobs`` and its subcommands to bakeoff's subparsers."""
     j = sub.add_parser("jobs", help="run exports and qualifications as Hugging Face Jobs (see docs/jobs.md)")
     js = j.add_subparsers(dest="command_jobs", metavar="ACTION", parser_class=type(j))
-    e = js.add_parser("export", help="an adapter pipeline (ort-genai INT4/QMoE export, awq-int4) as a job")
+    e = js.add_parser("export", help="an adapter pipeline (ort-genai INT4/QMoE export, awq-int4, gguf, ...) as a job")
     e.add_argument("pipeline", choices=adapters.names())
     _submission(e)
     e.add_argument("--flavor", default="cpu-xl")
@@ -65,6 +65,7 @@ def add_jobs_parser(sub) -> None:
     e.add_argument("--group-size", type=int, default=None, help="openvino: int4 group size (-1: per channel)")
     e.add_argument("--ratio", type=float, default=None, help="openvino: share of layers in int4, the rest int8")
     e.add_argument("--sym", action="store_true", default=None, help="openvino: symmetric int4/int8 compression")
+    e.add_argument("--outtype", default=None, help="gguf: q8_0|f16|bf16|f32|auto (llama.cpp's converter)")
     e.set_defaults(func=H + "cmd_submit")
     q = js.add_parser("qualify", help="`bakeoff qualify` as one job per flavor")
     _submission(q)

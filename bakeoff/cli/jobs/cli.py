@@ -108,7 +108,7 @@ def _first_error(exc: ValidationError) -> str:
 # the flags of `jobs export` that are adapter Options fields (a flag's dest is the field's name)
 EXPORT_FLAGS = ("precision", "execution_provider", "block_size", "accuracy_level", "int4_algo", "moe_quant_type",
                 "qmoe_block_size", "extra_option", "num_samples", "max_seq_length", "opset", "weight_format",
-                "group_size", "ratio", "sym")
+                "group_size", "ratio", "sym", "outtype")
 FLAG_FIELD = {"extra_option": "extra_options"}  # a repeatable flag whose values make one Options field
 
 

