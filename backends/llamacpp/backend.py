@@ -25,7 +25,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from adapters.gguf_convert import GgufOptions, GgufResult, convert
-from adapters.gguf_convert import env_spec as convert_env_spec
 
 from backends._hosting.threads import option_or_default
 from backends._server import ChildServerBackend
@@ -116,9 +115,9 @@ class LlamaCppBackend(ChildServerBackend):
     Options = LlamaCppOptions
     ready_mode = "file"
 
-    @classmethod
-    def env_specs(cls) -> list:
-        return [env_spec(), convert_env_spec()]
+    # the converter's environment (adapters.gguf_convert) is made when a conversion first needs it,
+    # not beside every run: a GGUF given or found needs none
+    engine_env = staticmethod(env_spec)
 
     def __init__(self, config):
         super().__init__(config)
