@@ -22,8 +22,9 @@ import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
+from adapters.ort_genai_export.cache import checkpoint_hash, read_result, schema_version
 from bakeoff.api.errors import EngineFailure
 from bakeoff.host import envs
 from bakeoff.host.procs import tail
@@ -154,3 +155,45 @@ def locked(final: Path) -> Iterator[None]:
 def versions(python: str | Path, names: set[str]) -> dict[str, str]:
     """``{distribution: version}`` of ``names`` installed in an environment."""
     return {k: v for k, v in envs.freeze(python).items() if k.lower().replace("_", "-") in names}
+
+
+class Prepared(NamedTuple):
+    """What :func:`prepare` found: the checkpoint, its cache entry, the tool's interpreter and, where
+    the entry is complete, its result (``cached``, else None: the caller builds into ``final``)."""
+
+    src: Path
+    arch: str | None
+    model_type: str | None
+    source_hash: str
+    key: str
+    final: Path
+    python: Path
+    cached: Any
+
+
+def prepare(kind: str, model_path: str | Path, options: Any, tag: str, spec: envs.EnvSpec, result_model: type,
+            log: Callable[[str], None], use_cache: bool = True) -> Prepared:
+    """The opening every cached exporter runs (optimum-onnx, openvino, gguf): a checkpoint folder, its
+    hash and the cache key (options, the environment's pins, the result's schema), the environment,
+    and the cached result where a complete entry exists (read under the entry's shared lock).
+
+    Raises:
+        EngineFailure: ``load-failure`` when ``model_path`` holds no ``config.json``; what
+            ``envs.ensure`` raises.
+    """
+    src = Path(model_path).resolve()
+    if not (src / "config.json").is_file():
+        raise EngineFailure("load-failure", f"{src} is not a Hugging Face checkpoint folder (no config.json)")
+    arch, model_type = read_config(src)
+    source_hash = checkpoint_hash(src)
+    key = cache_key(source_hash, options.model_dump(mode="json"), {"env": ",".join(spec.requirements)},
+                    schema_version(result_model))
+    final = export_dir(kind, src, tag, key)
+    python = envs.ensure(spec, log)
+    cached = None
+    with locked(final):
+        res = read_result(final / RESULT_FILE, result_model, log) if use_cache else None
+        if res is not None:
+            log(f"{kind} export reused from cache: {final}")
+            cached = res.model_copy(update={"cached": True, "source": str(src)})
+    return Prepared(src, arch, model_type, source_hash, key, final, python, cached)

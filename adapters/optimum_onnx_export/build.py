@@ -14,7 +14,7 @@ from typing import Callable
 from adapters import _optimum
 from adapters.optimum_onnx_export.env import env_spec
 from adapters.optimum_onnx_export.specs import OptimumOnnxOptions, OptimumOnnxResult
-from adapters.ort_genai_export.cache import checkpoint_hash, folder_size, read_result, schema_version
+from adapters.ort_genai_export.cache import folder_size
 from adapters.ort_genai_export.export import inspect_graph, raise_for_problems
 from bakeoff.api.errors import EngineFailure
 from bakeoff.host import envs
@@ -49,21 +49,10 @@ def export(model_path: str | Path, options: OptimumOnnxOptions | None = None, lo
             ``load-failure`` (ORT cannot create a session), ``hang``.
     """
     options = options or OptimumOnnxOptions()
-    src = Path(model_path).resolve()
-    if not (src / "config.json").is_file():
-        raise EngineFailure("load-failure", f"{src} is not a Hugging Face checkpoint folder (no config.json)")
-    arch, model_type = _optimum.read_config(src)
-    spec = env_spec()
-    source_hash = checkpoint_hash(src)
-    key = _optimum.cache_key(source_hash, options.model_dump(mode="json"), {"env": ",".join(spec.requirements)},
-                             schema_version(OptimumOnnxResult))
-    final = _optimum.export_dir("optimum-onnx", src, options.precision, key)
-    python = envs.ensure(spec, log)
-    with _optimum.locked(final):
-        res = read_result(final / _optimum.RESULT_FILE, OptimumOnnxResult, log) if use_cache else None
-        if res is not None:
-            log(f"optimum-onnx export reused from cache: {final}")
-            return res.model_copy(update={"cached": True, "source": str(src)})
+    src, arch, model_type, source_hash, key, final, python, cached = _optimum.prepare(
+        "optimum-onnx", model_path, options, options.precision, env_spec(), OptimumOnnxResult, log, use_cache)
+    if cached is not None:
+        return cached
     with _optimum.building(final) as tmp:
         out_dir = tmp / "model"
         log_path = final.parent / f"{final.name}.export.log"
