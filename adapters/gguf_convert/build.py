@@ -8,7 +8,6 @@ result's schema; a folder counts once its ``export.json`` is written, last).
 
 from __future__ import annotations
 
-import hashlib
 import re
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from adapters import _optimum
 from adapters.gguf_convert.env import env_spec
 from adapters.gguf_convert.specs import GgufOptions, GgufResult
 from bakeoff.api.errors import EngineFailure
+from bakeoff.host.hashing import sha256_file
 from bakeoff.host.procs import tail
 
 TOOL = "llama.cpp's convert_hf_to_gguf"
@@ -49,14 +49,6 @@ def classify(rc: int, log_path: Path, cmd: list[str], timeout_s: float, arch: st
                          f"{_optimum.last_error(text)}", ev)
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def convert(model_path: str | Path, options: GgufOptions | None = None, log: Callable[[str], None] = print,
             timeout_s: float = 3600, use_cache: bool = True) -> GgufResult:
     """Convert a Hugging Face checkpoint to one GGUF file with llama.cpp's converter (cached).
@@ -80,7 +72,7 @@ def convert(model_path: str | Path, options: GgufOptions | None = None, log: Cal
             raise classify(rc, log_path, cmd, timeout_s, arch, model_type)
         path = tmp / GGUF_FILE
         res = GgufResult(source=str(src), source_hash=source_hash, architecture=arch, model_type=model_type,
-                         options=options, cache_key=key, gguf=str(final / GGUF_FILE), gguf_sha256=sha256(path),
+                         options=options, cache_key=key, gguf=str(final / GGUF_FILE), gguf_sha256=sha256_file(path),
                          gguf_bytes=path.stat().st_size, command=[*cmd[:-1], str(final / GGUF_FILE)],
                          versions=_optimum.versions(python, VERSIONED), duration_s=duration_s,
                          created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))

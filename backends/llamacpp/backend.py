@@ -17,7 +17,6 @@ neutral (:mod:`backends.llamacpp.worker`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -34,6 +33,7 @@ from backends.llamacpp.tokenize import server_tokenize_llamacpp
 from bakeoff.api.errors import EngineFailure
 from bakeoff.api.specs import BackendInfo
 from bakeoff.host import envs
+from bakeoff.host.hashing import sha256_file
 
 class LlamaCppOptions(BaseModel):
     """``--backend-opt`` keys of the llamacpp backend.
@@ -96,14 +96,6 @@ def find_gguf(model: str, given: str | None) -> Path:
         raise EngineFailure("unavailable", f"llamacpp: {what} in {folder}; pass --backend-opt gguf=FILE "
                                            "(a GGUF of this checkpoint)")
     return found[0]
-
-
-def sha256_prefix(path: Path, n: int = 16) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:n]
 
 
 class LlamaCppBackend(ChildServerBackend):
@@ -174,7 +166,7 @@ class LlamaCppBackend(ChildServerBackend):
         opts = info.get("options", {})
         slots, n_ctx_slot = info.get("total_slots"), info.get("n_ctx_slot")
         threads, why = self.threads()
-        sha = self.converted.gguf_sha256[:16] if self.converted else sha256_prefix(self.gguf)
+        sha = self.converted.gguf_sha256[:16] if self.converted else sha256_file(self.gguf)[:16]
         notes = {"gguf": f"{self.gguf} (sha256 {sha}...)", **(self.converted.notes() if self.converted else {}),
                  "environment": envs.describe(self.env_python), "build": str(info.get("build_info")),
                  "system_info": str(info.get("system_info")),

