@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import numpy as np
 import pytest
@@ -314,3 +315,52 @@ def test_a_prompt_count_no_prompt_can_hold_is_never_a_figure():
         rec = RequestRecord(request_id="r", session=0)
         account(rec, [], claimed, 0, None, prompt="prompt 0 0", max_tokens=4)
         assert rec.input_tokens == kept, (claimed, rec.input_tokens)
+
+
+def test_request_ids_travel_as_a_uuid_a_strict_server_accepts_and_an_empty_4xx_names_the_headers():
+    """llama-cpp-python's request-id middleware answers HTTP 400 with an empty body to an
+    ``X-Request-Id`` that is not a UUID (issue 37): bakeoff sends a UUID there (the id itself in
+    ``X-Bakeoff-Request-Id``); a 4xx with an empty body still says what was sent."""
+    import uuid
+
+    from bakeoff.api.errors import EngineFailure
+    from bakeoff.loadgen.client import OpenAIClient, wire_request_id
+
+    seen = []
+
+    async def main(strict: bool):
+        async def handle(reader, writer):
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+            hdrs = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in head.split("\r\n")[1:] if ln)}
+            await reader.readexactly(int(hdrs["content-length"]))
+            seen.append(hdrs)
+            try:
+                uuid.UUID(hdrs.get("x-request-id", ""))
+                ok = strict
+            except ValueError:
+                ok = False
+            if not ok:
+                writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            else:
+                body = b"".join(b"data: " + json.dumps({"choices": [{"index": 0, "text": t}]}).encode() + b"\n\n"
+                                for t in (" a", " b")) + b"data: [DONE]\n\n"
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n" + body)
+            await writer.drain()
+            writer.close()
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        client = OpenAIClient(f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}", "m")
+        try:
+            return [ev.text async for ev in client.stream(GenerationRequest(request_id="f1-s0-t0", prompt="p",
+                                                                             max_tokens=2))]
+        except EngineFailure as exc:
+            return exc
+        finally:
+            await client.aclose()
+            srv.close()
+    assert "".join(asyncio.run(main(strict=True))) == " a b"
+    assert seen[-1]["x-request-id"] == wire_request_id("f1-s0-t0") == str(uuid.uuid5(uuid.UUID(
+        "6f1c1a52-3b0e-5d2e-9a57-6b616b656f66"), "f1-s0-t0")) and seen[-1]["x-bakeoff-request-id"] == "f1-s0-t0"
+    failure = asyncio.run(main(strict=False))  # refuses every request: an empty 400
+    assert isinstance(failure, EngineFailure) and failure.failure_class == "config-rejected"
+    assert "HTTP 400 from /v1/completions: an empty body (request headers sent: " in failure.message
+    assert "X-Request-Id" in failure.message and wire_request_id("f1-s0-t0") not in failure.message  # names, not values

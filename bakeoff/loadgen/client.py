@@ -5,8 +5,10 @@ completed it, taken in the socket's protocol callback (:mod:`bakeoff.loadgen.htt
 the consuming task resumed. The same clock is used by every process on the host, so the
 synthetic server's send times (:mod:`bakeoff.loadgen.synth_server`) are directly comparable.
 
-Each request carries an ``X-Request-Id`` header (the request's id) so a server's own log of
-what it sent can be matched to the client's record.
+Each request carries its id in ``X-Bakeoff-Request-Id`` (servers ignore it; bakeoff's synthetic
+server keys its records by it) and, as a UUID, in ``X-Request-Id`` (:func:`wire_request_id`), so a
+server's own log of what it sent can be matched to the client's record: a server may refuse an
+``X-Request-Id`` that is not a UUID (llama-cpp-python's answers HTTP 400 with an empty body).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import contextvars
 import json
 import os
 import time
+import uuid
 from typing import Any, AsyncIterator, Literal
 from urllib.parse import urlsplit
 
@@ -220,7 +223,8 @@ class OpenAIClient:
         """
         path = PATHS[self.api]
         headers = self._headers()
-        headers["X-Request-Id"] = req.request_id
+        headers["X-Request-Id"] = wire_request_id(req.request_id)
+        headers["X-Bakeoff-Request-Id"] = req.request_id
         payload = json.dumps(self.body(req), separators=(",", ":")).encode()
         t_send = time.monotonic_ns()
         holder = SENT_NS.get()
@@ -247,8 +251,8 @@ class OpenAIClient:
             if resp.status >= 400:
                 text = (await resp.read_all(self.read_timeout_s)).decode("utf-8", "replace")[:2000]
                 cls = "runtime-crash" if resp.status >= 500 else "config-rejected"
-                raise EngineFailure(cls, f"HTTP {resp.status} from {path}: {text.strip()[:300]}",
-                                    {"response.txt": text})
+                said = text.strip()[:300] or f"an empty body (request headers sent: {', '.join(headers)})"
+                raise EngineFailure(cls, f"HTTP {resp.status} from {path}: {said}", {"response.txt": text})
             ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
             if ctype == "application/json":  # one JSON body where an event stream was asked for
                 head = b""
@@ -406,6 +410,18 @@ class OpenAIClient:
         if usage or cached is not None:
             usage = usage if isinstance(usage, dict) else {}
             yield TokenEvent(t_ns=t, usage=Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"), cached))
+
+
+REQUEST_ID_NAMESPACE = uuid.UUID("6f1c1a52-3b0e-5d2e-9a57-6b616b656f66")
+
+
+def wire_request_id(request_id: str) -> str:
+    """``X-Request-Id`` for a request: its id where that is a UUID already, else the UUID5 of it in
+    bakeoff's namespace (the same id gives the same UUID on every run)."""
+    try:
+        return str(uuid.UUID(request_id))
+    except ValueError:
+        return str(uuid.uuid5(REQUEST_ID_NAMESPACE, request_id))
 
 
 def cached_prompt_tokens(obj: dict) -> int | None:

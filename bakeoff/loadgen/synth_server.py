@@ -19,7 +19,8 @@ time (``time.monotonic_ns()``, taken just before the bytes are written: the same
 the client on this host), so a client's timing error is measured against what was really
 sent, and the server's own slip (actual - nominal) is reported, not hidden.
 
-The first token's text is ``[<request id>]`` (the ``X-Request-Id`` header, else a server serial)
+The first token's text is ``[<request id>]`` (the ``X-Bakeoff-Request-Id`` header bakeoff's client
+sends, else ``X-Request-Id``, else a server serial)
 so that tools which do not send the header can still be matched by their generated text.
 
 Faults (each also settable per request through a ``"synth": {...}`` field of the JSON body):
@@ -260,7 +261,7 @@ class Handler(asyncio.Protocol):
         except Exception as exc:  # a bad request is answered, never a server crash
             return self.reply(400, {"error": {"message": f"bad request: {exc}"}})
         srv.serial += 1
-        rid = headers.get("x-request-id") or f"srv-{srv.worker}-{srv.serial}"
+        rid = headers.get("x-bakeoff-request-id") or headers.get("x-request-id") or f"srv-{srv.worker}-{srv.serial}"
         rng = random.Random(hash((cfg.seed, rid)) & 0xFFFFFFFF)
         if cfg.error_rate and rng.random() < cfg.error_rate:
             if cfg.record:
