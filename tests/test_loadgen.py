@@ -364,3 +364,35 @@ def test_request_ids_travel_as_a_uuid_a_strict_server_accepts_and_an_empty_4xx_n
     assert isinstance(failure, EngineFailure) and failure.failure_class == "config-rejected"
     assert "HTTP 400 from /v1/completions: an empty body (request headers sent: " in failure.message
     assert "X-Request-Id" in failure.message and wire_request_id("f1-s0-t0") not in failure.message  # names, not values
+
+
+@pytest.mark.parametrize("finish, cls", [("stop", "ineffective-option"), (None, "transport-distortion")])
+def test_a_short_stream_with_eos_ignored_is_a_failed_request_not_a_figure(finish, cls):
+    """Doubles of issue 37's servers: one that ignores ``ignore_eos`` (ends at EOS, finish ``stop``),
+    one that cuts a stream after a token (``interrupt_requests``): 1 of 8 tokens with usage agreeing
+    is a failed request with its class; a full stream is not."""
+    from bakeoff.loadgen.client import OpenAIClient
+
+    async def main(n_tokens: int):
+        async def handle(reader, writer):
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+            length = next(int(ln.split(":")[1]) for ln in head.split("\r\n") if ln.lower().startswith("content-length"))
+            await reader.readexactly(length)
+            evs = [{"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]} for i in range(n_tokens)]
+            evs.append({"choices": [{"index": 0, "text": "", "finish_reason": finish}]})
+            evs.append({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": n_tokens}})
+            body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in evs) + b"data: [DONE]\n\n"
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n" + body)
+            await writer.drain()
+            writer.close()
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        client = OpenAIClient(f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}", "m")
+        try:
+            return await run_request(client, GenerationRequest(request_id="s", prompt="p", max_tokens=8, ignore_eos=True),
+                                     count_tokens=lambda t: len(t.split()))
+        finally:
+            await client.aclose()
+            srv.close()
+    short, full = asyncio.run(main(1)), asyncio.run(main(8))
+    assert short.status == "error" and short.error_class == cls and "after 1 of max_tokens 8" in short.error, short
+    assert full.status == "ok" and full.output_tokens == 8, (full.status, full.error)

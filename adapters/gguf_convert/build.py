@@ -41,8 +41,9 @@ def classify(rc: int, log_path: Path, cmd: list[str], timeout_s: float, arch: st
         return EngineFailure("hang", f"{TOOL} did not finish within {timeout_s:.0f} s", ev)
     refusal = next((m.group(0) for pat in REFUSALS for m in [pat.search(text)] if m), None)
     if refusal:
-        return EngineFailure("unsupported-architecture", f"{TOOL} refuses {model_type} ({arch}): {refusal}; "
-                             f"{_optimum.last_error(text)}", ev)
+        what = "the tokenizer of" if "tokenizer" in refusal else "the architecture of"
+        return EngineFailure("unsupported-architecture", f"{TOOL} refuses {what} this {model_type} checkpoint ({arch}): "
+                             f"{refusal}; {_optimum.last_error(text)}", ev)
     if "error: argument" in text or "error: unrecognized arguments" in text:
         return EngineFailure("config-rejected", f"{TOOL} refused its arguments: {_optimum.last_error(text)}", ev)
     return EngineFailure("export-defect", f"{TOOL} failed (exit {rc}) on {model_type} ({arch}): "

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from adapters.gguf_convert import GgufOptions, GgufResult, convert
 
@@ -70,6 +70,16 @@ class LlamaCppOptions(BaseModel):
     threads: int | None = Field(None, ge=1)
     batch_size: int = Field(2048, ge=32)
     ubatch_size: int = Field(512, ge=32)
+
+    @field_validator("gguf")
+    @classmethod
+    def _gguf_is_a_file(cls, v: str | None) -> str | None:
+        """A GGUF path the user names must be a file now: a typo is the user's to fix (one line, exit
+        2), not a run that ends ``unavailable`` (found by a new user's walk-through)."""
+        if v is not None and not Path(v).expanduser().is_file():
+            raise ValueError(f"gguf={v!r} is not a file; pass the path of a .gguf file, or leave gguf out to "
+                             "serve the model folder's GGUF (or convert the checkpoint)")
+        return v
 
 
 def find_gguf(model: str, given: str | None) -> Path:

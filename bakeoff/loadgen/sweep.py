@@ -79,7 +79,27 @@ async def run_request(backend, req: GenerationRequest, session: int = 0, schedul
     rec.response_headers = holder[1]
     completions = req.prompt is not None and getattr(backend, "api", "completions") == "completions"
     account(rec, evs, usage_p, usage_c, count_tokens, req.prompt if completions else None, req.max_tokens)
+    short_stream(rec, req)
     return rec
+
+
+def short_stream(rec: RequestRecord, req: GenerationRequest) -> None:
+    """A request that asked ``ignore_eos`` and got fewer than ``max_tokens`` tokens, counted exactly
+    (accounting ``agree``), is not a full stream: it becomes a failed request, never a figure
+    (issue 37: a server that cut 25 of 28 concurrent streams after one token passed the sweep).
+    ``ineffective-option`` where the stream ended at EOS (the server ignored ``ignore_eos``), else
+    ``transport-distortion`` (the stream ended early)."""
+    n = rec.output_tokens
+    if not (req.ignore_eos and rec.status == "ok" and rec.accounting == "agree" and isinstance(n, int)
+            and n < req.max_tokens):
+        return
+    how = f"finish_reason {rec.finish_reason!r}" if rec.finish_reason else "no finish_reason"
+    if rec.finish_reason == "stop":
+        rec.status, rec.error_class = "error", "ineffective-option"
+        rec.error = f"ignore_eos asked, but the stream ended at EOS after {n} of max_tokens {req.max_tokens} tokens ({how})"
+    else:
+        rec.status, rec.error_class = "error", "transport-distortion"
+        rec.error = f"stream ended after {n} of max_tokens {req.max_tokens} tokens with EOS ignored ({how})"
 
 
 async def sessions_loop(backend, make_request: Callable[[int, int], GenerationRequest], session_ids: list[int],
