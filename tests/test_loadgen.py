@@ -396,3 +396,71 @@ def test_a_short_stream_with_eos_ignored_is_a_failed_request_not_a_figure(finish
     short, full = asyncio.run(main(1)), asyncio.run(main(8))
     assert short.status == "error" and short.error_class == cls and "after 1 of max_tokens 8" in short.error, short
     assert full.status == "ok" and full.output_tokens == 8, (full.status, full.error)
+
+
+def test_a_request_the_server_took_then_dropped_is_not_sent_again():
+    """The stale-connection retry is for a close that crosses the request (no byte, at once): a
+    server that takes a request on a kept-alive connection, works on it and closes unanswered has
+    received it; sending it again would run it twice and hide the drop (found by a breaker)."""
+    from bakeoff.loadgen.http import Pool, TransportError
+
+    async def main():
+        got = []
+
+        async def handle(reader, writer):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                n = int(next(ln.split(b":")[1] for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")))
+                await reader.readexactly(n)
+                got.append(1)
+                if len(got) == 2:  # the second request, on the kept-alive connection: taken, then dropped
+                    await asyncio.sleep(0.6)
+                    writer.close()
+                    return
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}/v1/completions"
+        pool = Pool()
+        try:
+            resp = await pool.request("POST", url, {}, b"{}")
+            await resp.read_all(5.0)
+            resp.release()
+            try:
+                await pool.request("POST", url, {}, b"{}")
+                return "ok", len(got)
+            except TransportError as exc:
+                return exc.kind, len(got)
+        finally:
+            await pool.aclose()
+            srv.close()
+    assert asyncio.run(main()) == ("cut", 2)
+
+
+def test_more_cached_tokens_than_prompt_tokens_is_never_a_figure():
+    """A server's cached-token claim above the request's prompt tokens (10**30, a breaker's double)
+    is dropped, as impossible prompt counts are: it cannot prove a cache hit."""
+    from bakeoff.loadgen.client import OpenAIClient
+
+    async def main(cached: int):
+        async def handle(reader, writer):
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+            length = next(int(ln.split(":")[1]) for ln in head.split("\r\n") if ln.lower().startswith("content-length"))
+            await reader.readexactly(length)
+            evs = [{"choices": [{"index": 0, "text": " t", "finish_reason": "length"}]},
+                   {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1,
+                                             "prompt_tokens_details": {"cached_tokens": cached}}}]
+            body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in evs) + b"data: [DONE]\n\n"
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n" + body)
+            await writer.drain()
+            writer.close()
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        client = OpenAIClient(f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}", "m")
+        try:
+            return await run_request(client, GenerationRequest(request_id="c", prompt="p", max_tokens=1),
+                                     count_tokens=lambda t: len(t.split()))
+        finally:
+            await client.aclose()
+            srv.close()
+    assert asyncio.run(main(10**30)).cached_prompt_tokens is None
+    assert asyncio.run(main(1)).cached_prompt_tokens == 1

@@ -7,7 +7,7 @@ the strict comparison of the time disqualified the run on it.
 
 from __future__ import annotations
 
-from evaluations.test_prefix_cache import _tie_words, hit_vs_miss
+from evaluations.test_prefix_cache import _tie_words, hit_vs_miss, unproven_hits
 
 
 def _row(phase, ids, tops):
@@ -48,3 +48,12 @@ def test_without_logprobs_a_divergence_is_undetermined():
     cold = {"phase": "cold", "output_text": "", "output_token_ids": [1, 7], "output_logprobs": None}
     warm = {"phase": "warm", "output_text": "", "output_token_ids": [1, 8], "output_logprobs": None}
     assert hit_vs_miss(cold, warm)["outcome"] == "undetermined"  # the check fails it: nothing shows a tie
+
+
+def test_hits_claimed_on_every_send_prove_no_cache():
+    """A lying server (a breaker's double): the full prompt claimed cached on first sends too, or 1
+    token every time, passed the prefill check; a repeat must count more hits than its first send."""
+    assert unproven_hits([0, 16, 0], [1499, 1500, 1472]) is None  # vLLM: a shared first block at most
+    assert "not above their first sends'" in unproven_hits([1500] * 3, [1500] * 3)
+    assert unproven_hits([1] * 3, [1] * 3) is not None
+    assert unproven_hits([0, 0, 900], [1500, 1500, 900]) is not None  # one pair proves nothing: named

@@ -138,6 +138,9 @@ class LlamaCppBackend(ChildServerBackend):
                 if self.options.gguf or "no GGUF file" not in exc.message or \
                         not (Path(self.config.model) / "config.json").is_file():
                     raise
+        if not Path(self.config.model).is_dir():
+            raise EngineFailure("unavailable", f"llamacpp converts local checkpoint folders; {self.config.model!r} is "
+                                "not one (no hub access here): pass --backend-opt gguf=FILE")
         self.converted = convert(self.config.model, GgufOptions(outtype=outtype or "q8_0"), log=self._log,
                                  timeout_s=self.options.convert_timeout_s)
         self.gguf = Path(self.converted.gguf)

@@ -27,6 +27,12 @@ import zlib
 from urllib.parse import urlsplit
 
 
+# A reused connection closed without a byte within this many seconds of the write is a stale
+# keep-alive connection (the server's idle close crossed the request): the request is sent again on
+# a new connection. A later close is the server's answer to a request it received: not retried.
+STALE_CLOSE_S = 0.25
+
+
 class TransportError(Exception):
     """The connection failed or ended before the body did.
 
@@ -335,6 +341,7 @@ class Pool:
                  f"Content-Length: {len(body)}"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
         raw = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+        written = 0.0
         for attempt in (0, 1):
             # the retry takes a new connection: the other idle ones were idle as long and a server
             # that closes connections after an idle timeout (llama-server's cpp-httplib: 5 s) closes them too
@@ -344,6 +351,7 @@ class Pool:
             conn.used += 1
             try:
                 try:
+                    written = time.monotonic()
                     conn.transport.write(raw)
                 except RuntimeError as exc:  # the transport closed between the pool's check and the write
                     raise TransportError("cut" if reused else "connect", f"connection closed before the request was "
@@ -352,8 +360,11 @@ class Pool:
             except TransportError as exc:
                 conn.close()
                 self._all.discard(conn)
-                # a pooled connection the server closed while idle: retry once on a fresh one
-                if exc.kind == "cut" and reused and attempt == 0:
+                # a pooled connection the server closed while idle: retry once on a fresh one; only a
+                # close that came with no byte at once (the server's idle close crossing the request),
+                # never one after the server took its time: that request was received, and is not sent twice
+                if exc.kind == "cut" and reused and attempt == 0 and exc.nbytes == 0 and \
+                        time.monotonic() - written < STALE_CLOSE_S:
                     continue
                 raise
         raise AssertionError("unreachable")
@@ -363,7 +374,8 @@ class Pool:
         while True:
             item = await conn.read(timeout_s, patience)
             if item is None:
-                raise TransportError("cut", f"connection closed before the response headers ({len(buf)} bytes)")
+                raise TransportError("cut", f"connection closed before the response headers ({len(buf)} bytes)",
+                                     len(buf))
             t, data = item
             buf += data
             i = buf.find(b"\r\n\r\n")

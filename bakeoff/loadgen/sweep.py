@@ -79,6 +79,8 @@ async def run_request(backend, req: GenerationRequest, session: int = 0, schedul
     rec.response_headers = holder[1]
     completions = req.prompt is not None and getattr(backend, "api", "completions") == "completions"
     account(rec, evs, usage_p, usage_c, count_tokens, req.prompt if completions else None, req.max_tokens)
+    if rec.cached_prompt_tokens is not None and (rec.input_tokens is None or rec.cached_prompt_tokens > rec.input_tokens):
+        rec.cached_prompt_tokens = None  # more cached than prompted is impossible: never a figure
     short_stream(rec, req)
     return rec
 
