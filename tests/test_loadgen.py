@@ -371,29 +371,12 @@ def test_a_short_stream_with_eos_ignored_is_a_failed_request_not_a_figure(finish
     """Doubles of issue 37's servers: one that ignores ``ignore_eos`` (ends at EOS, finish ``stop``),
     one that cuts a stream after a token (``interrupt_requests``): 1 of 8 tokens with usage agreeing
     is a failed request with its class; a full stream is not."""
-    from bakeoff.loadgen.client import OpenAIClient
-
-    async def main(n_tokens: int):
-        async def handle(reader, writer):
-            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
-            length = next(int(ln.split(":")[1]) for ln in head.split("\r\n") if ln.lower().startswith("content-length"))
-            await reader.readexactly(length)
-            evs = [{"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]} for i in range(n_tokens)]
-            evs.append({"choices": [{"index": 0, "text": "", "finish_reason": finish}]})
-            evs.append({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": n_tokens}})
-            body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in evs) + b"data: [DONE]\n\n"
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n" + body)
-            await writer.drain()
-            writer.close()
-        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
-        client = OpenAIClient(f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}", "m")
-        try:
-            return await run_request(client, GenerationRequest(request_id="s", prompt="p", max_tokens=8, ignore_eos=True),
-                                     count_tokens=lambda t: len(t.split()))
-        finally:
-            await client.aclose()
-            srv.close()
-    short, full = asyncio.run(main(1)), asyncio.run(main(8))
+    def stream(n_tokens: int):
+        evs = [{"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]} for i in range(n_tokens)]
+        evs += [{"choices": [{"index": 0, "text": "", "finish_reason": finish}]},
+                {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": n_tokens}}]
+        return _one_stream(evs, GenerationRequest(request_id="s", prompt="p", max_tokens=8, ignore_eos=True))
+    short, full = stream(1), stream(8)
     assert short.status == "error" and short.error_class == cls and "after 1 of max_tokens 8" in short.error, short
     assert full.status == "ok" and full.output_tokens == 8, (full.status, full.error)
 
@@ -440,27 +423,34 @@ def test_a_request_the_server_took_then_dropped_is_not_sent_again():
 def test_more_cached_tokens_than_prompt_tokens_is_never_a_figure():
     """A server's cached-token claim above the request's prompt tokens (10**30, a breaker's double)
     is dropped, as impossible prompt counts are: it cannot prove a cache hit."""
+    def stream(cached: int):
+        return _one_stream([{"choices": [{"index": 0, "text": " t", "finish_reason": "length"}]},
+                            {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1,
+                                                      "prompt_tokens_details": {"cached_tokens": cached}}}],
+                           GenerationRequest(request_id="c", prompt="p", max_tokens=1))
+    assert stream(10**30).cached_prompt_tokens is None
+    assert stream(1).cached_prompt_tokens == 1
+
+
+def _one_stream(events: list[dict], req: GenerationRequest):
+    """``req`` through the client against a FAKE server that answers any request with ``events``
+    as one SSE stream, then ``[DONE]``; the record."""
     from bakeoff.loadgen.client import OpenAIClient
 
-    async def main(cached: int):
+    async def main():
         async def handle(reader, writer):
             head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
             length = next(int(ln.split(":")[1]) for ln in head.split("\r\n") if ln.lower().startswith("content-length"))
             await reader.readexactly(length)
-            evs = [{"choices": [{"index": 0, "text": " t", "finish_reason": "length"}]},
-                   {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1,
-                                             "prompt_tokens_details": {"cached_tokens": cached}}}]
-            body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in evs) + b"data: [DONE]\n\n"
+            body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n" + body)
             await writer.drain()
             writer.close()
         srv = await asyncio.start_server(handle, "127.0.0.1", 0)
         client = OpenAIClient(f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}", "m")
         try:
-            return await run_request(client, GenerationRequest(request_id="c", prompt="p", max_tokens=1),
-                                     count_tokens=lambda t: len(t.split()))
+            return await run_request(client, req, count_tokens=lambda t: len(t.split()))
         finally:
             await client.aclose()
             srv.close()
-    assert asyncio.run(main(10**30)).cached_prompt_tokens is None
-    assert asyncio.run(main(1)).cached_prompt_tokens == 1
+    return asyncio.run(main())
