@@ -79,6 +79,21 @@ def test_qualify_writes_qualified_runs_and_report(qualify_run):
     assert not _engine_processes(art)
 
 
+def test_qualify_calibrates_the_load_generator_once_when_it_certified_every_session(qualify_run):
+    """The command's first run measures the calibration; the second reuses it only if it certified
+    every planned session (else it measures again), and says by which run it was measured."""
+    _, art, _ = qualify_run
+    cals = sorted(((json.loads((d / "checks" / "loadgen.calibration.json").read_text()), d.name)
+                   for d in (art / "runs").iterdir()), key=lambda cd: cd[0]["started_at"])
+    (first, first_run), (second, _) = cals
+    assert first["values"]["measured"] == "by this run"
+    if first["values"]["calibrated_concurrency"] == 8:
+        assert second["values"]["measured"].startswith(f"by run {first_run} of this qualify command"), second["values"]
+        assert second["values"]["points"] == first["values"]["points"] and second["duration_s"] < 1.0
+    else:
+        assert second["values"]["measured"] == "by this run"
+
+
 # transformers' untrained twin runs in tests/test_installed.py, through `bakeoff qualify --fail-on
 # disqualified` from the installed wheel, with the same assertions (one run instead of two: CI time)
 # 1 GiB of KV cache (1.4 M tokens of the fixture), explicitly: vLLM CPU fills its default (half the

@@ -454,3 +454,26 @@ def _one_stream(events: list[dict], req: GenerationRequest):
             await client.aclose()
             srv.close()
     return asyncio.run(main())
+
+
+def test_a_shared_calibration_is_reused_only_when_it_certified_the_same_sessions(tmp_path, monkeypatch):
+    """evaluations/test_calibration.py: a run of a qualify command reuses the command's calibration only
+    for the same sessions and budget, and only one that certified every session; a damaged file is
+    measured again, never trusted."""
+    from evaluations import test_calibration as cal
+
+    shared = tmp_path / "calibration.json"
+    monkeypatch.setenv(cal.SHARED_ENV, str(shared))
+    certified = {"calibrated_concurrency": 8, "points": []}
+    assert cal._shared([1, 8]) is None  # nothing measured yet
+    cal._share([1, 8], {"calibrated_concurrency": 1, "points": []}, "run-a")
+    assert not shared.exists()  # a miss at 8 is not kept: the next run measures again
+    cal._share([1, 8], certified, "run-a")
+    saved = cal._shared([1, 8])
+    assert saved["result"] == certified and saved["measured_in_run"] == "run-a"
+    assert cal._shared([1, 4]) is None and cal._shared([1, 8, 16]) is None  # other sessions: measured again
+    shared.write_text("{not json")
+    assert cal._shared([1, 8]) is None
+    monkeypatch.delenv(cal.SHARED_ENV)
+    cal._share([1, 8], certified, "run-b")  # outside a qualify command: nothing shared
+    assert cal._shared([1, 8]) is None

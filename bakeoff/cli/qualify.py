@@ -96,12 +96,15 @@ def _qualify(c, quiet: bool, fail_on: frozenset[str]) -> int:
                 print(f"{n}: --matrix {', '.join(c.left_out[n])} not varied (no such option of {n})", flush=True)
         # each matrix cell is its own run, one at a time; a run whose environment is made goes first
         progress.phases.runs_started()
+        shared = tempfile.TemporaryDirectory(prefix="bakeoff-qualify-")  # what the command's runs share
+        calibration = {"BAKEOFF_CALIBRATION_FILE": str(Path(shared.name) / "calibration.json")}  # evaluations/test_calibration.py
         for nxt in steps.by_readiness(c.runs, lambda r: needs[r.backend], prewarm, _label, progress.say):
             run, t_run, before = nxt.run, time.monotonic(), len(runs)
-            _one_run(c, run, artifacts, progress, runs, cell_runs, missing)
+            _one_run(c, run, artifacts, progress, runs, cell_runs, missing, calibration)
             clock.add_run(_label(run), time.monotonic() - t_run, runs[-1] if len(runs) > before else None,
                           nxt, prewarm.made_between(t_run, time.monotonic()))
         clock.add_envs(prewarm)
+        shared.cleanup()
     if not runs:
         print("bakeoff: error: no run was written; see the errors above", file=sys.stderr)
         return EXIT_NO_RUN
@@ -118,8 +121,10 @@ def _label(run) -> str:
     return run.backend + (f" [{run.cell.label}]" if run.cell.label else "")
 
 
-def _one_run(c, run, artifacts: Path, progress, runs: list[Path], cell_runs: dict, missing: list) -> None:
-    """One backend x matrix cell: its pytest subprocess; appends to ``runs`` or ``missing``."""
+def _one_run(c, run, artifacts: Path, progress, runs: list[Path], cell_runs: dict, missing: list,
+             shared_env: dict[str, str]) -> None:
+    """One backend x matrix cell: its pytest subprocess (with ``shared_env``, what the command's runs
+    share); appends to ``runs`` or ``missing``."""
     from bakeoff.analysis.matrix import baseline_cell
     from bakeoff.api.options import format_kv
 
@@ -142,7 +147,7 @@ def _one_run(c, run, artifacts: Path, progress, runs: list[Path], cell_runs: dic
         cmd.append(f"--baseline-run={cell_runs[(n, base.label)]}")
     elif base is not None:
         print(f"{n} [{cell.label}]: its baseline cell [{base.label}] wrote no run; its KV ratio is not judged", flush=True)
-    env = dict(os.environ, BAKEOFF_RUN_FILE=run_file)
+    env = dict(os.environ, **shared_env, BAKEOFF_RUN_FILE=run_file)
     label = _label(run)
     progress.announce(label, cmd)
     try:
