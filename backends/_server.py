@@ -180,6 +180,12 @@ class ChildServerBackend(Backend):
     def extra_body(self) -> dict[str, Any]:
         return {}
 
+    def greedy_body(self) -> dict[str, Any]:
+        """Fields every request at temperature 0 carries: the engine's sampling options that change a
+        greedy choice, neutral (:data:`bakeoff.loadgen.client.NEUTRAL_VLLM` and the like). None for
+        bakeoff's own workers, whose engines decode greedy requests greedily themselves."""
+        return {}
+
     # -- lifecycle ----------------------------------------------------------------------
     def launch(self, port: int) -> float:
         """Start the child and wait until it serves. Returns startup seconds.
@@ -248,7 +254,7 @@ class ChildServerBackend(Backend):
         checked against the CPU time of the engine's process group (:func:`cpu_progress`)."""
         timeout_s = self.config.progress_timeout_s
         self.client = OpenAIClient(self.base_url, served_model, api=self.api, extra_body=self.extra_body(),
-                                   read_timeout_s=timeout_s,
+                                   greedy_body=self.greedy_body(), read_timeout_s=timeout_s,
                                    progress=cpu_progress(self.proc) if self.proc is not None else None,
                                    deadline_s=self.config.request_deadline_factor * timeout_s)
         return self.client

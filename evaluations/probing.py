@@ -70,7 +70,9 @@ def run_probes(backend, probes, max_tokens: int | None = None, concurrency: int 
         sem = asyncio.Semaphore(concurrency)
 
         async def one(p):
-            req = GenerationRequest(request_id=f"probe-{p.id}", prompt=p.prompt,
+            # a chat API is sent a chat probe's raw messages (its server renders them once), a completions
+            # API the rendered prompt (bakeoff/loadgen/client.py OpenAIClient.body)
+            req = GenerationRequest(request_id=f"probe-{p.id}", prompt=p.prompt, messages=getattr(p, "messages", None),
                                     max_tokens=max_tokens or budget(p), temperature=0.0,
                                     logprobs=logprobs)
             async with sem:

@@ -119,6 +119,7 @@ class ProbeSet:
         backend: what the engine under test is sent.
         reference: what the reference computes (its outputs are cached by these prompts).
         source: ``model`` (shipped with the model) or ``generic``.
+        unsent: probes left out because the engine's API cannot be sent them (:func:`for_api`).
         rendering: how the chat probes were rendered (``chat_template``: whose template the
             engine's were rendered with and why; ``templates_identical``; ``prompts_differ``: how
             many prompts differ between the two sides; ``first_difference``: the first such probe
@@ -129,6 +130,9 @@ class ProbeSet:
     reference: list[Probe]
     source: str
     rendering: dict[str, Any] = field(default_factory=dict)
+    # the engine's-side probes its API cannot be sent as probes (:func:`for_api`): their texts still go
+    # through the checks that send text as text (the tokenizer's, the open-ended prompts' choice)
+    unsent: list[Probe] = field(default_factory=list)
 
     def differing_ids(self) -> set[str]:
         """The ids of the probes the two sides see as different prompts."""
@@ -205,10 +209,31 @@ def with_budgets(settings, items: list[Probe]) -> tuple[list[Probe], str]:
     return out, how
 
 
+CHAT_APIS = ("chat", "messages")
+
+
+def for_api(ps: ProbeSet, api: str) -> ProbeSet:
+    """``ps`` as an engine speaking ``api`` can be sent it: a chat API (``chat``, ``messages``) is sent a
+    chat probe's raw messages, which its server renders once with its template; a completion probe
+    has no chat form it could be sent as (wrapped in a user message, its server would put the chat
+    template around text the reference saw bare), so it is left out of both sides, said in
+    ``rendering["left_out_for_api"]``."""
+    if api not in CHAT_APIS:
+        return ps
+    keep = {p.id for p in ps.backend if p.messages}
+    if len(keep) == len(ps.backend):
+        return ps
+    why = (f"{len(ps.backend) - len(keep)} of {len(ps.backend)} probes left out: the engine is sent api={api} requests, "
+           f"and a completion probe has no chat form ({len(keep)} chat probes sent as raw messages)")
+    return ProbeSet([p for p in ps.backend if p.id in keep], [p for p in ps.reference if p.id in keep], ps.source,
+                    {**ps.rendering, "left_out_for_api": why}, unsent=[p for p in ps.backend if p.id not in keep])
+
+
 @pytest.fixture(scope="session")
 def probe_set(settings) -> ProbeSet:
-    """The run's probes on both sides (:func:`probe_set_of`)."""
-    return probe_set_of(settings)
+    """The run's probes on both sides (:func:`probe_set_of`), as the engine's API can be sent them
+    (:func:`for_api`; the API from the run's options: every backend's default is ``completions``)."""
+    return for_api(probe_set_of(settings), str(settings.options.get("api") or "completions"))
 
 
 @pytest.fixture(scope="session")
@@ -216,6 +241,13 @@ def probes(probe_set) -> tuple[list[Probe], str]:
     """``(the probes the engine under test is sent, source)``: source ``model`` (shipped with
     the model) or ``generic``."""
     return probe_set.backend, probe_set.source
+
+
+@pytest.fixture(scope="session")
+def probe_texts(probe_set) -> tuple[list[Probe], str]:
+    """``(every probe of the engine's side, sent as a probe or not, source)``: the texts the checks that
+    send text as text use (``sanity.tokenizer``, the open-ended prompts of ``sanity.degeneration``)."""
+    return probe_set.backend + probe_set.unsent, probe_set.source
 
 
 def _model_stamp(model: ResolvedModel) -> list:
@@ -249,6 +281,8 @@ def reference(settings, run, probe_set):
                 "log_tail": ""}
 
     items = probe_set.reference
+    if not items:  # nothing the engine could be sent (evaluations/reference.py for_api): nothing to compute
+        return {"ok": True, "outputs": [], "engine": None}
     cache = envs.cache_root() / "reference" / f"{reference_cache_key(settings, probe_set)}.json"
     cached = _cached_reference(cache, len(items))
     if cached is not None:

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from bakeoff.loadgen.sweep import run_request
+from bakeoff.analysis.generic_probes import chat_template_of, render_chat
 from bakeoff.analysis.paired import ALPHA, TOLERANCE, binomial_below, decide, fisher_greater
 from bakeoff.analysis.sanity import (MAX_NON_GREEDY_FRACTION, PROBE_LOGPROBS, agreement, agreement_unjudgeable, detectors,
                                      greedy_violated, non_greedy_steps, probe_correct)
@@ -14,6 +15,7 @@ from bakeoff.api.specs import GenerationRequest
 from evaluations.plugin import attach_engine_evidence
 from evaluations.probing import open_ended_prompts, run_probes
 from evaluations.reference import MIN_BASELINE_ACCURACY, baseline
+from evaluations.tokenizing import map_text_logprobs, reference_tokenizer, uses_chat
 
 # What a run's accuracy depends on, as the engine stated it (BackendInfo.notes): named in an accuracy
 # regression's message, so that "ORT GenAI int4 loses 11 points" reads as the configuration's cost
@@ -28,16 +30,33 @@ def configuration(engine) -> str:
     return f"; configuration: {'; '.join(parts)}" if parts else ""
 
 
+def as_served(engine, settings, prompt: str) -> str | None:
+    """The text an engine generates from when sent ``prompt``: itself on a completions API; on a chat
+    API, a user message of it rendered with the model's chat template, as its server renders it (None
+    where no template renders here: nothing to score its output under)."""
+    if not uses_chat(engine):
+        return prompt
+    template, special = chat_template_of(settings.model.path) if settings.model.local else (None, {})
+    return render_chat(template, [{"role": "user", "content": prompt}], special) if template else None
+
+
 # Degeneration: fail when more than a quarter of the outputs trip a detector.
 MAX_FLAGGED_FRACTION = 0.25
 OPEN_ENDED_TOKENS = 48
 
 
 @pytest.fixture(scope="module")
-def probe_outputs(engine, probes, run):
+def probe_outputs(engine, probes, run, settings):
+    """The engine's greedy outputs of the probes; where it streamed logprobs keyed by token text and
+    no ids, the ids mapped with the reference's tokenizer (:func:`evaluations.tokenizing.map_text_logprobs`)."""
     items, source = probes
     outs = run_probes(engine, items, logprobs=PROBE_LOGPROBS)
-    run.dir.write_json("evidence/sanity.outputs.json", {"source": source, "outputs": outs})
+    record: dict = {"source": source, "outputs": outs}
+    if any(not o.get("token_ids") and o.get("logprobs") for o in outs):
+        tok, why = reference_tokenizer(settings.reference_model.path,
+                                       bool(settings.reference_options.get("trust_remote_code", False)))
+        record["text_logprobs"] = map_text_logprobs(outs, tok) if tok is not None else {"not_mapped": why}
+    run.dir.write_json("evidence/sanity.outputs.json", record)
     return outs
 
 
@@ -65,6 +84,9 @@ def test_known_answers(run, settings, engine, probes, probe_set, probe_outputs, 
     """
     items, source = probes
     with run.check("sanity.known_answers", "garbage-output") as c:
+        if not items:
+            c.skip(f"no probe was sent: {probe_set.rendering.get('left_out_for_api') or 'the probe set is empty'}",
+                   required=True)
         errors = [o for o in probe_outputs if o["status"] != "ok"]
         correct = _correct(probe_outputs)
         rows = [{**{k: v for k, v in o.items() if k != "logprobs"}, "correct": ok} for o, ok in zip(probe_outputs, correct)]
@@ -144,8 +166,8 @@ def test_greedy(run, engine, probe_outputs):
 
 
 @pytest.mark.check("sanity.degeneration")
-def test_degeneration(run, engine, probes, probe_outputs):
-    items, _ = probes
+def test_degeneration(run, settings, engine, probe_texts, probe_outputs):
+    items, _ = probe_texts
     prompts = open_ended_prompts(items)
     with run.check("sanity.degeneration", "garbage-output") as c:
         async def open_ended():  # all at once, as the probes go: a batching engine batches them
@@ -158,7 +180,9 @@ def test_degeneration(run, engine, probes, probe_outputs):
         rows = []
         for r, q in zip(recs, prompts):
             d = detectors(r.output_text, r.output_token_ids, OPEN_ENDED_TOKENS, r.finish_reason)
-            rows.append({"id": r.request_id, "prompt": q, "text": r.output_text, "token_ids": r.output_token_ids,
+            # "prompt": what the engine generated from, which the judge scores its output under
+            rows.append({"id": r.request_id, "prompt": as_served(engine, settings, q), "sent": q,
+                         "text": r.output_text, "token_ids": r.output_token_ids,
                          "finish_reason": r.finish_reason, "status": r.status, "error": r.error, **d})
         for o in probe_outputs:
             d = detectors(o["text"], o["token_ids"], o["max_tokens"], o["finish_reason"])
@@ -232,6 +256,9 @@ def test_reference_agreement(run, settings, engine, reference, probe_set, probe_
     with run.check("sanity.reference_agreement", "accuracy-regression") as c:
         if reference is None:
             c.skip("the backend under test is the transformers reference")
+        if not probe_outputs:
+            c.skip(f"no probe was sent: {probe_set.rendering.get('left_out_for_api') or 'the probe set is empty'}",
+                   required=True)
         errors = [o for o in probe_outputs if o["status"] != "ok"]
         if errors:  # the backend's failure, whatever the reference did
             c.fail(f"{len(errors)}/{len(probe_outputs)} probe requests failed: {errors[0]['error']}",
@@ -245,6 +272,9 @@ def test_reference_agreement(run, settings, engine, reference, probe_set, probe_
         c.values["reference_engine"] = reference.get("engine")  # its device, dtype (float32 on CPU) and options
         agr = agreement(probe_outputs, ref_outs)
         c.evidence("agreement.json", agr)
+        mapped = sum(bool(o.get("token_ids_from")) for o in probe_outputs)
+        if mapped:  # the engine streamed token texts: ids from the reference's tokenizer (evidence/sanity.outputs.json)
+            c.values["token_ids_mapped_from_text"] = mapped
         ties = [r["outcome"] == "tie" for r in agr["rows"]]
         d = decide(_correct(ref_outs), _correct(probe_outputs), ties)
         c.values.update({"exact_match_rate": agr["exact_match_rate"], "exact": agr["exact"], "tie_divergences": agr["tie"],

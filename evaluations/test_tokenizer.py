@@ -23,7 +23,7 @@ def engine_tokenizer(info) -> dict[str, str]:
 
 
 @pytest.mark.check("sanity.tokenizer")
-def test_tokenizer(run, settings, engine, probes):
+def test_tokenizer(run, settings, engine, probe_texts):
     """Every sanity prompt (the probes, chat-rendered ones included, and the open-ended
     openings) tokenized by the reference and by the engine under test
     (:meth:`backends.base.Backend.tokenize`, the engine's own tokenizer): the ids must be equal.
@@ -49,7 +49,7 @@ def test_tokenizer(run, settings, engine, probes):
     with the reference's, whatever the cause (an engine's silent tokenizer fallback, another
     normalizer or pre-tokenizer, a BOS). The engine's own tokenizer notes are quoted.
     """
-    items, source = probes
+    items, source = probe_texts
     with run.check("sanity.tokenizer", "accuracy-regression") as c:
         texts = sanity_prompts(items)
         notes = engine_tokenizer(engine.info)
@@ -95,6 +95,8 @@ def test_tokenizer(run, settings, engine, probes):
             note = "; engine notes: " + "; ".join(f"{k}: {v}" for k, v in notes.items()) if notes else ""
             c.fail(f"the engine tokenizes {by_form} prompts differently from the reference "
                    f"({type(tok).__name__}); e.g. {example(rows[0])}{note}")
+        if not texts:  # nothing compared verifies nothing
+            c.skip("no prompt to compare: the run sends none")
         if not_compared:
             c.skip("token ids not compared for "
                    + "; ".join(f"{f} prompts: {why}" for f, why in not_compared.items())

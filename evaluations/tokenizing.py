@@ -106,3 +106,47 @@ def example(row: dict) -> str:
     return (f"{row['prompt'][:60]!r} ({row['form']}): token {row['first_difference']} is "
             f"{name(row['reference_token'])} in the reference, {name(row['engine_token'])} in the engine"
             + (f"; {row['note']}" if row["note"] else ""))
+
+
+def text_token_ids(tok) -> dict[str, int | None]:
+    """``{decoded text of one id: that id}`` over ``tok``'s vocabulary; a text several ids decode to
+    maps to None (ambiguous: byte-fallback pieces, duplicates)."""
+    out: dict[str, int | None] = {}
+    for i in range(len(tok)):
+        text = tok.decode([i])
+        out[text] = None if text in out else i
+    return out
+
+
+def map_text_logprobs(outputs: list[dict], tok) -> dict[str, Any]:
+    """Token ids for outputs an engine streamed with logprobs keyed by token text and no ids
+    (llama-cpp-python's server), so that the tie rule compares ids with the reference's
+    (:func:`bakeoff.analysis.sanity.compare_tie_aware`).
+
+    A text maps to the one id of ``tok`` (the reference's tokenizer) that decodes to it. An output
+    is mapped only when every chosen token maps and the ids decode to the streamed text; its top
+    alternatives keep the ones that map. Otherwise it stays as streamed (its divergences
+    undetermined, saying why). Outputs are changed in place (``token_ids_from`` says so).
+
+    Returns:
+        ``{"outputs": with text logprobs and no ids, "mapped": count, "unmapped": [{"id", "why"}]}``.
+    """
+    todo = [o for o in outputs if not o.get("token_ids") and o.get("logprobs")
+            and all(e is None or isinstance(e[0], str) for e in o["logprobs"])]
+    if not todo:
+        return {"outputs": 0, "mapped": 0, "unmapped": []}
+    ids = text_token_ids(tok)
+    mapped, unmapped = 0, []
+    for o in todo:
+        chosen = [None if e is None else ids.get(e[0]) for e in o["logprobs"]]
+        if any(c is None for c in chosen):
+            unmapped.append({"id": o.get("id"), "why": "a token text no single id of the tokenizer decodes to"})
+            continue
+        if tok.decode(chosen) != (o.get("text") or ""):
+            unmapped.append({"id": o.get("id"), "why": "the mapped ids do not decode to the streamed text"})
+            continue
+        o["logprobs"] = [[c, e[1], [[ids[t], v] for t, v in (e[2] or []) if ids.get(t) is not None]]
+                         for c, e in zip(chosen, o["logprobs"])]
+        o["token_ids"], o["token_ids_from"] = chosen, "text logprobs, mapped with the reference's tokenizer"
+        mapped += 1
+    return {"outputs": len(todo), "mapped": mapped, "unmapped": unmapped[:20]}

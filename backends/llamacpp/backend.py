@@ -34,6 +34,7 @@ from bakeoff.api.errors import EngineFailure
 from bakeoff.api.specs import BackendInfo
 from bakeoff.host import envs
 from bakeoff.host.hashing import sha256_file
+from bakeoff.loadgen.client import NEUTRAL_LLAMACPP
 
 class LlamaCppOptions(BaseModel):
     """``--backend-opt`` keys of the llamacpp backend.
@@ -167,6 +168,9 @@ class LlamaCppBackend(ChildServerBackend):
     def extra_body(self) -> dict[str, Any]:
         # the prompt cache is the server's; sent so that a request says what the run's notes say
         return {"cache_prompt": self.options.cache_prompt}
+
+    def greedy_body(self) -> dict[str, Any]:
+        return dict(NEUTRAL_LLAMACPP)  # the server's defaults are neutral too (worker.py NEUTRAL_SAMPLING)
 
     def tokenize(self, texts: list[str], chat: bool = False) -> list[list[int]] | None:
         """llama-server's own ids: ``/tokenize`` in its shape (``content``, ``add_special``), chat

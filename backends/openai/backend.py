@@ -30,7 +30,7 @@ from backends.base import Backend
 from bakeoff.loadgen.side_http import error_body, open_bounded
 from bakeoff.api.errors import EngineFailure
 from bakeoff.loadgen.accounting import TokenCounter
-from bakeoff.loadgen.client import REQUEST_KEYS, OpenAIClient
+from bakeoff.loadgen.client import NEUTRAL_ANY, NEUTRAL_LLAMACPP, NEUTRAL_VLLM, REQUEST_KEYS, OpenAIClient
 from bakeoff.loadgen.progress import Progress
 from bakeoff.api.specs import BackendInfo, GenerationRequest, Spec, TokenEvent
 from backends._server import parse_prometheus
@@ -67,6 +67,10 @@ class OpenAIOptions(Spec):
         max_model_len: the server's context length in tokens, which the long-context checks size
             their prompts within; default: the ``max_model_len`` its ``GET /v1/models`` entry
             states (vLLM and SGLang do), else unknown (and the checks use the model's own).
+        greedy_body: JSON fields sent in every request at temperature 0, the server's sampling
+            options that change a greedy choice set neutral; default: by the dialect its
+            ``/v1/models`` ``owned_by`` names (:func:`greedy_fields`), ``{}`` sends none (a server
+            that refuses fields it lacks). ``extra_body`` is applied after it.
     """
 
     base_url: str
@@ -77,14 +81,15 @@ class OpenAIOptions(Spec):
     extra_body: dict[str, Any] = Field(default_factory=dict)
     read_timeout_s: float = Field(120.0, ge=1.0)
     max_model_len: int | None = Field(None, gt=0)
+    greedy_body: dict[str, Any] | None = None
 
-    @field_validator("extra_body")
+    @field_validator("extra_body", "greedy_body")
     @classmethod
-    def _extra_body_sets_no_request_field(cls, v: dict[str, Any]) -> dict[str, Any]:
+    def _extra_body_sets_no_request_field(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         """Fields bakeoff sets per request are not the user's to override (issue 36's census: ``stream:
         false`` read as a server ignoring stream=true; ``max_tokens: 1`` capped every output and blamed
         the engine)."""
-        taken = sorted(k for k in v if k in REQUEST_KEYS)
+        taken = sorted(k for k in v or {} if k in REQUEST_KEYS)
         if taken:
             raise ValueError(f"extra_body may not set {', '.join(taken)}: bakeoff sets them for each request; "
                              "pass other fields only (e.g. return_token_ids, chat_template_kwargs)")
@@ -271,9 +276,11 @@ class OpenAIBackend(Backend):
             self.count_tokens = load_token_counter(self.options.tokenizer)
         progress, progress_note = self._metrics_progress()
         timeout_s = self.options.read_timeout_s
+        greedy, greedy_why = ((self.options.greedy_body, "--backend-opt greedy_body") if self.options.greedy_body is not None
+                              else greedy_fields(owned_by))
         self.client = OpenAIClient(self.base_url, model, api=self.options.api, api_key_env=self.options.api_key_env,
                                    extra_body=self.options.extra_body, read_timeout_s=timeout_s, progress=progress,
-                                   deadline_s=self.config.request_deadline_factor * timeout_s)
+                                   deadline_s=self.config.request_deadline_factor * timeout_s, greedy_body=greedy)
         version_answer = self._get("/version", 5)  # optional: a server without it (or stalling on it) has no version
         version = None
         if version_answer.status == 200:
@@ -288,6 +295,8 @@ class OpenAIBackend(Backend):
             base_url=self.base_url, served_model=model, startup_s=round(time.monotonic() - t0, 3), max_model_len=max_len,
             notes={k: v for k, v in {"api": self.options.api, "server_header": server,
                                      "listed_models": ",".join(listed[:10]),
+                                     "greedy_body": (f"{json.dumps(greedy, sort_keys=True)} in every request at temperature 0 "
+                                                     f"({greedy_why})"),
                                      "api_key_env": self.options.api_key_env, "progress": progress_note,
                                      "max_model_len": (None if max_len is None else "--backend-opt max_model_len"
                                                        if self.options.max_model_len else "GET /v1/models"),
@@ -404,6 +413,20 @@ class Answer:
         state = (f"no byte within {self.timeout_s:g} s" if self.timed_out else f"status {self.status}")
         return (f"GET {self.path}: {state} after {self.elapsed_s:.2f} s, Content-Type {self.content_type() or 'none'}\n"
                 f"first bytes: {self.body[:500]!r}")
+
+
+def greedy_fields(owned_by: str | None) -> tuple[dict[str, Any], str]:
+    """The neutral sampling fields a greedy request carries to a server whose ``/v1/models`` entry
+    is ``owned_by`` it, and why: vLLM's and SGLang's dialect, llama.cpp's (llama-server says
+    ``llamacpp``), or both for any other (llama-cpp-python's server says ``me``; a server ignores
+    fields it lacks, and its default repeat_penalty of 1.1 is what a greedy probe must not get)."""
+    owner = (owned_by or "").lower()
+    if owner in ("vllm", "sglang"):
+        return dict(NEUTRAL_VLLM), f"{owned_by}'s dialect, from GET /v1/models owned_by"
+    if owner == "llamacpp":
+        return dict(NEUTRAL_LLAMACPP), "llama.cpp's dialect, from GET /v1/models owned_by"
+    return dict(NEUTRAL_ANY), (f"every dialect's: GET /v1/models owned_by {owned_by!r} names none bakeoff knows"
+                               if owned_by else "every dialect's: GET /v1/models names no owner")
 
 
 def load_token_counter(path: str) -> TokenCounter:

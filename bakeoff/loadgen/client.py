@@ -53,6 +53,18 @@ STREAM_SECONDS_PER_TOKEN = 2.0  # the slowest stream bakeoff waits out: 0.5 tok/
 STREAM_EVENT_SLACK = 16
 
 
+# Temperature 0 means the argmax of the model's own logits, but servers change those logits before it with
+# penalties a request leaves at their defaults: llama-cpp-python's server a repeat_penalty of 1.1, vLLM the
+# repetition_penalty of the model's generation_config.json, llama.cpp's DRY where its server enables it.
+# A greedy request (the probes') states every such field neutral in the server's dialect; truncation
+# (top_k, top_p, min_p) never moves an argmax and is left alone. sanity.greedy verifies the outcome from
+# the engine's own logprobs (bakeoff/analysis/sanity.py non_greedy_steps).
+NEUTRAL_OPENAI = {"frequency_penalty": 0.0, "presence_penalty": 0.0}  # OpenAI's own fields, every dialect
+NEUTRAL_VLLM = {**NEUTRAL_OPENAI, "repetition_penalty": 1.0}  # vLLM, SGLang, TGI
+NEUTRAL_LLAMACPP = {**NEUTRAL_OPENAI, "repeat_penalty": 1.0, "dry_multiplier": 0.0}  # llama-server, llama-cpp-python
+NEUTRAL_ANY = {**NEUTRAL_VLLM, **NEUTRAL_LLAMACPP}  # a server of unknown dialect (servers ignore fields they lack)
+
+
 # the fields the client sets per request: an ``extra_body`` that set them would turn streaming off,
 # cap every output or change sampling behind the verdict's back (issue 36's census: 5.21, 5.22)
 REQUEST_KEYS = ("model", "prompt", "messages", "max_tokens", "max_completion_tokens", "stream", "stream_options",
@@ -79,6 +91,9 @@ class OpenAIClient:
         api_key_env: name of the environment variable holding the API key; the key itself
             is never stored in any spec or artifact.
         extra_body: extra JSON fields for every request (e.g. ``{"return_token_ids": true}``).
+        greedy_body: JSON fields for every request at temperature 0 (the server's sampling options
+            that change a greedy choice, sent neutral: :data:`NEUTRAL_VLLM` and the like);
+            ``extra_body`` is applied after it.
         read_timeout_s: no byte within this many seconds ends the request as ``hang``; with
             ``progress``, only when the engine made none (:mod:`bakeoff.loadgen.progress`).
         progress: how to read the engine's progress (its processes' CPU time, its token
@@ -90,7 +105,8 @@ class OpenAIClient:
 
     def __init__(self, base_url: str, model: str, api: Api = "completions", api_key_env: str | None = None,
                  extra_body: dict[str, Any] | None = None, read_timeout_s: float = 120.0,
-                 progress: Progress | None = None, deadline_s: float | None = None):
+                 progress: Progress | None = None, deadline_s: float | None = None,
+                 greedy_body: dict[str, Any] | None = None):
         self.base_url = base_url.rstrip("/")
         if self.base_url.endswith("/v1"):
             self.base_url = self.base_url[:-3]
@@ -98,6 +114,7 @@ class OpenAIClient:
         self.api = api
         self.api_key_env = api_key_env
         self.extra_body = dict(extra_body or {})
+        self.greedy_body = dict(greedy_body or {})
         self.read_timeout_s = read_timeout_s
         # the first stream that got no byte within the read timeout (a backend that attaches to a
         # server fails later requests at once with it instead of waiting the timeout again)
@@ -201,6 +218,8 @@ class OpenAIClient:
                     body["logprobs"] = req.logprobs
         elif req.stop:
             body["stop_sequences"] = req.stop
+        if not req.temperature and self.api != "messages":
+            body.update(self.greedy_body)
         body.update(self.extra_body)  # never a key of REQUEST_KEYS: the openai backend's options refuse them
         return body
 
@@ -252,6 +271,8 @@ class OpenAIClient:
                 text = (await resp.read_all(self.read_timeout_s)).decode("utf-8", "replace")[:2000]
                 cls = "runtime-crash" if resp.status >= 500 else "config-rejected"
                 said = text.strip()[:300] or f"an empty body (request headers sent: {', '.join(headers)})"
+                if self.greedy_body and not req.temperature and resp.status < 500:  # a strict server refusing them
+                    said += f" [this greedy request set {', '.join(sorted(self.greedy_body))} neutral]"
                 raise EngineFailure(cls, f"HTTP {resp.status} from {path}: {said}", {"response.txt": text})
             ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
             if ctype == "application/json":  # one JSON body where an event stream was asked for

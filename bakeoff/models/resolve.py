@@ -31,6 +31,9 @@ class Probe:
     expected: str
     match: str = "prefix"
     max_tokens: int | None = None  # tokens to generate (None: the character bound, evaluations/probing.py)
+    # a chat probe's raw messages (``prompt`` is them rendered with a chat template): what a chat API is
+    # sent, so that its server renders them once; None for a completion probe
+    messages: list[dict[str, str]] | None = None
 
 
 @dataclass
