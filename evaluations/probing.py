@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from bakeoff.loadgen.sweep import run_request
+from bakeoff.loadgen.sweep import UNFINISHED, run_request
 from bakeoff.api.specs import GenerationRequest
 from bakeoff.analysis.sanity import jsonable_logprobs
 
@@ -87,6 +87,12 @@ def run_probes(backend, probes, max_tokens: int | None = None, concurrency: int 
         order = sorted(range(len(probes)), key=lambda i: (budget(probes[i]), len(probes[i].prompt)))
         try:
             done = await asyncio.gather(*(one(probes[i]) for i in order))
+            # a stream the server ended without a finish_reason because others were in flight (llama-cpp-python's
+            # interrupt_requests) is no answer: sent again alone, which is what such a server serves; the first
+            # error is kept (``cut_under_concurrency``) and the throughput checks meet the cut streams themselves
+            for k, row in enumerate(done):
+                if row["status"] != "ok" and UNFINISHED in (row["error"] or ""):  # one at a time: awaited in turn
+                    done[k] = {**await one(probes[order[k]]), "cut_under_concurrency": row["error"]}
         finally:
             await backend.aclose()
         out: list[dict] = [{}] * len(probes)

@@ -98,6 +98,10 @@ def test_known_answers(run, settings, engine, probes, probe_set, probe_outputs, 
         c.values.update({"probes": len(rows), "probe_source": source, "accuracy": round(acc, 4), "errors": len(errors),
                          "accuracy_by_task": {k: round(sum(v) / len(v), 3) for k, v in per_task.items()},
                          "chat_rendering": probe_set.rendering})
+        cut = sum(bool(o.get("cut_under_concurrency")) for o in probe_outputs)
+        if cut:  # evaluations/probing.py run_probes
+            c.values["sent_again_alone"] = (f"{cut} probe streams the server ended without a finish_reason while others "
+                                            "were in flight, sent again one at a time")
         if errors:
             attach_engine_evidence(c, engine, errors[0].get("error_class"))
             c.fail(f"{len(errors)}/{len(rows)} probe requests failed: {errors[0]['error']}",

@@ -120,3 +120,15 @@ def test_text_logprobs_map_to_the_reference_tokenizers_ids_so_the_tie_rule_runs(
            "logprobs": [[i, -0.1, [[i, -0.1], [ids[-1], -0.3]]] for i in ref_ids]}
     assert compare_tie_aware(out, ref)["outcome"] == "tie"
     assert broken["token_ids"] is None  # left as streamed: undetermined, never guessed
+
+
+def test_probe_streams_a_server_cut_under_concurrency_are_sent_again_alone(tmp_path):
+    """llama-cpp-python's interrupt_requests (the FAKE's ``interrupt``): concurrent probe streams end with
+    [DONE] and no finish_reason; each is sent again alone and answered, the cut kept as evidence. A lone
+    request is never cut, so the answers are the engine's."""
+    probes = [Probe(**{**CHAT_PROBE.__dict__, "id": f"g-chat-capital-{i:02d}"}) for i in range(4)]
+    with FakeLlamaCppPython(interrupt=True) as srv:
+        out = run_probes(attach(tmp_path, srv.url), probes, logprobs=5, concurrency=4)
+    assert all(o["status"] == "ok" and o["text"] == " Paris" and o["finish_reason"] == "stop" for o in out), out
+    cut = [o for o in out if o.get("cut_under_concurrency")]
+    assert cut and all(o["cut_under_concurrency"].startswith("the stream ended without a finish_reason") for o in cut)

@@ -11,7 +11,7 @@ import pytest
 from bakeoff.loadgen.calibrate import _backend, calibrate, compare_to_server
 from bakeoff.loadgen.multiproc import closed_loop_mp
 from bakeoff.loadgen.stats import per_request, summarize
-from bakeoff.loadgen.sweep import closed_loop, open_loop, poisson_arrivals_ns, run_request
+from bakeoff.loadgen.sweep import UNFINISHED, closed_loop, open_loop, poisson_arrivals_ns, run_request
 from bakeoff.loadgen.synth_launch import SynthServer
 from bakeoff.api.specs import GenerationRequest, TokenEvent, Usage
 
@@ -378,7 +378,23 @@ def test_a_short_stream_with_eos_ignored_is_a_failed_request_not_a_figure(finish
         return _one_stream(evs, GenerationRequest(request_id="s", prompt="p", max_tokens=8, ignore_eos=True))
     short, full = stream(1), stream(8)
     assert short.status == "error" and short.error_class == cls and "after 1 of max_tokens 8" in short.error, short
-    assert full.status == "ok" and full.output_tokens == 8, (full.status, full.error)
+    if finish:
+        assert full.status == "ok" and full.output_tokens == 8, (full.status, full.error)
+    else:  # all 8 tokens, but no finish_reason: the server never finished it (bakeoff/loadgen/sweep.py unfinished_stream)
+        assert full.status == "error" and full.error.startswith(UNFINISHED + " after 8 tokens"), full.error
+
+
+def test_a_stream_ended_without_a_finish_reason_is_a_failed_request():
+    """llama-cpp-python's interrupt_requests: ``[DONE]`` after a token, no finish_reason, no usage (so no
+    exact count): a failed request, ``transport-distortion``, saying so; with a finish_reason it is an answer."""
+    def stream(finish):
+        evs = [{"choices": [{"index": 0, "text": " t", "finish_reason": None}]}]
+        evs += [{"choices": [{"index": 0, "text": "", "finish_reason": finish}]}] if finish else []
+        return _one_stream(evs, GenerationRequest(request_id="u", prompt="p", max_tokens=8))
+    cut, answered = stream(None), stream("stop")
+    assert cut.status == "error" and cut.error_class == "transport-distortion", cut
+    assert cut.error.startswith(UNFINISHED + " after 1 tokens") and "interrupt_requests" in cut.error
+    assert answered.status == "ok" and answered.output_text == " t"
 
 
 def test_a_request_the_server_took_then_dropped_is_not_sent_again():

@@ -81,8 +81,25 @@ async def run_request(backend, req: GenerationRequest, session: int = 0, schedul
     account(rec, evs, usage_p, usage_c, count_tokens, req.prompt if completions else None, req.max_tokens)
     if rec.cached_prompt_tokens is not None and (rec.input_tokens is None or rec.cached_prompt_tokens > rec.input_tokens):
         rec.cached_prompt_tokens = None  # more cached than prompted is impossible: never a figure
-    short_stream(rec, req)
+    short_stream(rec, req)  # the exact count first, where EOS was ignored
+    unfinished_stream(rec)
     return rec
+
+
+UNFINISHED = "the stream ended without a finish_reason"
+
+
+def unfinished_stream(rec: RequestRecord) -> None:
+    """A stream that ended (``[DONE]``, or its connection closed cleanly) with no event carrying a
+    ``finish_reason`` did not finish: the server ended it before deciding why it stopped. Every
+    OpenAI-compatible server states one on its last choice (``stop``, ``length``); llama-cpp-python's
+    server, with its default ``interrupt_requests``, sends ``[DONE]`` mid-stream when another request
+    waits (issue 37: 299 of 300 concurrent probe streams cut after one token, judged as wrong answers).
+    A failed request, ``transport-distortion``, never a figure or an answer."""
+    if rec.status == "ok" and not rec.finish_reason:
+        rec.status, rec.error_class = "error", "transport-distortion"
+        rec.error = (f"{UNFINISHED} after {rec.output_tokens or 0} tokens: the server ended it early (llama-cpp-python's "
+                     "server does, with its default interrupt_requests, when another request waits)")
 
 
 def short_stream(rec: RequestRecord, req: GenerationRequest) -> None:

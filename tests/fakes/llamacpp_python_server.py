@@ -9,6 +9,8 @@ mis-judged it (issue 37), for ``tests/test_greedy_chat_probes.py``.
 - A request without ``repeat_penalty: 1.0`` gets llama-cpp-python's default penalty of 1.1: the
   chosen token is no longer its own top logprob (``Lyon`` chosen at -2.5 nats, ``Paris`` -0.1).
 - Logprobs are keyed by token text, never ids (both OpenAI shapes).
+- ``interrupt=True`` (llama-cpp-python's default ``interrupt_requests``): a stream that another request
+  overlaps ends with ``[DONE]`` after its token, without a finish_reason.
 
 Every request body is kept in ``FakeLlamaCppPython.bodies``.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import http.server
 import json
 import threading
+import time
 
 TEMPLATE_OPEN = "<|im_start|>"
 
@@ -39,8 +42,10 @@ def answer(twice: bool, body: dict) -> tuple[str, float, dict[str, float]]:
 class FakeLlamaCppPython:
     """The FAKE server on 127.0.0.1, in a thread; ``with FakeLlamaCppPython() as srv: srv.url``."""
 
-    def __init__(self):
+    def __init__(self, interrupt: bool = False):
         self.bodies: list[dict] = []
+        self.in_flight = 0
+        self.lock = threading.Lock()
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -64,6 +69,12 @@ class FakeLlamaCppPython:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 fake.bodies.append(body)
+                with fake.lock:
+                    fake.in_flight += 1
+                time.sleep(0.05)  # long enough for concurrent requests to overlap
+                with fake.lock:
+                    overlapped = fake.in_flight > 1
+                cut = interrupt and overlapped
                 chat = self.path == "/v1/chat/completions"
                 twice = chat and any(TEMPLATE_OPEN in m["content"] for m in body["messages"])
                 text, lp, top = answer(twice, body)
@@ -74,15 +85,17 @@ class FakeLlamaCppPython:
                 else:
                     choice = {"index": 0, "text": text, "finish_reason": None,
                               "logprobs": {"tokens": [text], "token_logprobs": [lp], "top_logprobs": [top]}}
-                events = [{"id": "x", "object": "chunk", "choices": [choice]},
-                          {"id": "x", "object": "chunk", "choices": [{"index": 0, "finish_reason": "stop",
-                                                                      **({"delta": {}} if chat else {"text": ""})}]}]
+                events = [{"id": "x", "object": "chunk", "choices": [choice]}] + ([] if cut else [
+                    {"id": "x", "object": "chunk", "choices": [{"index": 0, "finish_reason": "stop",
+                                                                **({"delta": {}} if chat else {"text": ""})}]}])
                 data = b"".join(b"data: " + json.dumps(e).encode() + b"\r\n\r\n" for e in events) + b"data: [DONE]\r\n\r\n"
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+                with fake.lock:
+                    fake.in_flight -= 1
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
