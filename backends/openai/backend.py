@@ -276,8 +276,7 @@ class OpenAIBackend(Backend):
             self.count_tokens = load_token_counter(self.options.tokenizer)
         progress, progress_note = self._metrics_progress()
         timeout_s = self.options.read_timeout_s
-        greedy, greedy_why = ((self.options.greedy_body, "--backend-opt greedy_body") if self.options.greedy_body is not None
-                              else greedy_fields(owned_by))
+        greedy, greedy_why = self._greedy(owned_by)
         self.client = OpenAIClient(self.base_url, model, api=self.options.api, api_key_env=self.options.api_key_env,
                                    extra_body=self.options.extra_body, read_timeout_s=timeout_s, progress=progress,
                                    deadline_s=self.config.request_deadline_factor * timeout_s, greedy_body=greedy)
@@ -303,6 +302,12 @@ class OpenAIBackend(Backend):
                                      "version": None if version_answer.status != 0 else
                                      f"GET /version: {version_answer.body[:120]}"}.items() if v})
         return self.info
+
+    def _greedy(self, owned_by: str | None) -> tuple[dict[str, Any], str]:
+        """The neutral fields of a greedy request and why: the user's ``greedy_body``, else by dialect."""
+        if self.options.greedy_body is not None:
+            return self.options.greedy_body, "--backend-opt greedy_body"
+        return greedy_fields(owned_by)
 
     def _metrics_progress(self) -> tuple[Progress | None, str]:
         """The hang rule's reading of a server bakeoff did not launch (no process group to read):

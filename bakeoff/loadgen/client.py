@@ -223,6 +223,16 @@ class OpenAIClient:
         body.update(self.extra_body)  # never a key of REQUEST_KEYS: the openai backend's options refuse them
         return body
 
+    def _refused(self, status: int, path: str, text: str, headers: dict[str, str], req: GenerationRequest) -> EngineFailure:
+        """An HTTP error answer as a failure: 5xx ``runtime-crash``, 4xx ``config-rejected``, saying what
+        the server said, or for an empty body the request headers sent (names, never values), and for a
+        refused greedy request the neutral fields it carried (a strict server refusing fields it lacks)."""
+        said = text.strip()[:300] or f"an empty body (request headers sent: {', '.join(headers)})"
+        if self.greedy_body and not req.temperature and status < 500:
+            said += f" [this greedy request set {', '.join(sorted(self.greedy_body))} neutral]"
+        return EngineFailure("runtime-crash" if status >= 500 else "config-rejected", f"HTTP {status} from {path}: {said}",
+                             {"response.txt": text})
+
     async def stream(self, req: GenerationRequest, on_sent=None) -> AsyncIterator[TokenEvent]:
         """Stream one request.
 
@@ -269,11 +279,7 @@ class OpenAIClient:
                                                        f"from {path}")
             if resp.status >= 400:
                 text = (await resp.read_all(self.read_timeout_s)).decode("utf-8", "replace")[:2000]
-                cls = "runtime-crash" if resp.status >= 500 else "config-rejected"
-                said = text.strip()[:300] or f"an empty body (request headers sent: {', '.join(headers)})"
-                if self.greedy_body and not req.temperature and resp.status < 500:  # a strict server refusing them
-                    said += f" [this greedy request set {', '.join(sorted(self.greedy_body))} neutral]"
-                raise EngineFailure(cls, f"HTTP {resp.status} from {path}: {said}", {"response.txt": text})
+                raise self._refused(resp.status, path, text, headers, req)
             ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
             if ctype == "application/json":  # one JSON body where an event stream was asked for
                 head = b""
