@@ -436,6 +436,54 @@ def test_a_request_the_server_took_then_dropped_is_not_sent_again():
     assert asyncio.run(main()) == ("cut", 2)
 
 
+@pytest.mark.parametrize("trailer, idle_close", [(b"", False), (b"X-Checksum: 1\r\n", False), (b"", True)])
+def test_a_chunked_bodys_final_crlf_is_read_before_its_connection_is_kept(trailer, idle_close):
+    """cpp-httplib (llama-server) writes the last chunk and the final CRLF apart, and closes a connection
+    idle for its keep-alive timeout: the CRLF, left on the kept connection, was read as the next response's
+    first bytes before the close ("closed before the response headers (2 bytes)": a real run's probes
+    failed as transport-distortion). Trailers and the CRLF are read: every request is answered, on one
+    kept connection, or on a new one where the server closed the idle one."""
+    from bakeoff.loadgen.http import Pool
+
+    async def main():
+        conns = []
+
+        async def handle(reader, writer):
+            conns.append(1)
+            answered = 0
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    return
+                n = int(next(ln.split(b":")[1] for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")))
+                await reader.readexactly(n)
+                if idle_close and answered:  # its keep-alive timeout crossing the next request: closed unanswered
+                    writer.close()
+                    return
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n")
+                await writer.drain()
+                await asyncio.sleep(0.05)  # the rest of the body, apart
+                writer.write(trailer + b"\r\n")
+                await writer.drain()
+                answered += 1
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}/v1/completions"
+        pool = Pool()
+        bodies = []
+        try:
+            for _ in range(3):
+                resp = await pool.request("POST", url, {}, b"{}")
+                bodies.append(await resp.read_all(5.0))
+                resp.release()
+                await asyncio.sleep(0.3)
+            return bodies, len(conns)
+        finally:
+            await pool.aclose()
+            srv.close()
+    assert asyncio.run(main()) == ([b"hello"] * 3, 3 if idle_close else 1)
+
+
 def test_more_cached_tokens_than_prompt_tokens_is_never_a_figure():
     """A server's cached-token claim above the request's prompt tokens (10**30, a breaker's double)
     is dropped, as impossible prompt counts are: it cannot prove a cache hit."""

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 # keep-alive connection (the server's idle close crossed the request): the request is sent again on
 # a new connection. A later close is the server's answer to a request it received: not retried.
 STALE_CLOSE_S = 0.25
+TRAILER = -3  # Response._chunk_left past the last chunk: reading trailer lines up to the empty one
 
 
 class TransportError(Exception):
@@ -191,7 +192,7 @@ class Response:
             else:
                 item = await self.conn.read(timeout_s, self.patience)
                 if item is None:
-                    if self._mode == "close":
+                    if self._mode == "close" or self._chunk_left == TRAILER:  # closed before the final CRLF: all the body came
                         self.complete, self._keep = True, False
                         return
                     raise TransportError("cut", f"connection closed mid-body after {self.nbytes} bytes", self.nbytes)
@@ -237,6 +238,12 @@ class Response:
             if i < 0:
                 self._pend = data[pos:]
                 break
+            if left == TRAILER:  # after the last chunk: trailer lines, then the empty line that ends the body
+                empty, pos = i == pos, i + 2
+                if empty:
+                    self.complete = True
+                    break
+                continue
             field = data[pos:i].split(b";", 1)[0].strip() or b"0"
             try:
                 size = int(field, 16)
@@ -244,9 +251,9 @@ class Response:
                 raise TransportError("malformed", f"the chunked body's framing is broken: chunk size {field[:40]!r} "
                                      "is not a hexadecimal number", self.nbytes) from None
             pos = i + 2
-            if size == 0:  # last chunk; trailers, if any, are ignored
-                self.complete = True
-                break
+            if size == 0:  # the last chunk: its trailers and the final CRLF are read, so that a kept connection
+                self._chunk_left = TRAILER  # holds no byte of this body (a stray CRLF read as the next response's)
+                continue
             self._chunk_left = size
         return out[0] if len(out) == 1 else b"".join(out)
 
@@ -288,8 +295,10 @@ class Pool:
         idle = self._idle.get(key)
         while idle and not fresh:
             conn = idle.pop()
-            if not conn.eof and conn.transport is not None and not conn.transport.is_closing():
+            # bytes that came on an idle connection answer no request of ours: such a connection is not reused
+            if not conn.eof and not conn.chunks and conn.transport is not None and not conn.transport.is_closing():
                 return conn, True
+            conn.close()
             self._all.discard(conn)
         loop = asyncio.get_running_loop()
         ctx = _ssl.create_default_context() if scheme == "https" else None
