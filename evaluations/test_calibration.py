@@ -25,24 +25,41 @@ from bakeoff.loadgen.calibrate import ErrorBudget, calibrate_sweep
 SHARED_ENV = "BAKEOFF_CALIBRATION_FILE"
 
 
+MAX_SHARED_BYTES = 1 << 20  # a calibration is a few KB; anything larger is not one
+POINT_KEYS = {"concurrency", "within_budget", "violations"}  # what the check reads of each point
+
+
 def _shared(sessions: list[int]) -> dict | None:
-    """The command's calibration if an earlier run of it certified every session in ``sessions``."""
+    """The command's calibration if an earlier run of it certified every session in ``sessions``:
+    a regular file of at most :data:`MAX_SHARED_BYTES`, in the shape :func:`_share` writes; anything
+    else (missing, damaged, another budget or sessions) is measured again, never trusted."""
     path = os.environ.get(SHARED_ENV)
     try:
-        saved = json.loads(Path(path).read_text()) if path else None
+        p = Path(path) if path else None
+        if p is None or not p.is_file() or p.stat().st_size > MAX_SHARED_BYTES:  # not a FIFO, device or huge file
+            return None
+        saved = json.loads(p.read_bytes()[:MAX_SHARED_BYTES])
     except (OSError, ValueError):
         return None
-    ok = (isinstance(saved, dict) and saved.get("sessions") == sessions and saved.get("budget") == ErrorBudget().model_dump()
-          and isinstance(saved.get("result"), dict) and saved["result"].get("calibrated_concurrency") == max(sessions))
+    res = saved.get("result") if isinstance(saved, dict) else None
+    best = res.get("calibrated_concurrency") if isinstance(res, dict) else None
+    ok = (saved.get("sessions") == sessions and saved.get("budget") == ErrorBudget().model_dump()
+          and type(best) is int and best == max(sessions)
+          and isinstance(res.get("points"), list) and all(isinstance(q, dict) and POINT_KEYS <= q.keys() for q in res["points"])
+          and isinstance(saved.get("measured_in_run"), str) and isinstance(saved.get("measured_at"), str)) if res else False
     return saved if ok else None
 
 
 def _share(sessions: list[int], res: dict, run_id: str) -> None:
-    """Keep a calibration that certified every session for the command's later runs."""
+    """Keep a calibration that certified every session for the command's later runs (a file that cannot
+    be written is no loss: the later runs measure their own)."""
     path = os.environ.get(SHARED_ENV)
     if path and res["calibrated_concurrency"] == max(sessions):
-        Path(path).write_text(json.dumps({"sessions": sessions, "budget": ErrorBudget().model_dump(), "result": res,
-                                          "measured_in_run": run_id, "measured_at": utc_now()}))
+        try:
+            Path(path).write_text(json.dumps({"sessions": sessions, "budget": ErrorBudget().model_dump(), "result": res,
+                                              "measured_in_run": run_id, "measured_at": utc_now()}))
+        except OSError:
+            pass
 
 
 @pytest.mark.check("loadgen.calibration")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from bakeoff.analysis.sanity import top_map
 from evaluations.probing import open_ended_prompts
 
 
@@ -132,20 +133,21 @@ def map_text_logprobs(outputs: list[dict], tok) -> dict[str, Any]:
         ``{"outputs": with text logprobs and no ids, "mapped": count, "unmapped": [{"id", "why"}]}``.
     """
     todo = [o for o in outputs if not o.get("token_ids") and o.get("logprobs")
-            and all(e is None or isinstance(e[0], str) for e in o["logprobs"])]
+            and all(not e or isinstance(e[0], str) for e in o["logprobs"])]
     if not todo:
         return {"outputs": 0, "mapped": 0, "unmapped": []}
     ids = text_token_ids(tok)
     mapped, unmapped = 0, []
     for o in todo:
-        chosen = [None if e is None else ids.get(e[0]) for e in o["logprobs"]]
+        chosen = [ids.get(e[0]) if e and isinstance(e[0], str) and len(e) >= 2 else None for e in o["logprobs"]]
         if any(c is None for c in chosen):
             unmapped.append({"id": o.get("id"), "why": "a token text no single id of the tokenizer decodes to"})
             continue
         if tok.decode(chosen) != (o.get("text") or ""):
             unmapped.append({"id": o.get("id"), "why": "the mapped ids do not decode to the streamed text"})
             continue
-        o["logprobs"] = [[c, e[1], [[ids[t], v] for t, v in (e[2] or []) if ids.get(t) is not None]]
+        o["logprobs"] = [None if e is None else [c, e[1], [[ids[t], v] for t, v in top_map(e).items()
+                                                             if isinstance(t, str) and ids.get(t) is not None]]
                          for c, e in zip(chosen, o["logprobs"])]
         o["token_ids"], o["token_ids_from"] = chosen, "text logprobs, mapped with the reference's tokenizer"
         mapped += 1

@@ -441,8 +441,9 @@ def test_a_chunked_bodys_final_crlf_is_read_before_its_connection_is_kept(traile
     """cpp-httplib (llama-server) writes the last chunk and the final CRLF apart, and closes a connection
     idle for its keep-alive timeout: the CRLF, left on the kept connection, was read as the next response's
     first bytes before the close ("closed before the response headers (2 bytes)": a real run's probes
-    failed as transport-distortion). Trailers and the CRLF are read: every request is answered, on one
-    kept connection, or on a new one where the server closed the idle one."""
+    failed as transport-distortion). The stray CRLF is skipped, so the close counts as one with no byte
+    and the request goes again on a new connection; nothing waits for the CRLF (a body is complete at
+    its last chunk); a body with trailers does not keep its connection."""
     from bakeoff.loadgen.http import Pool
 
     async def main():
@@ -481,7 +482,19 @@ def test_a_chunked_bodys_final_crlf_is_read_before_its_connection_is_kept(traile
         finally:
             await pool.aclose()
             srv.close()
-    assert asyncio.run(main()) == ([b"hello"] * 3, 3 if idle_close else 1)
+    assert asyncio.run(main()) == ([b"hello"] * 3, 3 if idle_close or trailer else 1)
+
+
+@pytest.mark.parametrize("size", [b"-3", b"+5", b"0x5", b"1_0", b"-1"])
+def test_a_chunk_size_that_is_not_hex_digits_is_malformed(size):
+    """int(x, 16) takes signs, a 0x prefix and underscores; a chunk size does not (found by a breaker:
+    "-3" cut a body silently)."""
+    from bakeoff.loadgen.http import Response, TransportError
+
+    resp = Response.__new__(Response)
+    resp._mode, resp._pend, resp._chunk_left, resp.nbytes, resp.complete, resp._keep = "chunked", b"", 0, 0, False, True
+    with pytest.raises(TransportError, match="chunk size"):
+        resp._decode(b"5\r\nhello\r\n" + size + b"\r\nworld\r\n0\r\n\r\n")
 
 
 def test_more_cached_tokens_than_prompt_tokens_is_never_a_figure():
@@ -540,4 +553,32 @@ def test_a_shared_calibration_is_reused_only_when_it_certified_the_same_sessions
     assert cal._shared([1, 8]) is None
     monkeypatch.delenv(cal.SHARED_ENV)
     cal._share([1, 8], certified, "run-b")  # outside a qualify command: nothing shared
+    assert cal._shared([1, 8]) is None
+
+
+def test_a_hostile_shared_calibration_is_measured_again_never_read_unbounded(tmp_path, monkeypatch):
+    """A breaker's files at BAKEOFF_CALIBRATION_FILE: a device, a FIFO, a huge file, wrong types, a folder
+    to write to; none crashes, blocks or is trusted (evaluations/test_calibration.py)."""
+    import os
+
+    from evaluations import test_calibration as cal
+
+    good = {"calibrated_concurrency": 8, "points": [{"concurrency": 8, "within_budget": True, "violations": []}]}
+    cases = {"zero": "/dev/zero", "fifo": str(tmp_path / "fifo"), "huge": str(tmp_path / "huge"), "folder": str(tmp_path)}
+    os.mkfifo(cases["fifo"])
+    with open(cases["huge"], "wb") as fh:
+        fh.truncate(cal.MAX_SHARED_BYTES + 1)
+    for path in cases.values():
+        monkeypatch.setenv(cal.SHARED_ENV, path)
+        assert cal._shared([1, 8]) is None
+    cal._share([1, 8], good, "run-a")  # a folder cannot be written: no loss, no crash
+    shared = tmp_path / "calibration.json"
+    monkeypatch.setenv(cal.SHARED_ENV, str(shared))
+    cal._share([1, 8], good, "run-a")
+    assert cal._shared([1, 8])["measured_in_run"] == "run-a"
+    saved = json.loads(shared.read_text())
+    for bad in ({"calibrated_concurrency": True}, {"calibrated_concurrency": 8.0}, {"points": "x"}, {"points": [{}]}):
+        shared.write_text(json.dumps({**saved, "result": {**saved["result"], **bad}}))
+        assert cal._shared([1, 8]) is None, bad
+    shared.write_text(json.dumps({k: v for k, v in saved.items() if k != "measured_in_run"}))
     assert cal._shared([1, 8]) is None

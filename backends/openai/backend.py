@@ -85,13 +85,13 @@ class OpenAIOptions(Spec):
 
     @field_validator("extra_body", "greedy_body")
     @classmethod
-    def _extra_body_sets_no_request_field(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _extra_body_sets_no_request_field(cls, v: dict[str, Any] | None, info) -> dict[str, Any] | None:
         """Fields bakeoff sets per request are not the user's to override (issue 36's census: ``stream:
         false`` read as a server ignoring stream=true; ``max_tokens: 1`` capped every output and blamed
         the engine)."""
         taken = sorted(k for k in v or {} if k in REQUEST_KEYS)
         if taken:
-            raise ValueError(f"extra_body may not set {', '.join(taken)}: bakeoff sets them for each request; "
+            raise ValueError(f"{info.field_name} may not set {', '.join(taken)}: bakeoff sets them for each request; "
                              "pass other fields only (e.g. return_token_ids, chat_template_kwargs)")
         return v
 

@@ -228,8 +228,9 @@ class OpenAIClient:
         the server said, or for an empty body the request headers sent (names, never values), and for a
         refused greedy request the neutral fields it carried (a strict server refusing fields it lacks)."""
         said = text.strip()[:300] or f"an empty body (request headers sent: {', '.join(headers)})"
-        if self.greedy_body and not req.temperature and status < 500:
-            said += f" [this greedy request set {', '.join(sorted(self.greedy_body))} neutral]"
+        neutral = sorted(k for k in self.greedy_body if k not in self.extra_body)  # what body() sent of them
+        if neutral and not req.temperature and status < 500 and self.api != "messages":
+            said += f" [this greedy request set {', '.join(neutral)} neutral]"
         return EngineFailure("runtime-crash" if status >= 500 else "config-rejected", f"HTTP {status} from {path}: {said}",
                              {"response.txt": text})
 

@@ -31,7 +31,6 @@ from urllib.parse import urlsplit
 # keep-alive connection (the server's idle close crossed the request): the request is sent again on
 # a new connection. A later close is the server's answer to a request it received: not retried.
 STALE_CLOSE_S = 0.25
-TRAILER = -3  # Response._chunk_left past the last chunk: reading trailer lines up to the empty one
 
 
 class TransportError(Exception):
@@ -192,7 +191,7 @@ class Response:
             else:
                 item = await self.conn.read(timeout_s, self.patience)
                 if item is None:
-                    if self._mode == "close" or self._chunk_left == TRAILER:  # closed before the final CRLF: all the body came
+                    if self._mode == "close":
                         self.complete, self._keep = True, False
                         return
                     raise TransportError("cut", f"connection closed mid-body after {self.nbytes} bytes", self.nbytes)
@@ -238,22 +237,23 @@ class Response:
             if i < 0:
                 self._pend = data[pos:]
                 break
-            if left == TRAILER:  # after the last chunk: trailer lines, then the empty line that ends the body
-                empty, pos = i == pos, i + 2
-                if empty:
-                    self.complete = True
-                    break
-                continue
             field = data[pos:i].split(b";", 1)[0].strip() or b"0"
             try:
+                if field.strip(b"0123456789abcdefABCDEF"):  # hex digits only: int() would take -3, +5, 0x5, 1_0
+                    raise ValueError(field)
                 size = int(field, 16)
             except ValueError:  # a framing fault, not the engine's: named as such (census 5.19)
                 raise TransportError("malformed", f"the chunked body's framing is broken: chunk size {field[:40]!r} "
                                      "is not a hexadecimal number", self.nbytes) from None
             pos = i + 2
-            if size == 0:  # the last chunk: its trailers and the final CRLF are read, so that a kept connection
-                self._chunk_left = TRAILER  # holds no byte of this body (a stray CRLF read as the next response's)
-                continue
+            if size == 0:  # the last chunk: the body is complete; nothing more of it is waited for
+                self.complete = True
+                # its final CRLF may come apart (llama-server's cpp-httplib writes it so): a kept connection then
+                # holds a stray CRLF, which the next request skips (Pool._get, Pool._read_head); trailers are
+                # not read, so a connection whose body has them is not kept
+                if data[pos:] not in (b"", b"\r\n"):
+                    self._keep = False
+                break
             self._chunk_left = size
         return out[0] if len(out) == 1 else b"".join(out)
 
@@ -295,8 +295,11 @@ class Pool:
         idle = self._idle.get(key)
         while idle and not fresh:
             conn = idle.pop()
-            # bytes that came on an idle connection answer no request of ours: such a connection is not reused
-            if not conn.eof and not conn.chunks and conn.transport is not None and not conn.transport.is_closing():
+            # bytes that came on an idle connection answer no request of ours: the stray CRLF that ended the last
+            # chunked body is dropped; a connection holding anything else is not reused
+            stray = b"".join(d for _, d in conn.chunks)
+            if not conn.eof and not stray.strip(b"\r\n") and conn.transport is not None and not conn.transport.is_closing():
+                conn.chunks.clear()
                 return conn, True
             conn.close()
             self._all.discard(conn)
@@ -386,7 +389,9 @@ class Pool:
                 raise TransportError("cut", f"connection closed before the response headers ({len(buf)} bytes)",
                                      len(buf))
             t, data = item
-            buf += data
+            # empty lines before the status line are skipped (RFC 9112 2.2): the final CRLF of the previous
+            # chunked body on a kept connection, written apart; a close after them is a close with no byte
+            buf = (buf + data) if buf else data.lstrip(b"\r\n")
             i = buf.find(b"\r\n\r\n")
             if i >= 0:
                 break
