@@ -39,13 +39,14 @@ def _shared(sessions: list[int]) -> dict | None:
         if p is None or not p.is_file() or p.stat().st_size > MAX_SHARED_BYTES:  # not a FIFO, device or huge file
             return None
         saved = json.loads(p.read_bytes()[:MAX_SHARED_BYTES])
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     res = saved.get("result") if isinstance(saved, dict) else None
     best = res.get("calibrated_concurrency") if isinstance(res, dict) else None
     ok = (saved.get("sessions") == sessions and saved.get("budget") == ErrorBudget().model_dump()
           and type(best) is int and best == max(sessions)
           and isinstance(res.get("points"), list) and all(isinstance(q, dict) and POINT_KEYS <= q.keys() for q in res["points"])
+          and any(q["concurrency"] == best and q["within_budget"] is True for q in res["points"])
           and isinstance(saved.get("measured_in_run"), str) and isinstance(saved.get("measured_at"), str)) if res else False
     return saved if ok else None
 

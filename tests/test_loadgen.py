@@ -541,7 +541,7 @@ def test_a_shared_calibration_is_reused_only_when_it_certified_the_same_sessions
 
     shared = tmp_path / "calibration.json"
     monkeypatch.setenv(cal.SHARED_ENV, str(shared))
-    certified = {"calibrated_concurrency": 8, "points": []}
+    certified = {"calibrated_concurrency": 8, "points": [{"concurrency": 8, "within_budget": True, "violations": []}]}
     assert cal._shared([1, 8]) is None  # nothing measured yet
     cal._share([1, 8], {"calibrated_concurrency": 1, "points": []}, "run-a")
     assert not shared.exists()  # a miss at 8 is not kept: the next run measures again
@@ -577,8 +577,11 @@ def test_a_hostile_shared_calibration_is_measured_again_never_read_unbounded(tmp
     cal._share([1, 8], good, "run-a")
     assert cal._shared([1, 8])["measured_in_run"] == "run-a"
     saved = json.loads(shared.read_text())
-    for bad in ({"calibrated_concurrency": True}, {"calibrated_concurrency": 8.0}, {"points": "x"}, {"points": [{}]}):
+    for bad in ({"calibrated_concurrency": True}, {"calibrated_concurrency": 8.0}, {"points": "x"}, {"points": [{}]},
+                {"points": [{"concurrency": 8, "within_budget": False, "violations": ["x"]}]}):
         shared.write_text(json.dumps({**saved, "result": {**saved["result"], **bad}}))
         assert cal._shared([1, 8]) is None, bad
     shared.write_text(json.dumps({k: v for k, v in saved.items() if k != "measured_in_run"}))
+    assert cal._shared([1, 8]) is None
+    shared.write_text("[" * 100000 + "]" * 100000)  # deeper than the JSON decoder recurses
     assert cal._shared([1, 8]) is None
