@@ -61,7 +61,7 @@ def _qualify(monkeypatch, tmp_path, names: list[str], installs: Installs, on_run
     calls, running = [], []
     specs = {n: [s.name for s in backends.resolve(n).env_specs()] for n in names}
 
-    def one_run(c, run, artifacts, progress, runs, cell_runs, missing):
+    def one_run(c, run, artifacts, progress, runs, cell_runs, missing, shared_env):
         with installs.lock:
             calls.append((run.backend, set(installs.done), len(running)))
         running.append(run.backend)

@@ -25,6 +25,7 @@ def _compressing_app(coding: str):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Content-Encoding": sent})
         await resp.prepare(request)
         events = [f'data: {{"choices":[{{"index":0,"text":" t{i}"}}]}}\n\n'.encode() for i in range(N)]
+        events.append(b'data: {"choices":[{"index":0,"text":"","finish_reason":"length"}]}\n\n')  # a finished stream
         events.append(b"data: [DONE]\n\n")
         if coding == "gzip-members":  # one whole gzip member per event: valid gzip, several members
             for event in events:
