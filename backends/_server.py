@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, ClassVar
 
+from backends import _ranks
 from backends.base import Backend
 from bakeoff.api.errors import EngineFailure
 from bakeoff.loadgen.client import OpenAIClient
@@ -79,6 +80,9 @@ class ChildServerBackend(Backend):
     # by :meth:`ensure_env`; None: the engine runs in bakeoff's environment or says its own env_specs
     engine_env: ClassVar[Callable[[], envs.EnvSpec] | None] = None
     log_name: ClassVar[str] = "env.log"  # the run's engine folder file that prepare()'s lines go to
+    # an engine with a worker process per rank: its title (named groups ``pp`` and ``tp``), read by
+    # backends/_ranks.py to watch and verify each rank; None: a single engine process
+    rank_title: ClassVar[re.Pattern | None] = None
 
     @classmethod
     def env_specs(cls) -> list:
@@ -165,9 +169,11 @@ class ChildServerBackend(Backend):
             startup_s = self.launch(free_port())
         except EngineFailure as exc:
             raise self.classify_start_failure(exc) from None
+        _ranks.after_start(self)
         self.make_client(self.served_model())
         self.info = self.describe(round(startup_s, 2))
         self.info.notes["huge_pages"] = self.huge_pages_note()
+        self.info.notes.update(getattr(self, "rank_notes", {}))
         return self.info
 
     def huge_pages_note(self) -> str:
@@ -197,6 +203,7 @@ class ChildServerBackend(Backend):
                 passes; each with the log tail as evidence.
         """
         cmd, env = self.command(port)
+        env = _ranks.prepare_env(self, env or {})
         no_tokenizer = None if any(a.startswith("--tokenizer") for a in cmd) else missing_tokenizer(self.config.model)
         if no_tokenizer:  # a tokenizer given apart (vLLM --tokenizer) is the engine's to check
             raise EngineFailure("load-failure", no_tokenizer, {"checkpoint_files.txt": "\n".join(
@@ -255,7 +262,7 @@ class ChildServerBackend(Backend):
         timeout_s = self.config.progress_timeout_s
         self.client = OpenAIClient(self.base_url, served_model, api=self.api, extra_body=self.extra_body(),
                                    greedy_body=self.greedy_body(), read_timeout_s=timeout_s,
-                                   progress=cpu_progress(self.proc) if self.proc is not None else None,
+                                   progress=(_ranks.progress(self) or cpu_progress(self.proc)) if self.proc else None,
                                    deadline_s=self.config.request_deadline_factor * timeout_s)
         return self.client
 
@@ -272,11 +279,13 @@ class ChildServerBackend(Backend):
                 await self._settle()
             if self.proc is not None and not self.proc.alive():
                 log = self.proc.tail(300)
-                raise shape_refusal(cuda_evidence(EngineFailure(
+                raise _ranks.name_lost_rank(self, shape_refusal(cuda_evidence(EngineFailure(
                     "runtime-crash", f"{self.name} {describe_exit(self.proc.poll(), log)} while serving: "
                     f"{death_cause(self.proc.poll(), log)}",
                     {"engine.log.tail": self.proc.tail(120), "client_error.txt": exc.message}),
-                    exc.message + "\n" + self.proc.tail(300), "serving"), self.proc.head_and_tail()) from None
+                    exc.message + "\n" + self.proc.tail(300), "serving"), self.proc.head_and_tail())) from None
+            _ranks.name_lost_rank(self, exc)  # a hang whose rank is gone is that rank's crash
+            _ranks.hang_evidence(self, exc)
             if self.proc is not None and exc.failure_class == "hang":
                 if self._stacks is None:  # once: concurrent requests hang together
                     self._stacks = self.proc.dump_stacks()
@@ -335,6 +344,7 @@ class ChildServerBackend(Backend):
         return rep
 
     def stop(self) -> None:
+        _ranks.finish(self)
         if self.proc is not None:
             self.proc.stop()
 

