@@ -111,9 +111,39 @@ def progress(backend) -> Progress | None:
                     "(a rank spinning while its peer waits is not progress; backends/_ranks.py)")
 
 
+RANK_LOG_LINE = re.compile(r"^\((\w+) pid=(\d+)\) ERROR [^\]]*\] ?(.*)$")
+EXCEPTION = re.compile(r"^[A-Za-z_.]*(?:Error|Exception|Exit)\b")
+
+
+def rank_error(log: str, ranks: list) -> str | None:
+    """The rank whose ERROR lines come first in the engine's log (vLLM prefixes each line with the
+    process, ``(Worker_PP1 pid=13810) ERROR ...``), with its exception: "rank PP1 (pid N) failed
+    first: AssertionError (assert self.intermediate_tensors is not None)"; None when no rank logged
+    an error. The rank that raised is the root cause; the ones that ended after it followed."""
+    by_pid = {r.pid: r for r in ranks}
+    first, lines = None, []
+    for ln in log.splitlines():
+        m = RANK_LOG_LINE.match(ln.strip())
+        if not m or int(m.group(2)) not in by_pid:
+            continue
+        pid = int(m.group(2))
+        first = first if first is not None else pid
+        if pid == first:
+            lines.append(m.group(3).strip())
+    if first is None:
+        return None
+    text = [x for x in lines if x and not x.startswith(("File ", "Traceback", "^", "~"))]
+    exc = [i for i, x in enumerate(text) if EXCEPTION.match(x)]
+    what = text[exc[-1]] if exc else (text[-1] if text else "an error")
+    if exc and ":" not in what and exc[-1] > 0:  # a bare "AssertionError": the statement above it says which
+        what = f"{what} ({text[exc[-1] - 1][:160]})"
+    return f"{by_pid[first].describe()} failed first: {what[:240]}"
+
+
 def name_lost_rank(backend, exc: EngineFailure) -> EngineFailure:
-    """A failure while serving, with the rank that ended first named (message and ``ranks.json``);
-    a ``hang`` whose rank is gone is the crash of that rank (``runtime-crash``). Returns ``exc``."""
+    """A failure while serving, with the rank at its root named (message and ``ranks.json``): the rank
+    whose error the log shows first (:func:`rank_error`), else the rank found gone first; a
+    ``hang`` whose rank is gone is the crash of that rank (``runtime-crash``). Returns ``exc``."""
     watch = getattr(backend, "rank_watch", None)
     if watch is None:
         return exc
@@ -121,7 +151,10 @@ def name_lost_rank(backend, exc: EngineFailure) -> EngineFailure:
     gone = watch.ended()
     if gone:
         first = gone[0]
-        line = f"{first.describe()} ended first ({first.cmdline[:80]})"
+        if getattr(backend, "rank_cause", None) is None:  # once: later failures read a log that moved on
+            backend.rank_cause = (rank_error(backend.log_tail(3000), watch.ranks())
+                                  or f"{first.describe()} ended first ({first.cmdline[:80]})")
+        line = backend.rank_cause
         if line not in exc.message:
             exc.message = f"{line}; {exc.message}"
         if exc.failure_class == "hang":

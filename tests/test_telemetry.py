@@ -134,3 +134,53 @@ def test_real_gpu_sampler(tmp_path):
     s = sampler.summary()
     assert s["samples"] >= 5 and s["power_mean_w"] > 0 and s["mem_used_max_mib"] is not None
     assert static_info()["gpus"][0]["name"]
+
+
+class TwoGpuFakeNvml(FakeNvml):
+    """A fake NVML (not the library) of two GPUs: GPU 0 at 300 W and 50% SM, GPU 1 at 100 W and 10% SM,
+    10 and 4 GiB used (a tensor-parallel engine's two ranks)."""
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return SimpleNamespace(gpu=(50, 10)[h], memory=20)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return SimpleNamespace(used=(10, 4)[h] * 2**30, total=141 * 10**9)
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return (300_000, 100_000)[h]
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        return int((time.monotonic() - self.t0) * (300_000, 100_000)[h])
+
+
+def test_two_gpus_are_sampled_each_and_counted_once(tmp_path):
+    """Each GPU a rank holds is sampled and summarised on its own; the node's energy and power are their
+    sum (J/token over both), memory used their sum, SM utilisation their mean: nothing counted twice."""
+    sampler = GpuSampler(tmp_path / "gpu.jsonl", interval_s=0.02, nvml=TwoGpuFakeNvml()).start()
+    t0 = sampler.sample_now()["t_ns"]
+    time.sleep(0.3)
+    t1 = sampler.sample_now()["t_ns"]
+    sampler.stop()
+    rows = [json.loads(line) for line in (tmp_path / "gpu.jsonl").read_text().splitlines()]
+    assert {r["gpu"] for r in rows} == {0, 1} and sampler.indices == [0, 1]
+    s = sampler.summary((t0, t1))
+    per = {g["gpu"]: g for g in s["gpus"]}
+    assert per[0]["power_mean_w"] == 300.0 and per[1]["power_mean_w"] == 100.0
+    assert s["power_mean_w"] == 400.0 and s["sm_util_mean_pct"] == 30 and s["mem_used_max_mib"] == 14336.0
+    assert s["energy_j"] == pytest.approx(400.0 * s["window_s"], rel=0.05)
+    assert s["energy_j"] == pytest.approx(per[0]["energy_j"] + per[1]["energy_j"])
+    assert s["samples"] == per[0]["samples"] + per[1]["samples"]
+    assert joules_per_token(s, 100) == pytest.approx(s["energy_j"] / 100)
+
+
+def test_visible_gpus_follow_cuda_visible_devices():
+    from bakeoff.host.telemetry import visible_gpus
+
+    nvml = TwoGpuFakeNvml()
+    assert visible_gpus(nvml, {}) == [0, 1]
+    assert visible_gpus(nvml, {"CUDA_VISIBLE_DEVICES": "1"}) == [1]
+    assert visible_gpus(nvml, {"CUDA_VISIBLE_DEVICES": "0, 1, 5"}) == [0, 1]  # an index NVML lacks is left out
+    assert visible_gpus(nvml, {"CUDA_VISIBLE_DEVICES": "GPU-8c1f"}) == [0, 1]  # UUIDs: every GPU

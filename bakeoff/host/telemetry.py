@@ -1,7 +1,9 @@
 """GPU telemetry through NVML: a background sampler, window summaries, energy per token.
 
-On a CUDA host every run samples the first GPU at a fixed interval (default 200 ms) into
-``evidence/telemetry/gpu.jsonl``: SM and memory utilisation (%), memory used (MiB), power
+On a CUDA host every run samples each GPU it may use (``CUDA_VISIBLE_DEVICES`` where it lists
+NVML indices, else every GPU NVML sees: a tensor-parallel engine's ranks each hold one) at a fixed
+interval (default 200 ms) into ``evidence/telemetry/gpu.jsonl``, each sample tagged with its
+``gpu`` index: SM and memory utilisation (%), memory used (MiB), power
 (W), SM and memory clocks (MHz), temperature (C) and NVML's energy counter (mJ, Volta and
 later). :meth:`GpuSampler.summary` reduces the samples of a time window (``time.monotonic_ns``)
 to means, maxima and energy; energy comes from the energy counter's difference when the GPU
@@ -16,6 +18,7 @@ never load it. Sources: NVML API reference, https://docs.nvidia.com/deploy/nvml-
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -86,7 +89,8 @@ def _mean(xs: list[float]) -> float | None:
 
 
 def summarize(samples: list[dict[str, Any]], window: tuple[int, int] | None = None) -> dict[str, Any]:
-    """Reduce samples (optionally those inside ``window = (t0_ns, t1_ns)``) to summary values.
+    """Reduce samples (optionally those inside ``window = (t0_ns, t1_ns)``) to summary values; samples
+    of several GPUs (their ``gpu`` index) are summarised per GPU (:func:`combine`).
 
     Returns:
         ``samples``, ``duration_s`` (first to last sample), ``window_s``; mean and max of SM
@@ -95,6 +99,9 @@ def summarize(samples: list[dict[str, Any]], window: tuple[int, int] | None = No
         (``nvml-energy-counter``, else ``power-integral`` of the power samples); no figures
         when no sample fell in the window.
     """
+    gpus = sorted({x.get("gpu", 0) for x in samples})
+    if len(gpus) > 1:
+        return combine([dict(summarize([x for x in samples if x.get("gpu", 0) == g], window), gpu=g) for g in gpus])
     s = [x for x in samples if window is None or window[0] <= x["t_ns"] <= window[1]]
     out: dict[str, Any] = {"samples": len(s)}
     if not s:
@@ -132,6 +139,46 @@ def summarize(samples: list[dict[str, Any]], window: tuple[int, int] | None = No
     return out
 
 
+def combine(per_gpu: list[dict[str, Any]]) -> dict[str, Any]:
+    """One node's figures from each GPU's summary, every GPU counted once: energy and power summed
+    (joules per token are the node's), memory used summed (each rank holds its own share), SM
+    utilisation and clocks averaged over the GPUs, maxima the largest; ``gpus`` keeps each GPU's."""
+    have = [g for g in per_gpu if g.get("samples")]
+    out: dict[str, Any] = {"samples": sum(g["samples"] for g in per_gpu), "gpus": per_gpu}
+    if not have:
+        return out
+
+    def total(key):
+        vals = [g[key] for g in have if g.get(key) is not None]
+        return round(sum(vals), 3) if vals else None
+
+    def mean(key):
+        vals = [g[key] for g in have if g.get(key) is not None]
+        return _mean(vals)
+
+    out.update({"duration_s": max(g["duration_s"] for g in have), "window_s": max(g["window_s"] for g in have),
+                "power_mean_w": total("power_mean_w"), "power_max_w": total("power_max_w"),
+                "sm_util_mean_pct": mean("sm_util_mean_pct"),
+                "sm_util_max_pct": max((g["sm_util_max_pct"] for g in have if g.get("sm_util_max_pct") is not None),
+                                       default=None),
+                "sm_clock_mean_mhz": mean("sm_clock_mean_mhz"), "mem_util_mean_pct": mean("mem_util_mean_pct"),
+                "mem_used_max_mib": total("mem_used_max_mib"), "mem_clock_mean_mhz": mean("mem_clock_mean_mhz")})
+    if all(g.get("energy_j") is not None for g in have):
+        out["energy_j"] = total("energy_j")
+        out["energy_source"] = " + ".join(sorted({g["energy_source"] for g in have}))
+    return out
+
+
+def visible_gpus(nvml: Any, env: dict[str, str] | None = None) -> list[int]:
+    """The NVML indices to sample: ``CUDA_VISIBLE_DEVICES`` where it is a list of indices (UUIDs and
+    the like: every GPU), else every GPU NVML sees."""
+    count = nvml.nvmlDeviceGetCount()
+    raw = (env if env is not None else os.environ).get("CUDA_VISIBLE_DEVICES")
+    if raw is not None and re.fullmatch(r"\s*\d+(\s*,\s*\d+)*\s*", raw):
+        return [i for i in (int(x) for x in raw.split(",")) if i < count]
+    return list(range(count))
+
+
 def joules_per_token(summary: dict[str, Any], output_tokens: int | None) -> float | None:
     """Energy per output token (J/token) of a window summary; None without energy or tokens."""
     e = summary.get("energy_j")
@@ -139,26 +186,26 @@ def joules_per_token(summary: dict[str, Any], output_tokens: int | None) -> floa
 
 
 class GpuSampler:
-    """Samples one GPU in a background thread; each sample is kept and appended to ``path``.
+    """Samples GPUs in a background thread; each sample is kept and appended to ``path``.
 
     Args:
         path: JSON-lines file the samples are appended to (None: memory only).
         interval_s: sampling interval in seconds (default 0.2).
-        index: NVML device index.
+        index: one NVML device index; None: :func:`visible_gpus` (every GPU the run may use).
         nvml: an initialised NVML module (default: :func:`load_nvml`); tests pass a fake.
 
     Raises:
         RuntimeError: when NVML cannot be loaded (the message says why).
     """
 
-    def __init__(self, path: Path | None = None, interval_s: float = 0.2, index: int = 0, nvml: Any = None):
+    def __init__(self, path: Path | None = None, interval_s: float = 0.2, index: int | None = None, nvml: Any = None):
         if nvml is None:
             nvml, reason = load_nvml()
             if nvml is None:
                 raise RuntimeError(reason)
         self.nvml = nvml
-        self.handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        self.index = index
+        self.indices = [index] if index is not None else visible_gpus(nvml)
+        self.handles = [(i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in self.indices]
         self.path = Path(path) if path else None
         self.interval_s = interval_s
         self.samples: list[dict[str, Any]] = []
@@ -180,11 +227,11 @@ class GpuSampler:
         try:
             nxt = time.monotonic()
             while not self._stop.is_set():
-                sample = read_sample(self.nvml, self.handle)
+                samples = self._read()
                 with self._lock:
-                    self.samples.append(sample)
+                    self.samples.extend(samples)
                 if fh:
-                    fh.write(json.dumps(sample) + "\n")
+                    fh.write("".join(json.dumps(x) + "\n" for x in samples))
                     fh.flush()
                 nxt += self.interval_s
                 self._stop.wait(max(0.0, nxt - time.monotonic()))
@@ -192,13 +239,18 @@ class GpuSampler:
             if fh:
                 fh.close()
 
+    def _read(self) -> list[dict[str, Any]]:
+        """One sample of each GPU, stamped with one time (a window edge holds every GPU's or none)."""
+        t_ns = time.monotonic_ns()
+        return [dict(read_sample(self.nvml, h), gpu=i, t_ns=t_ns) for i, h in self.handles]
+
     def sample_now(self) -> dict[str, Any]:
-        """Take one sample at once (marks a window edge precisely) and keep it."""
-        s = read_sample(self.nvml, self.handle)
+        """Take one sample of each GPU at once (marks a window edge precisely), keep them; returns the first."""
+        got = self._read()
         with self._lock:
-            self.samples.append(s)
+            self.samples.extend(got)
             self.samples.sort(key=lambda x: x["t_ns"])
-        return s
+        return got[0]
 
     def stop(self) -> None:
         """Stop sampling (safe to call twice)."""
