@@ -42,13 +42,18 @@ def _shared(sessions: list[int]) -> dict | None:
     except (OSError, ValueError, RecursionError):
         return None
     res = saved.get("result") if isinstance(saved, dict) else None
-    best = res.get("calibrated_concurrency") if isinstance(res, dict) else None
-    ok = (saved.get("sessions") == sessions and saved.get("budget") == ErrorBudget().model_dump()
-          and type(best) is int and best == max(sessions)
-          and isinstance(res.get("points"), list) and all(isinstance(q, dict) and POINT_KEYS <= q.keys() for q in res["points"])
-          and any(q["concurrency"] == best and q["within_budget"] is True for q in res["points"])
-          and isinstance(saved.get("measured_in_run"), str) and isinstance(saved.get("measured_at"), str)) if res else False
+    ok = (isinstance(res, dict) and saved.get("sessions") == sessions and saved.get("budget") == ErrorBudget().model_dump()
+          and _certifies(res, max(sessions))
+          and isinstance(saved.get("measured_in_run"), str) and isinstance(saved.get("measured_at"), str))
     return saved if ok else None
+
+
+def _certifies(res: dict, top: int) -> bool:
+    """Whether a saved result is in :func:`calibrate_sweep`'s shape and certified ``top`` sessions within budget."""
+    best, points = res.get("calibrated_concurrency"), res.get("points")
+    return (type(best) is int and best == top and isinstance(points, list)
+            and all(isinstance(q, dict) and POINT_KEYS <= q.keys() for q in points)
+            and any(q["concurrency"] == best and q["within_budget"] is True for q in points))
 
 
 def _share(sessions: list[int], res: dict, run_id: str) -> None:

@@ -9,14 +9,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Literal
 
 from pydantic import Field
 
 from adapters.openvino_export import OpenVinoExportOptions, OpenVinoExportResult, env_spec, export
 from backends._hosting.threads import option_or_default
-from backends._server import ChildServerBackend
+from backends._export_worker import ExportWorkerBackend
 from backends.openvino.preflight import rule as preflight_rule
 from bakeoff.api.specs import BackendInfo
 from bakeoff.host import envs
@@ -65,26 +64,19 @@ class OpenVinoOptions(OpenVinoExportOptions):
         return OpenVinoExportOptions(**self.model_dump(include=set(OpenVinoExportOptions.model_fields)))
 
 
-class OpenVinoBackend(ChildServerBackend):
+class OpenVinoBackend(ExportWorkerBackend):
     """OpenVINO GenAI serving an optimum-intel export of the checkpoint."""
 
     preflight_rule = staticmethod(preflight_rule)
 
     name = "openvino"
     Options = OpenVinoOptions
-    ready_mode = "file"
+    export_fn = staticmethod(export)
+    worker_module = "backends.openvino.worker"
     # bare ContinuousBatchingPipeline, 2026-12-05: 34-36 -> 44-48 tok/s at 1 session, 201-223 -> 244-282 at 8
     huge_pages = True
     engine_env = staticmethod(env_spec)
-    log_name = "export.log"
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.export_result: OpenVinoExportResult | None = None
-
-    def prepare(self) -> None:
-        """The environment, then the export (cached) the worker serves."""
-        self.prepare_export(export, self.options.export_options(), self.options.export_timeout_s, self.options.reuse_export)
+    export_result: OpenVinoExportResult | None
 
     def threads(self) -> tuple[int | None, str]:
         """The plugin's ``INFERENCE_NUM_THREADS`` the worker gets, and why (None: the plugin's default)."""
@@ -99,14 +91,6 @@ class OpenVinoBackend(ChildServerBackend):
         opts["inference_num_threads"] = None if fell_back else self.threads()[0]
         opts["inference_num_threads_is_default"] = self.options.inference_num_threads is None
         return opts
-
-    def command(self, port: int) -> tuple[list[str], dict[str, str]]:
-        assert self.export_result is not None and self.env_python is not None
-        opts = self.engine_options()
-        cmd = [str(self.env_python), "-m", "backends.openvino.worker", "--model", self.export_result.output_dir,
-               "--port", str(port), "--ready-file", str(self.ready_file), "--served-model", self.config.model,
-               "--options", json.dumps(opts)]
-        return cmd, envs.child_env({"TOKENIZERS_PARALLELISM": "false"}, huge_pages=self.huge_pages)
 
     def describe(self, startup_s: float) -> BackendInfo:
         info = self.ready_payload.get("info", {})

@@ -8,14 +8,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Literal
 
 from pydantic import Field
 
 from adapters.optimum_onnx_export import OptimumOnnxOptions, OptimumOnnxResult, env_spec, export
 from backends._hosting.threads import option_or_default
-from backends._server import ChildServerBackend
+from backends._export_worker import ExportWorkerBackend
 from backends.optimum_ort.preflight import rule as _onnx_rule
 from bakeoff.api.specs import BackendInfo
 from bakeoff.host import envs
@@ -57,25 +56,19 @@ class OptimumOrtOptions(OptimumOnnxOptions):
         return OptimumOnnxOptions(**self.model_dump(include=set(OptimumOnnxOptions.model_fields)))
 
 
-class OptimumOrtBackend(ChildServerBackend):
+class OptimumOrtBackend(ExportWorkerBackend):
     """ONNX Runtime through optimum's ``ORTModelForCausalLM``: static batches of the requests waiting."""
 
     preflight_rule = staticmethod(_onnx_rule)  # optimum-onnx's exporter (backends/optimum_ort/preflight.py)
 
     name = "optimum-ort"
     Options = OptimumOrtOptions
-    ready_mode = "file"
+    export_fn = staticmethod(export)
+    worker_module = "backends.optimum_ort.worker"
     # bare ORTModelForCausalLM.generate, 2026-12-05: 22.5-24.4 -> 29-31 tok/s at 1 session, 123 -> 132 at 8
     huge_pages = True
     engine_env = staticmethod(env_spec)
-    log_name = "export.log"
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.export_result: OptimumOnnxResult | None = None
-
-    def prepare(self) -> None:
-        self.prepare_export(export, self.options.export_options(), self.options.export_timeout_s, self.options.reuse_export)
+    export_result: OptimumOnnxResult | None
 
     def threads(self) -> tuple[int | None, str]:
         """ORT's intra-op threads the worker's session gets, and why (None: ORT's default)."""
@@ -83,15 +76,10 @@ class OptimumOrtBackend(ChildServerBackend):
             return option_or_default(self.options.intra_op_num_threads, "intra_op_num_threads")
         return None, "ORT's default (one per physical core)"
 
-    def command(self, port: int) -> tuple[list[str], dict[str, str]]:
-        assert self.export_result is not None and self.env_python is not None
-        opts = {"provider": self.options.provider, "intra_op_num_threads": self.threads()[0],
+    def engine_options(self) -> dict:
+        return {"provider": self.options.provider, "intra_op_num_threads": self.threads()[0],
                 "onnx_file": self.export_result.onnx_file, "stream_interval_ms": self.options.stream_interval_ms,
                 "batching": self.options.batching, "max_batch_size": self.options.max_batch_size}
-        cmd = [str(self.env_python), "-m", "backends.optimum_ort.worker", "--model", self.export_result.output_dir,
-               "--port", str(port), "--ready-file", str(self.ready_file), "--served-model", self.config.model,
-               "--options", json.dumps(opts)]
-        return cmd, envs.child_env({"TOKENIZERS_PARALLELISM": "false"}, huge_pages=self.huge_pages)
 
     def describe(self, startup_s: float) -> BackendInfo:
         info = self.ready_payload.get("info", {})

@@ -20,7 +20,7 @@ from adapters.ort_genai_export import ExportOptions, ExportResult, env_spec, exp
 from backends.ort_genai.preflight import rule as preflight_rule
 from backends._hosting.threads import option_or_default
 from backends._options import OptionReport, OptionStatement, fallback_statements, read_log, rule, scan
-from backends._server import ChildServerBackend
+from backends._export_worker import ExportWorkerBackend
 from bakeoff.host import envs
 from bakeoff.api.specs import BackendInfo
 
@@ -193,20 +193,17 @@ class OrtGenaiOptions(ExportOptions):
         return ExportOptions(**opts)
 
 
-class OrtGenaiBackend(ChildServerBackend):
+class OrtGenaiBackend(ExportWorkerBackend):
     """ONNX Runtime GenAI serving a model-builder export of the checkpoint."""
 
     preflight_rule = staticmethod(preflight_rule)
 
     name = "ort-genai"
     Options = OrtGenaiOptions
-    ready_mode = "file"
     engine_env = staticmethod(env_spec)
-    log_name = "export.log"
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.export_result: ExportResult | None = None
+    export_fn = staticmethod(export)
+    worker_module = "backends.ort_genai.worker"
+    export_result: ExportResult | None
 
     def threads(self) -> tuple[int | None, str]:
         """The decoder session's intra-op threads the worker gets, and why (None: ORT's default)."""
@@ -214,20 +211,11 @@ class OrtGenaiBackend(ChildServerBackend):
             return option_or_default(self.options.intra_op_num_threads, "intra_op_num_threads")
         return None, "ORT's default (one per physical core)"
 
-    def command(self, port: int) -> tuple[list[str], dict[str, str]]:
-        assert self.export_result is not None and self.env_python is not None
-        opts = {"batching": self.options.batching, "execution_provider": self.options.execution_provider,
+    def engine_options(self) -> dict:
+        return {"batching": self.options.batching, "execution_provider": self.options.execution_provider,
                 "source_model": self.export_result.source, "intra_op_num_threads": self.threads()[0],
                 "stream_interval_ms": self.options.stream_interval_ms, "lone_request": self.options.lone_request,
                 "max_batch_size": self.options.max_batch_size}
-        cmd = [str(self.env_python), "-m", "backends.ort_genai.worker", "--model", self.export_result.output_dir,
-               "--port", str(port), "--ready-file", str(self.ready_file), "--served-model", self.config.model,
-               "--options", json.dumps(opts)]
-        return cmd, envs.child_env({"TOKENIZERS_PARALLELISM": "false"}, huge_pages=self.huge_pages)
-
-    def prepare(self) -> None:
-        """The environment, then the export (cached) the worker serves."""
-        self.prepare_export(export, self.options.export_options(), self.options.export_timeout_s, self.options.reuse_export)
 
     def describe(self, startup_s: float) -> BackendInfo:
         info = self.ready_payload.get("info", {})

@@ -147,6 +147,25 @@ def parse_matrix(items: list[str]) -> list[Cell]:
     """
     if not items:
         return [Cell()]
+    axes = _axes(items)
+    n_cells = math.prod(len(vals) for _, vals in axes)
+    if n_cells > MAX_CELLS:  # each cell is a whole qualification: a million were accepted and started
+        raise UserError(f"--matrix makes {n_cells:,} cells; pass at most {MAX_CELLS} (each cell is one qualification)")
+    cells: list[Cell] = []
+    for combo in itertools.product(*(vals for _, vals in axes)):
+        choices = {k: v for (k, _), v in zip(axes, combo)}
+        options: dict[str, Any] = {}
+        for k, v in choices.items():
+            for ok, ov in _expand(k, v).items():
+                if ok in options:
+                    raise UserError(f"--matrix keys set option {ok!r} twice; use one of them")
+                options[ok] = ov
+        cells.append(Cell(label=",".join(f"{k}={v}" for k, v in choices.items()), choices=choices, options=options))
+    return cells
+
+
+def _axes(items: list[str]) -> list[tuple[str, list[str]]]:
+    """``--matrix`` items as ``(key, values)`` axes, each checked (:func:`parse_matrix`'s errors)."""
     axes: list[tuple[str, list[str]]] = []
     for item in items:
         key, sep, raw = item.partition("=")
@@ -163,20 +182,7 @@ def parse_matrix(items: list[str]) -> list[Cell]:
         for v in values:
             _expand(key, v)  # unknown preset values fail before anything runs
         axes.append((key, values))
-    n_cells = math.prod(len(vals) for _, vals in axes)
-    if n_cells > MAX_CELLS:  # each cell is a whole qualification: a million were accepted and started
-        raise UserError(f"--matrix makes {n_cells:,} cells; pass at most {MAX_CELLS} (each cell is one qualification)")
-    cells: list[Cell] = []
-    for combo in itertools.product(*(vals for _, vals in axes)):
-        choices = {k: v for (k, _), v in zip(axes, combo)}
-        options: dict[str, Any] = {}
-        for k, v in choices.items():
-            for ok, ov in _expand(k, v).items():
-                if ok in options:
-                    raise UserError(f"--matrix keys set option {ok!r} twice; use one of them")
-                options[ok] = ov
-        cells.append(Cell(label=",".join(f"{k}={v}" for k, v in choices.items()), choices=choices, options=options))
-    return cells
+    return axes
 
 
 def cells_for(cells: list[Cell], has_option) -> tuple[list[Cell], list[str]]:

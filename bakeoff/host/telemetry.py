@@ -122,21 +122,25 @@ def summarize(samples: list[dict[str, Any]], window: tuple[int, int] | None = No
     if window is not None:
         window_s = (window[1] - window[0]) / 1e9
     out["window_s"] = round(window_s, 3)
-    energy = [x for x in s if x.get("energy_mj") is not None]
-    p = [x for x in s if x.get("power_w") is not None]
-    mean_w = None
-    if len(energy) >= 2 and energy[-1]["energy_mj"] > energy[0]["energy_mj"] and span_s > 0:
-        mean_w = (energy[-1]["energy_mj"] - energy[0]["energy_mj"]) / 1000.0 / span_s
-        out["energy_source"] = "nvml-energy-counter"
-    elif len(p) >= 2 and span_s > 0:
-        mean_w = sum((b["t_ns"] - a["t_ns"]) / 1e9 * (a["power_w"] + b["power_w"]) / 2 for a, b in zip(p, p[1:])) / span_s
-        out["energy_source"] = "power-integral"
-    elif len(p) == 1:
-        mean_w = p[0]["power_w"]
-        out["energy_source"] = "one power sample"
+    mean_w, source = _mean_power(s, span_s)
     if mean_w is not None:
+        out["energy_source"] = source
         out["energy_j"] = round(mean_w * window_s, 3)
     return out
+
+
+def _mean_power(s: list[dict[str, Any]], span_s: float) -> tuple[float | None, str]:
+    """Mean power (W) over one GPU's samples: from its energy counter, else the power samples' integral."""
+    energy = [x for x in s if x.get("energy_mj") is not None]
+    p = [x for x in s if x.get("power_w") is not None]
+    if len(energy) >= 2 and energy[-1]["energy_mj"] > energy[0]["energy_mj"] and span_s > 0:
+        return (energy[-1]["energy_mj"] - energy[0]["energy_mj"]) / 1000.0 / span_s, "nvml-energy-counter"
+    if len(p) >= 2 and span_s > 0:
+        return (sum((b["t_ns"] - a["t_ns"]) / 1e9 * (a["power_w"] + b["power_w"]) / 2 for a, b in zip(p, p[1:]))
+                / span_s, "power-integral")
+    if len(p) == 1:
+        return p[0]["power_w"], "one power sample"
+    return None, ""
 
 
 def combine(per_gpu: list[dict[str, Any]]) -> dict[str, Any]:
