@@ -137,18 +137,19 @@ def map_text_logprobs(outputs: list[dict], tok) -> dict[str, Any]:
     if not todo:
         return {"outputs": 0, "mapped": 0, "unmapped": []}
     ids = text_token_ids(tok)
-    mapped, unmapped = 0, []
-    for o in todo:
-        chosen = [ids.get(e[0]) if e and isinstance(e[0], str) and len(e) >= 2 else None for e in o["logprobs"]]
-        if any(c is None for c in chosen):
-            unmapped.append({"id": o.get("id"), "why": "a token text no single id of the tokenizer decodes to"})
-            continue
-        if tok.decode(chosen) != (o.get("text") or ""):
-            unmapped.append({"id": o.get("id"), "why": "the mapped ids do not decode to the streamed text"})
-            continue
-        o["logprobs"] = [None if e is None else [c, e[1], [[ids[t], v] for t, v in top_map(e).items()
-                                                             if isinstance(t, str) and ids.get(t) is not None]]
-                         for c, e in zip(chosen, o["logprobs"])]
-        o["token_ids"], o["token_ids_from"] = chosen, "text logprobs, mapped with the reference's tokenizer"
-        mapped += 1
-    return {"outputs": len(todo), "mapped": mapped, "unmapped": unmapped[:20]}
+    unmapped = [{"id": o.get("id"), "why": why} for o in todo if (why := _map_one(o, ids, tok))]
+    return {"outputs": len(todo), "mapped": len(todo) - len(unmapped), "unmapped": unmapped[:20]}
+
+
+def _map_one(o: dict, ids: dict[str, int], tok) -> str | None:
+    """One output of :func:`map_text_logprobs` mapped in place; why not, when it cannot be."""
+    chosen = [ids.get(e[0]) if e and isinstance(e[0], str) and len(e) >= 2 else None for e in o["logprobs"]]
+    if any(c is None for c in chosen):
+        return "a token text no single id of the tokenizer decodes to"
+    if tok.decode(chosen) != (o.get("text") or ""):
+        return "the mapped ids do not decode to the streamed text"
+    o["logprobs"] = [None if e is None else [c, e[1], [[ids[t], v] for t, v in top_map(e).items()
+                                                         if isinstance(t, str) and ids.get(t) is not None]]
+                     for c, e in zip(chosen, o["logprobs"])]
+    o["token_ids"], o["token_ids_from"] = chosen, "text logprobs, mapped with the reference's tokenizer"
+    return None

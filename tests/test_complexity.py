@@ -50,7 +50,6 @@ DEBT = {
     "bakeoff/loadgen/synth_server.py::Handler._dispatch": 29,
     "bakeoff/loadgen/throughput.py::ThroughputSweep._pooled": 24,
     "bakeoff/reporting/compare.py::Column.__init__": 22,
-    "bakeoff/reporting/compare.py::fingerprint_table": 21,
     "bakeoff/reporting/compare.py::sweep_tables": 24,
     "bakeoff/reporting/compare_findings.py::findings": 26,
     "bakeoff/reporting/compare_html.py::write_plots": 23,
@@ -68,7 +67,6 @@ DEBT = {
     "evaluations/test_spec_decode.py::test_acceptance": 25,
     "evaluations/test_throughput.py::test_accounting": 37,
     "evaluations/test_tokenizer.py::test_tokenizer": 21,
-    "evaluations/tokenizing.py::map_text_logprobs": 22,
 }
 
 

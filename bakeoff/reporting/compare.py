@@ -187,24 +187,27 @@ def pick_baseline(cols: list[Column], baseline: str | None) -> int:
     raise UserError(f"--baseline {baseline!r} matches no run; use a run id, a column label or a number 1..{len(cols)}")
 
 
+def _options_text(c: Column) -> str:
+    return ", ".join(f"{k}={json.dumps(v) if isinstance(v, dict) else v}" for k, v in c.options.items()) or "defaults"
+
+
+# the fingerprint's rows: (label, a column's cell)
+FINGERPRINT_ROWS: list[tuple[str, Any]] = [
+    ("run", lambda c: cell(c.run_id, f"{c.path}/verdict.json")),
+    ("status", lambda c: cell(c.status, cls=c.status)),
+    ("why", lambda c: {**cell(reason_line(c.reasons) or "–"), "title": "\n".join(c.reasons)[:2000]}),
+    ("model", lambda c: cell(c.model)),
+    *[(label, (lambda key: lambda c: cell(c.machine[key]))(key))
+      for label, key in (("CPU", "cpu"), ("GPU", "gpu"), ("memory", "memory"), ("driver", "driver"), ("CUDA", "cuda"))],
+    ("engine", lambda c: cell(c.engine)),
+    ("engine packages", lambda c: cell(c.engine_versions or "–")),
+    ("options", lambda c: cell(_options_text(c))),
+    ("profile", lambda c: cell(f"{c.v.get('profile')}, repeats {c.value('throughput.sweep', 'repeats') or 1}")),
+]
+
+
 def fingerprint_table(cols: list[Column]) -> dict[str, Any]:
-    rows = [
-        [cell("run")] + [cell(c.run_id, f"{c.path}/verdict.json") for c in cols],
-        [cell("status")] + [cell(c.status, cls=c.status) for c in cols],
-        [cell("why")] + [{**cell(reason_line(c.reasons) or "–"), "title": "\n".join(c.reasons)[:2000]} for c in cols],
-        [cell("model")] + [cell(c.model) for c in cols],
-        [cell("CPU")] + [cell(c.machine["cpu"]) for c in cols],
-        [cell("GPU")] + [cell(c.machine["gpu"]) for c in cols],
-        [cell("memory")] + [cell(c.machine["memory"]) for c in cols],
-        [cell("driver")] + [cell(c.machine["driver"]) for c in cols],
-        [cell("CUDA")] + [cell(c.machine["cuda"]) for c in cols],
-        [cell("engine")] + [cell(c.engine) for c in cols],
-        [cell("engine packages")] + [cell(c.engine_versions or "–") for c in cols],
-        [cell("options")] + [cell(", ".join(f"{k}={json.dumps(v) if isinstance(v, dict) else v}"
-                                            for k, v in c.options.items()) or "defaults") for c in cols],
-        [cell("profile")] + [cell(f"{c.v.get('profile')}, repeats "
-                                  f"{c.value('throughput.sweep', 'repeats') or 1}") for c in cols],
-    ]
+    rows = [[cell(label)] + [make(c) for c in cols] for label, make in FINGERPRINT_ROWS]
     return {"title": "Columns (one per run: machine, engine, config)", "header": ["", *[c.label for c in cols]],
             "rows": rows}
 
