@@ -85,16 +85,7 @@ class Column:
         self.failed_points = {p["sessions"]: p for p in r["points"] if no_success(p)}
         self.points = {p["sessions"]: p for p in r["points"] if not no_success(p)}
         fp = self.v.get("fingerprint") or {}
-        gpus = fp.get("gpus") if isinstance(fp.get("gpus"), list) else []
-        text = lambda key, none: str(fp[key]) if fp.get(key) not in (None, "", [], {}) else none  # noqa: E731 - any type: text
-        self.machine = {
-            "cpu": f"{text('cpu', '?')} ({text('cpu_count', '?')} cores)",
-            "gpu": ", ".join(str(g.get("name", "?")) if isinstance(g, dict) else str(g) for g in gpus) or "none",
-            "memory": f"{text('memory_gib', '?')} GiB" if fp.get("memory_gib") else "?",
-            "driver": text("cuda_driver", "–"),
-            "cuda": text("cuda_version", "–"),
-            "host": text("hostname", "?"),
-        }
+        self.machine = machine(fp)
         ev = fp.get("engine_versions") or {}
         eng = self.info.get("engine") or self.backend
         self.engine = f"{eng} {self.info.get('engine_version') or ev.get(eng) or ''}".strip()
@@ -112,6 +103,22 @@ class Column:
         reps = [r.get(key) for r in (p.get("repeats") or [])]
         reps = [x for x in reps if x is not None]
         return reps or ([p[key]] if p.get(key) is not None else [])
+
+
+def machine(fp: dict[str, Any]) -> dict[str, str]:
+    """A run fingerprint's machine as report text (CPU and cores, GPUs, memory, driver, CUDA, host)."""
+    gpus = fp.get("gpus") if isinstance(fp.get("gpus"), list) else []
+
+    def text(key: str, none: str) -> str:  # any type: text
+        return str(fp[key]) if fp.get(key) not in (None, "", [], {}) else none
+    return {
+        "cpu": f"{text('cpu', '?')} ({text('cpu_count', '?')} cores)",
+        "gpu": ", ".join(str(g.get("name", "?")) if isinstance(g, dict) else str(g) for g in gpus) or "none",
+        "memory": f"{text('memory_gib', '?')} GiB" if fp.get("memory_gib") else "?",
+        "driver": text("cuda_driver", "–"),
+        "cuda": text("cuda_version", "–"),
+        "host": text("hostname", "?"),
+    }
 
 
 def _check_shape(r: dict[str, Any]) -> None:
