@@ -30,7 +30,6 @@ DEBT = {
     "backends/transformers/static.py::generate_batch": 22,
     "backends/vllm/option_log.py::report": 37,
     "backends/vllm/preflight.py::_excluder": 36,
-    "bakeoff/analysis/kv_layout.py::kv_layout": 22,
     "bakeoff/analysis/matrix.py::kv_capacity_ratio": 34,
     "bakeoff/analysis/preflight.py::describe_quantization": 42,
     "bakeoff/analysis/roofline.py::shape_from_config": 38,

@@ -130,13 +130,18 @@ def kv_layout(config: dict[str, Any], kv_cache_dtype: str = "auto", dtype: str |
     if total is not None:
         text += (f"; {int(per_layer):,} bytes per token per KV layer ({kv_heads} KV heads x {head_dim} x 2 x "
                  f"{eb:g} bytes, kv_cache_dtype {kv_cache_dtype}), {total:,} bytes per token in all")
-    if hybrid:
-        text += ("; linear-attention layers keep a per-sequence state"
-                 + (f" of {state:,} bytes each" if state else "") + " that kv_cache_dtype leaves unchanged")
+    text += _hybrid_text(hybrid, state)
     return {"layers": len(kinds), "layer_kinds": counts, "kv_layers": kv_idx, "kv_layer_count": len(kv_idx),
             "kv_cache_dtype": kv_cache_dtype, "kv_element_bytes": eb, "bytes_per_token_per_layer": by_kind,
             "kv_bytes_per_token": total, "linear_state_bytes_per_sequence_per_layer": state, "hybrid": hybrid,
             "text": text}
+
+
+def _hybrid_text(hybrid: bool, state: int | None) -> str:
+    if not hybrid:
+        return ""
+    return ("; linear-attention layers keep a per-sequence state" + (f" of {state:,} bytes each" if state else "")
+            + " that kv_cache_dtype leaves unchanged")
 
 
 def predicted_ratio(config: dict[str, Any], kv_cache_dtype: str, baseline_kv_cache_dtype: str = "auto",
