@@ -3,8 +3,8 @@
 # continuous batching, CUDA graphs) against the bare og loops at 1, 8 and 32 sessions, each ratio with its
 # 95% interval and more pairs until the interval's half-width is <= 0.03 (up to 10); and the trained
 # fixture qualified on CUDA, which also runs the GPU telemetry that now samples every visible GPU.
-# Kit a (6 parts of 52 MiB: onnxruntime-genai-cuda 0.18.0, onnxruntime-gpu 1.31.1, pydantic), made with
-# ../shared/gpu-kit/resolve.py and split.sh; calls: `recv a00` + setup, `recv a01`..`recv a04`, `recv a05` + a +
+# Kit a (8 parts of 36 MiB, the tree being 24 MiB: onnxruntime-genai-cuda 0.18.0, onnxruntime-gpu 1.31.1, pydantic), made with
+# ../shared/gpu-kit/resolve.py and split.sh; calls: `recv a00` + setup, `recv a01`..`recv a06`, `recv a07` + a +
 # `wait`, then `wait` until the queue is empty.
 set -euo pipefail
 D=examples/h200/device.sh
