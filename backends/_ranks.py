@@ -65,6 +65,14 @@ def after_start(backend) -> None:
     watch = host_ranks.RankWatch(backend.proc.members, rank_of(backend.rank_title)).start()
     backend.rank_watch = watch
     ranks = watch.ranks()
+    expected = backend.expected_ranks()
+    if expected and 0 < len(ranks) < expected:  # some ranks by their titles, not all: one was lost starting
+        backend.rank_env_table = None
+        evidence = {"ranks.json": json.dumps(record(backend), indent=1), "engine.log.tail": backend.log_tail(120)}
+        backend.stop()
+        raise EngineFailure("runtime-crash", f"{len(ranks)} of the {expected} ranks asked for are running at start "
+                            f"({', '.join(r.label for r in ranks)}): a rank process was lost while the engine started",
+                            evidence)
     missing, unverifiable, table = ([], [], {})
     if backend.verified_env:
         missing, unverifiable, table = host_ranks.check_environment(

@@ -154,6 +154,10 @@ class ChildServerBackend(Backend):
         """A start failure as this engine's words classify it (default: unchanged)."""
         return exc
 
+    def expected_ranks(self) -> int | None:
+        """How many rank processes the options ask for (with :attr:`rank_title`); None: not known."""
+        return None
+
     def served_model(self) -> str:
         """The model name requests carry."""
         return self.config.model

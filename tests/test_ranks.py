@@ -50,6 +50,10 @@ class RankedDouble(ChildServerBackend):
     name, Options, ready_mode = "ranked-double", RankedOptions, "health"
     rank_title = re.compile(r"FAKE::Worker(?:_PP(?P<pp>\d+))?(?:_TP(?P<tp>\d+))?\b")
     server_args: list[str] = []
+    ranks_asked: int | None = None
+
+    def expected_ranks(self):
+        return self.ranks_asked
 
     def command(self, port):
         self.engine_env_set = {FLAG: "on"}
@@ -185,3 +189,64 @@ def test_the_slowest_rank_per_stage_is_the_progress():
     assert w.progress_cpu_s() == pytest.approx(0.9)
     w._ranks[2].ended_s = time.monotonic()
     assert w.progress_cpu_s() is None  # a rank gone: the engine cannot advance
+
+
+def test_a_rank_lost_while_the_engine_starts_is_the_crash(tmp_path):
+    """The FAKE server keeps serving after rank 1 died before it listened: the start finds 1 of the 2
+    ranks asked for and fails as the crash it is, not later as a hang of every request."""
+    b = launched(tmp_path, "--lose")
+    b.ranks_asked = 2
+    with pytest.raises(EngineFailure) as info:
+        b.start()
+    exc = info.value
+    assert exc.failure_class == "runtime-crash", exc
+    assert exc.message.startswith("1 of the 2 ranks asked for are running at start (TP0)"), exc.message
+    assert [r["label"] for r in json.loads(exc.evidence["ranks.json"])["ranks"]] == ["TP0"]
+    assert_no_process_left(tmp_path)
+
+
+@pytest.mark.parametrize("items, words", [
+    (['env={"A=B":"1"}'], "env name 'A=B' is not a variable name"),
+    (['env={"":"1"}'], "env name '' is not a variable name"),
+    (["env.PYTHONPATH=/x"], "env PYTHONPATH is bakeoff's to set"),
+    (["env.BAKEOFF_RANK_ENV_KEYS=X"], "env BAKEOFF_RANK_ENV_KEYS is bakeoff's to set"),
+    (['env={"A":"a\\u0000b"}'], "env A holds a NUL byte"),
+    (["env.X=" + "a" * 140_000], "env X is longer than one variable may be"),
+])
+def test_an_env_the_engine_cannot_be_given_is_the_users_error(items, words):
+    """Refused before anything starts (exit 2, one line), never a start failure blamed on the engine."""
+    from backends.vllm.backend import VllmOptions
+    from bakeoff.api.errors import UserError
+    from bakeoff.api.options import parse_kv, parse_options
+
+    with pytest.raises(UserError) as info:
+        parse_options("vllm", VllmOptions, parse_kv(items))
+    assert words in str(info.value) and "\n" not in str(info.value), info.value
+
+
+def test_env_varied_by_the_matrix_joins_the_users_env():
+    from bakeoff.api.errors import UserError
+    from evaluations.inputs import Request, check_options
+
+    req = Request(entry="qualify", backends=["vllm"], backend_opt=["env.Y=1"], matrix=["env.X=a,b"])
+    runs = check_options(req, ["vllm"])[0]
+    assert [r.options["env"] for r in runs] == [{"Y": "1", "X": "a"}, {"Y": "1", "X": "b"}]
+    with pytest.raises(UserError, match="env.X is also varied by --matrix"):
+        check_options(Request(entry="qualify", backends=["vllm"], backend_opt=["env.X=1"], matrix=["env.X=a,b"]),
+                      ["vllm"])
+
+
+def test_a_damaged_or_hostile_report_is_read_from_proc_instead(tmp_path):
+    """A report nested past the JSON decoder's recursion, a FIFO in its place (a read would block), another
+    process's pid: none is trusted or waited on; the process's /proc environ is read instead."""
+    from bakeoff.host.ranks import environ_of, sha
+
+    pid, report = os.getpid(), tmp_path / f"{os.getpid()}.json"
+    for make in (lambda: report.write_text("[" * 100_000), lambda: os.mkfifo(report),
+                 lambda: report.write_text(json.dumps({"pid": pid + 1, "vars": {"HOME": "x"}}))):
+        if report.exists():
+            report.unlink()
+        make()
+        t0 = time.monotonic()
+        seen, source = environ_of(pid, ["HOME"], tmp_path)
+        assert source == "/proc environ" and seen == {"HOME": sha(os.environ["HOME"])} and time.monotonic() - t0 < 2

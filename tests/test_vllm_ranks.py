@@ -54,7 +54,7 @@ def test_real_vllm_cpu_two_ranks(tmp_path):
         pytest.skip("vLLM CPU with two ranks needs two CPUs and no GPU")
     v = backends.resolve("vllm")(BackendConfig(
         backend="vllm", model=str(fixtures.build("tiny-qwen3-untrained")), workdir=str(tmp_path),
-        options={"kv_cache_space_gib": 1, "tensor_parallel_size": 2, "env": {"BAKEOFF_TEST_RANK_VAR": "a|b"}}))
+        options={"kv_cache_space_gib": 1, "tensor_parallel_size": 2, "env": {"TEST_RANK_VAR": "a|b"}}))
     v.start()
     try:
         assert v.info.notes["ranks"].startswith("2 rank processes: TP0 pid"), v.info.notes
@@ -64,7 +64,7 @@ def test_real_vllm_cpu_two_ranks(tmp_path):
         rank_rows = {k: p for k, p in procs.items() if k.startswith("rank")}
         assert len(rank_rows) == 2 and {p["source"] for p in rank_rows.values()} == {"the rank's own report"}, procs
         assert all(set(p["variables"].values()) == {"present"} for p in procs.values()), procs
-        assert "BAKEOFF_TEST_RANK_VAR" in rec["environment"]["variables"]
+        assert "TEST_RANK_VAR" in rec["environment"]["variables"]
         assert v.info.kv_cache_memory_gib == 2.0 and "Worker_TP1 1" in v.info.notes["kv_cache_memory_per_rank_gib"]
         tp1 = next(r["pid"] for r in rec["ranks"] if r["label"] == "TP1")
 
@@ -141,3 +141,25 @@ def test_the_rank_that_raised_is_named_not_the_one_that_ended_first():
     assert rank_error(log, ranks_) == ("rank PP1 (pid 13810) failed first: AssertionError "
                                        "(assert self.intermediate_tensors is not None)")
     assert rank_error(log.replace("ERROR", "INFO"), ranks_) is None
+
+
+
+def test_vllms_words_about_a_binding_and_a_rank_lost_while_starting(tmp_path):
+    """A hand binding of the wrong number of lists is the user's configuration (config-rejected, with what
+    bakeoff did about the variable); a worker lost while the engine starts is the crash vLLM names
+    ("Worker proc VllmWorker-1 died unexpectedly", before its "RuntimeError: cancelled")."""
+    from bakeoff.api.errors import EngineFailure
+
+    bad = "AssertionError: Given number of CPU id list ['abc'] doesn't match local world size 2."
+    exc = ranks.classify_start(EngineFailure("load-failure", f"vllm exited with code 1 during start: {bad}"), bad,
+                               f"{ranks.BIND_VAR}=abc (set by the user)")
+    assert exc.failure_class == "config-rejected" and exc.message.endswith(f"{ranks.BIND_VAR}: {ranks.BIND_VAR}=abc "
+                                                                           "(set by the user)"), exc
+    log = ("(EngineCore pid=1) ERROR 12-06 12:13:50 [multiproc_executor.py:315] Worker proc VllmWorker-1 died "
+           "unexpectedly (exit code: None), shutting down executor.\nRuntimeError: cancelled")
+    exc = ranks.classify_start(EngineFailure("load-failure", "vllm exited with code 1 during start: RuntimeError: "
+                                             "cancelled"), log, None)
+    assert exc.failure_class == "runtime-crash" and exc.message.startswith(
+        "Worker proc VllmWorker-1 died unexpectedly (exit code: None)"), exc
+    assert "names CPUs 7,8 that this host does not give the engine" in ranks._outside("7|8", {0, 1})
+    assert ranks._outside("0|1", {0, 1}) == "" and ranks._outside("auto", {0, 1}) == ""

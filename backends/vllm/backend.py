@@ -33,6 +33,7 @@ from bakeoff.host.env_patches import SourcePatch
 from bakeoff.host.cpu_dtype import default_dtype
 from bakeoff.analysis.checkpoint_layout import MTP_PREFIXES, LayoutError, mtp_requested, read_tensors
 from bakeoff.api.errors import EngineFailure
+from bakeoff.api.options import EngineEnv
 from bakeoff.api.specs import BackendInfo, Spec
 from bakeoff.loadgen.client import NEUTRAL_VLLM
 
@@ -222,7 +223,7 @@ class VllmOptions(Spec):
     served_model_name: str = "model"
     api: Literal["completions", "chat"] = "completions"
     cpu_placement: Literal["auto", "vllm"] = "auto"
-    env: dict[str, str] = Field(default_factory=dict)
+    env: EngineEnv = Field(default_factory=dict)
 
 
 class VllmBackend(ChildServerBackend):
@@ -346,13 +347,21 @@ class VllmBackend(ChildServerBackend):
         self.rpc_dir = tempfile.mkdtemp(prefix="bakeoff-vllm-ipc-")
         extra["VLLM_RPC_BASE_PATH"] = self.rpc_dir
         if not self.cuda:
-            flags = option_log.parse_extra_args(self.options.extra_args)  # -tp 2 in extra_args counts too
-            bind, self.bind_note = ranks.default_bind(
-                self.options.tensor_parallel_size or _int(flags.get("tensor_parallel_size")),
-                self.options.pipeline_parallel_size or _int(flags.get("pipeline_parallel_size")), self.options.env)
+            tp, pp = self.parallel_sizes()
+            bind, self.bind_note = ranks.default_bind(tp, pp, self.options.env)
             extra.update(bind)
         self.engine_env_set = extra  # verified in every rank at start (backends/_ranks.py)
         return cmd, envs.child_env(extra, huge_pages=self.huge_pages)
+
+    def parallel_sizes(self) -> tuple[int | None, int | None]:
+        """Tensor and pipeline parallel sizes asked for (options, or ``-tp``/``-pp`` in ``extra_args``)."""
+        flags = option_log.parse_extra_args(self.options.extra_args)
+        return (self.options.tensor_parallel_size or _int(flags.get("tensor_parallel_size")),
+                self.options.pipeline_parallel_size or _int(flags.get("pipeline_parallel_size")))
+
+    def expected_ranks(self) -> int | None:
+        tp, pp = self.parallel_sizes()
+        return (tp or 1) * (pp or 1)
 
     def stop(self) -> None:
         """The template's stop, then the IPC sockets' folder removed."""
@@ -394,10 +403,7 @@ class VllmBackend(ChildServerBackend):
         if ("No valid attention backend" in text or "NotImplementedError" in text
                 or "is not valid for this configuration" in text):
             exc.failure_class = "incompatible-features"
-        if ranks.NUMA_REFUSAL in text + exc.message:  # the ranks asked for cannot be bound as configured
-            exc.failure_class = "config-rejected"
-            exc.message += (f"; {ranks.BIND_VAR} binds each rank to its own NUMA node unless set by hand "
-                            "(bakeoff sets it when left unset: backends/vllm/ranks.py)")
+        ranks.classify_start(exc, text, getattr(self, "bind_note", None))
         no_head = self.missing_mtp_head(text + "\n" + exc.message)
         if no_head:
             exc.failure_class = "incompatible-features"

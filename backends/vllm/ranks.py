@@ -27,6 +27,11 @@ from pathlib import Path
 
 RANK_TITLE = re.compile(r"VLLM::Worker(?:_DP\d+)?(?:_PP(?P<pp>\d+))?(?:_TP(?P<tp>\d+))?\b")
 NUMA_REFUSAL = "Not enough allowed NUMA nodes to bind threads"
+# vllm/utils/ompmultiprocessing.py, a hand binding of another number of lists than ranks:
+# "AssertionError: Given number of CPU id list ['abc'] doesn't match local world size 2."
+BIND_MISMATCH = "doesn't match local world size"
+# vllm/v1/executor/multiproc_executor.py, a worker lost while the executor waits for it
+RANK_DIED = re.compile(r"Worker proc \S+ died unexpectedly[^\n]*")
 BIND_VAR = "VLLM_CPU_OMP_THREADS_BIND"
 
 
@@ -51,6 +56,17 @@ def _parse_list(text: str) -> set[int]:
         elif part:
             out.add(int(part))
     return out
+
+
+def _outside(value: str, allowed: set[int]) -> str:
+    """Words for a hand binding that names CPUs this process may not use (none: '')."""
+    try:
+        named = set().union(*(_parse_list(part) for part in value.split("|")))
+    except ValueError:
+        return ""  # not CPU lists (auto, nobind, or what vLLM refuses in its own words)
+    out = sorted(named - allowed)
+    return (f"; it names CPUs {','.join(map(str, out))} that this host does not give the engine "
+            f"(it may use {_ranges(sorted(allowed))}): those ranks' threads are not bound as asked") if out else ""
 
 
 def _ranges(cpus: list[int]) -> str:
@@ -91,7 +107,22 @@ def default_bind(tp: int | None, pp: int | None, user_env: dict[str, str]) -> tu
         return {}, None
     if BIND_VAR in user_env or BIND_VAR in os.environ:
         value = user_env.get(BIND_VAR, os.environ.get(BIND_VAR))
-        return {}, f"{BIND_VAR}={value} (set by the user)"
+        return {}, f"{BIND_VAR}={value} (set by the user{_outside(value, os.sched_getaffinity(0))})"
     allowed = os.sched_getaffinity(0)
     value, why = cpu_bind(world, allowed, numa_nodes(allowed))
     return ({BIND_VAR: value} if value else {}), why
+
+
+def classify_start(exc, log: str, bind_note: str | None):
+    """A start failure in vLLM's words about its ranks: a binding the ranks cannot take
+    (``config-rejected``, with what bakeoff did about ``VLLM_CPU_OMP_THREADS_BIND``), or a rank
+    process lost during start (``runtime-crash``, vLLM's line first). Returns ``exc``, changed in place."""
+    text = log + "\n" + exc.message
+    if NUMA_REFUSAL in text or BIND_MISMATCH in text:
+        exc.failure_class = "config-rejected"
+        exc.message += f"; {BIND_VAR}: {bind_note or 'not set: vLLM binds each rank to its own NUMA node'}"
+    died = RANK_DIED.search(log)
+    if died and died.group(0) not in exc.message:
+        exc.failure_class = "runtime-crash"
+        exc.message = f"{died.group(0).strip()[:200]}; {exc.message}"
+    return exc

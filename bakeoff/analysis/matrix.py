@@ -33,7 +33,7 @@ from pydantic import Field
 from bakeoff.analysis.kv_layout import (INEFFECTIVE_BAND, KV_DTYPE_BYTES, RATIO_TOLERANCE, judge_ratio, kv_layout,
                                        predicted_ratio)
 from bakeoff.api.errors import UserError
-from bakeoff.api.options import parse_value
+from bakeoff.api.options import ENV_PREFIX, parse_value
 from bakeoff.api.specs import Spec
 from bakeoff.api.verdict import Verdict
 from bakeoff.host.artifacts import read_json
@@ -94,6 +94,8 @@ def split_top_level(text: str) -> list[str]:
 
 
 def _expand(key: str, raw: str) -> dict[str, Any]:
+    if key.startswith(ENV_PREFIX):  # env.NAME=v1,v2: one engine variable varied, its values as text
+        return {"env": {key[len(ENV_PREFIX):]: raw}}
     if key in PRESETS:
         preset = PRESETS[key]
         if raw not in preset:
@@ -157,9 +159,7 @@ def parse_matrix(items: list[str]) -> list[Cell]:
         options: dict[str, Any] = {}
         for k, v in choices.items():
             for ok, ov in _expand(k, v).items():
-                if ok in options:
-                    raise UserError(f"--matrix keys set option {ok!r} twice; use one of them")
-                options[ok] = ov
+                options[ok] = _joined(options, ok, ov, "--matrix keys set option {!r} twice; use one of them")
         cells.append(Cell(label=",".join(f"{k}={v}" for k, v in choices.items()), choices=choices, options=options))
     return cells
 
@@ -223,10 +223,28 @@ def merge_options(base: dict[str, Any], cell: Cell) -> dict[str, Any]:
         UserError: when the user's ``--backend-opt`` already sets a key the matrix varies
             (ambiguous: which value is meant).
     """
-    clash = [k for k in base if k in cell.options]
-    if clash:
-        raise UserError(f"--backend-opt {clash[0]} is also varied by --matrix; drop one of them")
-    return {**base, **cell.options}
+    out = dict(base)
+    for k, v in cell.options.items():
+        out[k] = _joined(base, k, v, "--backend-opt {} is also varied by --matrix; drop one of them")
+    return out
+
+
+def _joined(options: dict[str, Any], key: str, value: Any, clash: str) -> Any:
+    """``value`` for ``key`` beside what ``options`` holds: an ``env`` dict joins another that names
+    other variables; anything else set twice is ambiguous (``clash`` formatted with the name).
+
+    Raises:
+        UserError: the same option (or the same env variable) set twice.
+    """
+    if key not in options:
+        return value
+    old = options[key]
+    if key == "env" and isinstance(old, dict) and isinstance(value, dict):
+        both = sorted(old.keys() & value.keys())
+        if not both:
+            return {**old, **value}
+        key = f"env.{both[0]}"
+    raise UserError(clash.format(key))
 
 
 # ---- KV cache dtype cells against their baseline ------------------------------------------

@@ -8,9 +8,9 @@ import math
 import re
 import types
 import typing
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import AfterValidator, BaseModel, ValidationError
 
 from bakeoff.api.errors import UserError
 
@@ -79,6 +79,34 @@ def parse_kv(items: list[str], flag: str = "--backend-opt") -> dict[str, Any]:
 
 ENV_PREFIX = "env."  # --backend-opt env.NAME=VALUE: an environment variable for the engine's processes
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# bakeoff sets these for every engine process (its worker code on PYTHONPATH, the rank hook): a user's
+# value would be rewritten, and the rank check would then blame the engine for bakeoff's rewrite
+RESERVED_ENV = ("PYTHONPATH",)
+RESERVED_ENV_PREFIX = "BAKEOFF_"
+MAX_ENV_BYTES = 128 * 1024 - 1  # Linux's MAX_ARG_STRLEN for one NAME=value string, its NUL included
+
+
+def check_engine_env(env: dict[str, str]) -> dict[str, str]:
+    """An ``env`` option as the engine's processes can be given it: names of letters, digits and
+    ``_``, not bakeoff's own (``PYTHONPATH``, ``BAKEOFF_*``), values without NUL and within Linux's
+    limit for one variable.
+
+    Raises:
+        ValueError: naming the variable and what to do (pydantic makes it the option's error).
+    """
+    for name, value in env.items():
+        if not ENV_NAME.fullmatch(name):
+            raise ValueError(f"env name {name[:40]!r} is not a variable name (letters, digits, _)")
+        if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIX):
+            raise ValueError(f"env {name} is bakeoff's to set for the engine's processes; set another variable")
+        if "\0" in value:
+            raise ValueError(f"env {name} holds a NUL byte, which no environment variable can carry")
+        if len(f"{name}={value}".encode("utf-8", "surrogateescape")) > MAX_ENV_BYTES:
+            raise ValueError(f"env {name} is longer than one variable may be ({MAX_ENV_BYTES:,} bytes); pass a file path")
+    return env
+
+
+EngineEnv = Annotated[dict[str, str], AfterValidator(check_engine_env)]
 
 
 def _env_item(out: dict[str, Any], name: str, raw: str, flag: str, item: str) -> None:

@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -81,11 +82,21 @@ def sha(value: str) -> str:
 
 
 def _read_bounded(path: Path, limit: int) -> bytes | None:
+    """At most ``limit`` bytes of a regular file (a FIFO or device put in a report's place is never
+    waited on: opened without blocking, refused by its type); None when it cannot be read."""
     try:
-        with open(path, "rb") as fh:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as fh:
             return fh.read(limit)
     except OSError:
         return None
+    finally:
+        os.close(fd)
 
 
 def cmdline_of(pid: int) -> str:
@@ -109,7 +120,7 @@ def environ_of(pid: int, keys: list[str], report_dir: Path | None) -> tuple[dict
                 seen = got.get("vars") if isinstance(got, dict) else None
                 if isinstance(seen, dict) and got.get("pid") == pid:
                     return {k: seen.get(k) if isinstance(seen.get(k), str) else None for k in keys}, "the rank's own report"
-            except ValueError:
+            except (ValueError, RecursionError):  # damaged or hostile: read from /proc instead
                 pass
     raw = _read_bounded(Path(f"/proc/{pid}/environ"), 1 << 20)
     if raw is None:

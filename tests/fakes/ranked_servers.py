@@ -14,6 +14,7 @@ request does is written in its prompt:
   notices the rank's death within 0.3 s, logs it and exits 1;
 - anything else: answered at once.
 
+``--lose`` kills rank 1 before the server listens (a rank lost while the engine starts).
 ``--drop VAR`` starts rank 1 with ``VAR`` removed from its environment (a launcher that does not
 pass the server's variables on); ``--no-site`` starts the ranks with ``python -S`` (no
 ``sitecustomize``: nothing reports their environment, so it is read from ``/proc``).
@@ -133,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--drop", action="append", default=[])
     ap.add_argument("--monitor", action="store_true")
     ap.add_argument("--no-site", action="store_true")
+    ap.add_argument("--lose", action="store_true")
     args = ap.parse_args(argv)
     if args.rank is not None:
         rank_main(args.control)
@@ -152,6 +154,9 @@ def main(argv: list[str] | None = None) -> None:
                                        "--title", TITLE.format(r)], env=env))
         controls.append(control)
     print(f"ranks {[p.pid for p in ranks]}", flush=True)
+    if args.lose:
+        ranks[1].kill()
+        ranks[1].wait()
     web.run_app(ranked_app(ranks, controls, args.monitor), host="127.0.0.1", port=args.port, access_log=None,
                 print=None, shutdown_timeout=0.5)
 
