@@ -24,5 +24,11 @@ case "${1:-}" in
     bash $D job j25-qualify-ort-fixture -- python3 -m bakeoff.cli.main qualify --model fixture:tiny-qwen3 \
       --backends ort-genai --backend-opt execution_provider=cuda --backend-opt precision=fp16 \
       --artifacts /tmp/art/qualify-fixture ;;
-  *) echo "usage: runs-20261206.sh setup|a" >&2; exit 2 ;;
+  b)  # a fresh machine: setup first; kit b (13 parts of 36 MiB: vLLM 0.26.0 and its needs, pydantic among them,
+      # without tokenspeed-triton, tilelang, z3-solver, PyNvVideoCodec and torchcodec)
+    bash $D install b
+    cd /tmp/code
+    bash $D job j30-fidelity-vllm -- python3 benchmarks/bench_fidelity.py --model $M17 --sessions 1,8,32 --max-tokens 128 \
+      --engines vllm --requests-per-session 16 --pairs 5 --max-pairs 8 --out /tmp/art/fidelity-vllm.json ;;
+  *) echo "usage: runs-20261206.sh setup|a|b" >&2; exit 2 ;;
 esac
