@@ -29,6 +29,6 @@ case "${1:-}" in
     bash $D install b
     cd /tmp/code
     bash $D job j30-fidelity-vllm -- python3 benchmarks/bench_fidelity.py --model $M17 --sessions 1,8,32 --max-tokens 128 \
-      --engines vllm --requests-per-session 16 --pairs 5 --max-pairs 8 --out /tmp/art/fidelity-vllm.json ;;
+      --engines vllm --requests-per-session 16 --pairs 5 --max-pairs 6 --out /tmp/art/fidelity-vllm.json ;;
   *) echo "usage: runs-20261206.sh setup|a|b" >&2; exit 2 ;;
 esac
