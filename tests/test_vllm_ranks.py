@@ -62,7 +62,7 @@ def test_real_vllm_cpu_two_ranks(tmp_path):
         rec = json.loads((tmp_path / "ranks.json").read_text())
         procs = rec["environment"]["processes"]
         rank_rows = {k: p for k, p in procs.items() if k.startswith("rank")}
-        assert len(rank_rows) == 2 and {p["source"] for p in rank_rows.values()} == {"the rank's own report"}, procs
+        assert len(rank_rows) == 2 and {p["source"] for p in rank_rows.values()} == {"the process's own report"}, procs
         assert all(set(p["variables"].values()) == {"present"} for p in procs.values()), procs
         assert "TEST_RANK_VAR" in rec["environment"]["variables"]
         assert v.info.kv_cache_memory_gib == 2.0 and "Worker_TP1 1" in v.info.notes["kv_cache_memory_per_rank_gib"]

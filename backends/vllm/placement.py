@@ -53,6 +53,11 @@ def plan(log: str) -> tuple[set[int], set[int]] | str:
     if not binds or not reserved:
         return "vLLM stated no OpenMP binding (no 'core ids=[...]' / 'reserved_cpus=[...]' line)"
     decode, front = _ids(binds[-1]), _ids(reserved[-1])
+    start = log[log.rfind("OpenMP thread binding info"):]  # the last start's lines
+    ranks = len(re.findall(r"local_rank=\d+, core ids=", start))
+    if ranks > 1:
+        return (f"{ranks} ranks, each bound to its CPUs (see cpu_omp_threads_bind): vLLM's own placement kept (the "
+                "engine core beside one rank would slow the step every rank waits for)")
     if len(decode) != 1 or not front:
         return (f"the worker decodes on {len(decode)} cores {sorted(decode)} with {sorted(front)} reserved: "
                 "vLLM's own placement kept (the engine core would take a core from a parallel region)")

@@ -98,7 +98,8 @@ def check_engine_env(env: dict[str, str]) -> dict[str, str]:
         if not ENV_NAME.fullmatch(name):
             raise ValueError(f"env name {name[:40]!r} is not a variable name (letters, digits, _)")
         if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIX):
-            raise ValueError(f"env {name} is bakeoff's to set for the engine's processes; set another variable")
+            raise ValueError(f"env {name} is bakeoff's to set for the engine's processes (PYTHONPATH and BAKEOFF_* are); "
+                             "set another variable")
         if "\0" in value:
             raise ValueError(f"env {name} holds a NUL byte, which no environment variable can carry")
         if len(f"{name}={value}".encode("utf-8", "surrogateescape")) > MAX_ENV_BYTES:
@@ -145,11 +146,17 @@ def parse_options(backend: str, model: type[BaseModel], options: dict[str, Any])
         UserError: one line naming the bad key and the valid keys (a number that is NaN or
             infinite, e.g. ``inf`` given as text, is a bad value).
     """
+    if "env" in options and "env" in model.model_fields and not isinstance(options["env"], dict):
+        raise UserError(f"--backend-opt env takes one variable per item: env.NAME=VALUE, e.g. env.OMP_NUM_THREADS=4 "
+                        f"(backend {backend})")
     try:
         parsed = model.model_validate(options)
     except ValidationError as exc:
         err = exc.errors()[0]
         key = ".".join(str(p) for p in err.get("loc", ())) or "?"
+        if key.split(".")[0] == "env" and err.get("type") == "value_error":  # check_engine_env's own words
+            raise UserError(f"--backend-opt {str(err.get('msg')).removeprefix('Value error, ')} "
+                            f"(backend {backend})") from None
         valid = ", ".join(sorted(model.model_fields))
         if err.get("type") == "extra_forbidden":
             raise UserError(f"unknown option {key!r} for backend {backend}; valid options: {valid}") from None

@@ -144,7 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
                    f"(smollm2-135m-instruct) (default: {DEFAULT_MODEL})")
     q.add_argument("--backend-opt", action="append", default=[], metavar="[BACKEND:]KEY=VALUE",
                    help="an engine option (repeatable); BACKEND: limits it to one backend, e.g. "
-                        "vllm:kv_cache_dtype=fp8 (an unknown key is refused with the backend's valid keys)")
+                        "vllm:kv_cache_dtype=fp8 (an unknown key is refused with the backend's valid keys); "
+                        "env.NAME=VALUE sets an environment variable of the engine's processes (vllm), "
+                        "verified in each of its ranks")
     q.add_argument("--profile", default=None, help="quick (1-8 sessions, default) | full (1-32 sessions)")
     q.add_argument("--artifacts", default=None, help="folder for runs/ and reports/ "
                    "(default: the checkout's artifacts/; installed: ./artifacts)")

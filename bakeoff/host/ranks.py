@@ -119,7 +119,7 @@ def environ_of(pid: int, keys: list[str], report_dir: Path | None) -> tuple[dict
                 got = json.loads(raw)
                 seen = got.get("vars") if isinstance(got, dict) else None
                 if isinstance(seen, dict) and got.get("pid") == pid:
-                    return {k: seen.get(k) if isinstance(seen.get(k), str) else None for k in keys}, "the rank's own report"
+                    return {k: seen.get(k) if isinstance(seen.get(k), str) else None for k in keys}, "the process's own report"
             except (ValueError, RecursionError):  # damaged or hostile: read from /proc instead
                 pass
     raw = _read_bounded(Path(f"/proc/{pid}/environ"), 1 << 20)
