@@ -92,6 +92,8 @@ def test_wheel_gives_the_command_and_the_plugin(installed):
     assert all(sorted(p.name for p in (Path(root) / n).iterdir()) == sorted([*shipped.manifest(n)["files"], shipped.MANIFEST])
                for n in hashes)
     assert lock_files == sorted(p.name for p in locks.LOCK_DIR.glob("*.txt")) != []
+    hook = _run([str(python), "-c", "from backends._ranks import HOOK_DIR; print(HOOK_DIR / 'sitecustomize.py')"], work)
+    assert hook.stdout.strip().startswith(str(python.parent.parent)) and Path(hook.stdout.strip()).is_file(), hook.stdout
 
 
 @pytest.mark.slow
