@@ -26,7 +26,6 @@ DEBT = {
     "backends/openai/backend.py::OpenAIBackend.start": 33,
     "backends/ort_genai/backend.py::OrtGenaiBackend.option_report": 25,
     "backends/ort_genai/engine.py::OrtGenaiEngine.__init__": 27,
-    "backends/ort_genai/generator_batch.py::_generate": 42,
     "backends/transformers/static.py::generate_batch": 22,
     "backends/vllm/option_log.py::report": 37,
     "backends/vllm/preflight.py::_excluder": 36,

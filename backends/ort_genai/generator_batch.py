@@ -17,8 +17,12 @@ Two users:
   offline user runs, as ``benchmarks/ort_genai_bare.py``'s ``generator`` kind).
 
 A wave of concurrent sessions reaches the engine spread over a few milliseconds: right after a
-batch whose rows ended on one step (their clients come back together), the first request of the
-next batch waits up to :data:`WAVE_WAIT_S` for as many more (:func:`take_batch`); and a batch of
+batch ends, the first request of the next batch waits up to :data:`WAVE_WAIT_S` for the rest of
+the wave (:func:`take_batch`): the batch's rows whose clients come back, and the compatible
+requests that waited through the batch (counted when its first row ended, before any client
+could be back; without them, a session left out of one batch stayed out of every next one: on
+the fixture at 8 sessions, batches of 7 and the 8th session alone, 6.4 rows per step where the
+bare loop runs 8, and a wave-wait at the sweep's end for a wave that never came); and a batch of
 greedy requests without logprobs whose rows have each generated at most :data:`RESTART_TOKENS`
 tokens, when at least as many compatible requests wait as it has rows, stops and starts again
 with them (as ``backends/transformers/static.py`` does), its rows continuing from their prompt
@@ -42,8 +46,9 @@ from backends.ort_genai.frames import TOKENIZE, Decoder, Out, answer_tokenize
 
 MAX_BATCH = 16  # default rows of one og.Generator batch; the probes' concurrency (evaluations/probing.py)
 RESTART_TOKENS = 4  # a batch whose rows are this young restarts to take in newcomers
-# After a batch whose n rows ended on one step, the first request of the next batch waits up to this
-# long (from that step) for n - 1 more: closed-loop clients send their next requests as their streams
+# After a batch whose n rows ended (and m compatible requests waited through it), the first request of
+# the next batch waits up to this long (from its last step) for n + m - 1 more: closed-loop clients send
+# their next requests as their streams
 # end, and the wave reaches the engine over a few milliseconds. Without the wait its first arrival
 # started a batch of its own that the rest restarted (4-5 restarts per 32 requests at 8 sessions of
 # SmolLM2-135M int4, each a second prefill; TTFT 790 vs the bare batch-per-turn loop's 711 ms).
@@ -52,6 +57,13 @@ RESTART_TOKENS = 4  # a batch whose rows are this young restarts to take in newc
 # loop's tok/s; 60 ms: 7.97 of 8 and 0.985 [0.94, 1.03], TTFT equal (774 / 774 ms). The wait ends as
 # soon as the wave is in, so the cap costs only a wave that does not come (once, at a sweep's end).
 WAVE_WAIT_S = 0.06
+# A wave that stops coming is not waited for to the end of WAVE_WAIT_S: once a wave came whole, the
+# next wait ends after a silence of WAVE_QUIET_FACTOR times its longest gap between arrivals (at least
+# WAVE_QUIET_MIN_S; from the wave's first arrival on). A closed loop's last wave can be smaller than the one before it (a session out of
+# step), and on the fixture (a wave in 4-7 ms, gaps of ~1 ms) the full wait cost 60 ms of a 100 ms
+# timed run; a host whose waves come slowly (the Intel host above) keeps a longer silence.
+WAVE_QUIET_FACTOR = 4
+WAVE_QUIET_MIN_S = 0.003
 
 
 class Inbox:
@@ -91,10 +103,23 @@ class Inbox:
             self._q = keep
             return got
 
-    def wait_count(self, pick: Callable[[tuple], bool], n: int, timeout_s: float) -> bool:
-        """Wait until at least ``n`` items that ``pick`` accepts are queued, or ``timeout_s``; whether they are."""
+    def wait_wave(self, pick: Callable[[tuple], bool], n: int, since: float, deadline: float,
+                  quiet_s: float) -> tuple[bool, float]:
+        """Wait until at least ``n`` items that ``pick`` accepts are queued, the ``deadline``
+        (``time.perf_counter()``) passes, or none arrived for ``quiet_s`` (from ``since``, then from
+        the last arrival). Returns whether they are queued, and the longest gap between arrivals."""
+        clock = time.perf_counter
         with self._ready:
-            return self._ready.wait_for(lambda: sum(1 for item in self._q if pick(item)) >= n, max(0.0, timeout_s))
+            have, last, gap = sum(1 for item in self._q if pick(item)), since, 0.0
+            while have < n:
+                left = min(deadline, last + quiet_s) - clock()
+                if left <= 0:
+                    return False, gap
+                self._ready.wait(left)
+                now, got = clock(), sum(1 for item in self._q if pick(item))
+                if got > have:
+                    have, gap, last = got, max(gap, now - last), now
+            return True, gap
 
     def count(self, pick: Callable[[tuple], bool]) -> int:
         if not self._q:
@@ -121,18 +146,25 @@ def _joins(key: tuple) -> Callable[[tuple], bool]:
 
 
 def take_batch(engine, first: tuple) -> list[tuple]:
-    """``first`` with the compatible requests waiting in ``engine.inbox``; right after a batch whose
-    rows ended together, the rest of their clients' next wave is waited for (:data:`WAVE_WAIT_S`)."""
+    """``first`` with the compatible requests waiting in ``engine.inbox``; right after a batch, the
+    rest of the wave (its rows' clients' next requests, with the requests that waited through it) is
+    waited for (:data:`WAVE_WAIT_S`)."""
     key = batch_key(first[1])
     if key is None or engine.paged:
         return [first]
     wave, engine.wave = engine.wave, None  # a wave is waited for once, by the batch right after it
     if wave is not None and wave[2] == key and wave[0] > 1:
-        want = min(engine.max_batch, wave[0]) - 1
-        left = wave[1] + WAVE_WAIT_S - time.perf_counter()
-        if left > 0 and engine.inbox.count(_joins(key)) < want:
+        want, now = min(engine.max_batch, wave[0]) - 1, time.perf_counter()
+        if now < wave[1] + WAVE_WAIT_S and engine.inbox.count(_joins(key)) < want:
             engine.wave_waits += 1
-            engine.inbox.wait_count(_joins(key), want, left)
+            gap = engine.wave_gap_s
+            quiet = WAVE_WAIT_S if gap is None else min(WAVE_WAIT_S, max(WAVE_QUIET_MIN_S, WAVE_QUIET_FACTOR * gap))
+            # the silence counts from the wave's first arrival (``first``, now), not from the batch's end:
+            # a stream's end reaching its client and the next request coming back takes longer than the
+            # gaps between a wave's requests (~3.5 ms against ~1 ms on the fixture)
+            whole, gap = engine.inbox.wait_wave(_joins(key), want, now, wave[1] + WAVE_WAIT_S, quiet)
+            if whole:
+                engine.wave_gap_s = gap
     return [first] + _take(engine, key, engine.max_batch - 1)
 
 
@@ -208,33 +240,65 @@ def _split(engine, rows: list[Row], lone: list[Row]) -> list[Row]:
     return ok
 
 
-def _generate(engine, rows: list[Row], batch, send, key: tuple | None = None) -> list[Row]:
-    """One og.Generator over ``rows`` (each continuing from its prompt plus what it generated);
-    ``/v1/tokenize`` requests waiting are answered between its steps.
-
-    Returns:
-        The rows to continue when the batch stopped early for newcomers (``key``: the batch key
-        of those it may restart for), else []."""
+def _start(engine, rows: list[Row]):
+    """An og.Generator over ``rows``, each fed its prompt plus what it generated (right-padded)."""
     og, np = engine.og, engine.np
     n_rows = len(rows)
     prompts = [r.ids + r.gen for r in rows]
     width = max(len(p) for p in prompts)
-    left = [r.max_new - len(r.gen) for r in rows]
     body0 = rows[0].body
-    k, ignore_eos = int(body0.get("logprobs") or 0), bool(body0.get("ignore_eos"))
     params = og.GeneratorParams(engine.model)
-    opts = engine.search_options({**body0, "max_tokens": max(left)}, width)
+    opts = engine.search_options({**body0, "max_tokens": max(r.max_new - len(r.gen) for r in rows)}, width)
     params.set_search_options(**opts, **({"batch_size": n_rows} if n_rows > 1 else {}))
     gen = og.Generator(engine.model, params)
     padded = [p + [engine.pad_id] * (width - len(p)) for p in prompts] if n_rows > 1 else prompts[0]
     gen.append_tokens(np.asarray(padded, dtype=np.int32))
-    engine.logprobs_rows_max = max(engine.logprobs_rows_max, n_rows) if k else engine.logprobs_rows_max
+    if body0.get("logprobs"):
+        engine.logprobs_rows_max = max(engine.logprobs_rows_max, n_rows)
     engine.max_running = max(engine.max_running, n_rows)
+    return gen
+
+
+def _step_rows(engine, rows: list[Row], nxt, now: float, logp, k: int, ignore_eos: bool) -> tuple[int, int]:
+    """One step's tokens ``nxt`` into each live row's frames (inside the step's ``batch()``); rows
+    that reached their end are ended. Returns ``(rows ended, of them those whose clients come back)``."""
+    np, cancelled, eos_ids = engine.np, engine.cancelled, engine.eos_ids
+    ended = back = 0
+    for i, r in enumerate(rows):
+        if r.ended:
+            continue
+        token = int(nxt[i])
+        r.gen.append(token)
+        if k:
+            r.out.send_ids(np.asarray([token], dtype=np.int32).tobytes(), now, True, [_top(np, logp[i], token, k)])
+        else:
+            r.out.pending.append(token)
+            r.out.due(now)
+        eos = not ignore_eos and token in eos_ids
+        if eos or len(r.gen) >= r.max_new or (cancelled and r.rid in cancelled):
+            aborted = bool(cancelled) and r.rid in cancelled
+            r.end(engine, "abort" if aborted else "stop" if eos else "length")
+            ended, back = ended + 1, back + (not aborted)
+    return ended, back
+
+
+def _generate(engine, rows: list[Row], batch, send, key: tuple | None = None) -> list[Row]:
+    """One og.Generator over ``rows`` (each continuing from its prompt plus what it generated);
+    ``/v1/tokenize`` requests waiting are answered between its steps. When every row has ended,
+    ``engine.wave`` says how many requests the next batch may wait for (:func:`take_batch`).
+
+    Returns:
+        The rows to continue when the batch stopped early for newcomers (``key``: the batch key
+        of those it may restart for), else []."""
+    n_rows, body0 = len(rows), rows[0].body
+    k, ignore_eos = int(body0.get("logprobs") or 0), bool(body0.get("ignore_eos"))
+    gen = _start(engine, rows)
     live = [r for r in rows if not r.ended]
-    clock, cancelled, eos_ids, array = time.perf_counter, engine.cancelled, engine.eos_ids, np.asarray
+    clock, np, inbox = time.perf_counter, engine.np, engine.inbox if send is not None else None
     # restart only while every row is young: after that no look into the inbox per step
     young_steps = RESTART_TOKENS - max(len(r.gen) for r in rows) if key is not None and n_rows < engine.max_batch else -1
     step, t_out = 0, clock()
+    back_all, stragglers = 0, None  # rows whose clients come back; requests that waited through the batch
     while live and not gen.is_done():  # the hot loop: a token's own cost is the bare loop's plus a frame
         t_in = clock()
         engine.own_s += t_in - t_out
@@ -245,37 +309,40 @@ def _generate(engine, rows: list[Row], batch, send, key: tuple | None = None) ->
         engine.og_s += t_out - t_in
         engine.decode_steps += 1
         step += 1
-        ended = back = 0  # rows that ended this step; those whose clients come back (not cancelled)
         with batch():
-            for i, r in enumerate(rows):
-                if r.ended:
-                    continue
-                token = int(nxt[i])
-                r.gen.append(token)
-                if k:
-                    r.out.send_ids(array([token], dtype=np.int32).tobytes(), t_out, True, [_top(np, logp[i], token, k)])
-                else:
-                    r.out.pending.append(token)
-                    r.out.due(t_out)
-                eos = not ignore_eos and token in eos_ids
-                if eos or len(r.gen) >= r.max_new or (cancelled and r.rid in cancelled):
-                    aborted = bool(cancelled) and r.rid in cancelled
-                    r.end(engine, "abort" if aborted else "stop" if eos else "length")
-                    ended, back = ended + 1, back + (not aborted)
+            ended, back = _step_rows(engine, rows, nxt, t_out, logp, k, ignore_eos)
         if ended:
             live = [r for r in rows if not r.ended]
-            if not live and key is not None:  # these rows' clients come back together (take_batch)
-                engine.wave = (back, t_out, key)
-        inbox = engine.inbox if send is not None else None
-        if inbox is not None and not inbox.empty():
-            if step <= young_steps and live and _waiting(engine, key, len(live)):
-                return live
-            for rid, body in inbox.take(_is_tokenize, 64):
-                answer_tokenize(engine, send, rid, body[TOKENIZE])
+            back_all += back
+            if key is not None:
+                stragglers = _wave_after(engine, key, live, back_all, stragglers, t_out)
+        if inbox is not None and not inbox.empty() and _between_steps(engine, send, key, live, step <= young_steps):
+            return live
     del gen
     for r in live:  # og ended the row (its EOS, or max_length): "stop" before max_tokens, as the lone loop
         r.end(engine, "stop" if len(r.gen) < r.max_new else "length")
     return []
+
+
+def _wave_after(engine, key: tuple, live: list[Row], back_all: int, stragglers: int | None, now: float) -> int:
+    """After a step in which rows of a restartable batch ended: the requests that waited through the
+    batch (counted at its first end, before any of its rows' clients can be back), and, once no row
+    is live, ``engine.wave`` (``(requests of the next wave, now, key)``, :func:`take_batch`)."""
+    if stragglers is None:
+        stragglers = engine.inbox.count(_joins(key))
+    if not live:  # these rows' clients come back together, with the requests that waited
+        engine.wave = (back_all + stragglers, now, key)
+    return stragglers
+
+
+def _between_steps(engine, send, key: tuple | None, live: list[Row], young: bool) -> bool:
+    """With requests in the inbox between two steps: whether the batch stops to restart with
+    newcomers (while ``young``, :func:`_waiting`); else the ``/v1/tokenize`` requests are answered."""
+    if young and live and _waiting(engine, key, len(live)):
+        return True
+    for rid, body in engine.inbox.take(_is_tokenize, 64):
+        answer_tokenize(engine, send, rid, body[TOKENIZE])
+    return False
 
 
 def _waiting(engine, key: tuple, n_live: int) -> bool:
