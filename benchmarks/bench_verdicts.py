@@ -65,14 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# bench_verdicts: {args.repeats} x qualify --backends {args.backends} --model {args.model} "
           f"(fresh fixture in {cache}; CPU {cpu})", flush=True)
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-m", "bakeoff.cli.main", "fixture", "build", args.model.removeprefix("fixture:")],
+    subprocess.run([sys.executable, "-m", "cli.main", "fixture", "build", args.model.removeprefix("fixture:")],
                    cwd=ROOT, env=env, check=True) if args.model.startswith("fixture:") else None
     print(f"# fixture built in {time.monotonic() - t0:.0f} s", flush=True)
     rows: list[dict] = []
     for i in range(args.repeats):
         art = tmp / f"art{i}"
         t1 = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "bakeoff.cli.main", "qualify", "--backends", args.backends,
+        proc = subprocess.run([sys.executable, "-m", "cli.main", "qualify", "--backends", args.backends,
                                "--model", args.model, "--artifacts", str(art)], cwd=ROOT, env=env,
                               capture_output=True, text=True)
         verdicts = [json.loads(p.read_text()) for p in sorted((art / "runs").glob("*/verdict.json"))]

@@ -8,8 +8,8 @@ from pydantic import ValidationError
 import adapters
 from adapters.base import Adapter
 from bakeoff.api.errors import UserError
-from bakeoff.cli.jobs.render import engine_requirements
-from bakeoff.cli.jobs.specs import ExportTask, JobTask, PushTarget
+from cli.jobs.render import engine_requirements
+from cli.jobs.specs import ExportTask, JobTask, PushTarget
 
 
 def test_every_registered_adapter_implements_the_interface():

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-BAKEOFF = [sys.executable, "-m", "bakeoff.cli.main"]
+BAKEOFF = [sys.executable, "-m", "cli.main"]
 PYTEST = [sys.executable, "-m", "pytest", "evaluations/", "-p", "no:cacheprovider"]
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.cli.main import main
+from cli.main import main
 
 REPO = Path(__file__).resolve().parent.parent
 LINE = r"^bakeoff(?: [a-z-]+)*: error: "

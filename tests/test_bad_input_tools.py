@@ -94,7 +94,7 @@ def test_quantize_suggests_the_equals_form_for_its_checkpoint(tmp_path, monkeypa
     from types import SimpleNamespace
 
     import adapters.awq_int4
-    from bakeoff.cli.tools import cmd_quantize
+    from cli.tools import cmd_quantize
 
     src = tmp_path / "my model"
     src.mkdir()

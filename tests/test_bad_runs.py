@@ -116,7 +116,7 @@ def test_damaged_numbers_and_text_in_a_finished_run_are_shown_not_raised(tmp_pat
     surrogate in the model name (``UnicodeEncodeError`` writing report.md), negative session counts
     and throughputs (matplotlib refused a log axis of no positive values). Each is shown, written
     escaped or left out of the plot; the command succeeds."""
-    from bakeoff.cli.main import main
+    from cli.main import main
 
     big = _damaged(tmp_path, "big", '"fixture:tiny-qwen3"', [
         {"name": "sanity.known_answers", "status": "pass", "values": {"accuracy": 10 ** 4000}}])
@@ -136,7 +136,7 @@ def test_damaged_numbers_and_text_in_a_finished_run_are_shown_not_raised(tmp_pat
 def test_an_endpoint_with_credentials_is_never_printed(monkeypatch, capsys):
     """``--endpoint https://user:TOKEN@host`` that does not answer: the line names the endpoint
     with its user part masked (the census saw the token printed back)."""
-    from bakeoff.cli.main import main
+    from cli.main import main
 
     monkeypatch.setenv("HF_TOKEN", "hf_census_placeholder")
     rc = main(["jobs", "status", "j1", "--endpoint", "https://u:hf_SECRETcensus123@127.0.0.1:9"])

@@ -131,7 +131,7 @@ def test_unreadable_run_is_one_line_user_error(tmp_path, make_bad, message):
 
 
 def test_cli_compare_and_bad_baseline(tmp_path, capsys):
-    from bakeoff.cli.main import main
+    from cli.main import main
 
     a = make_run(tmp_path / "art", "vllm", {}, 1.0, 0.05, seed=1)
     assert main(["compare", str(a), "--artifacts", str(tmp_path / "art"), "--name", "x"]) == 0

@@ -101,12 +101,12 @@ def test_command_works_as_written(page, cmd):
         return
     argv = _bakeoff_argv(cmd)
     if argv is not None:
-        from bakeoff.cli.main import build_parser
+        from cli.main import build_parser
 
         args, extra = build_parser().parse_known_args(argv)
         assert not extra, f"{page}: {cmd}: unrecognized {extra}"
         if argv[0] == "qualify" and not PLACEHOLDER.search(cmd) and args.resume is None:
-            from bakeoff.cli.qualify import _request
+            from cli.qualify import _request
             from evaluations.inputs import check_request
 
             check_request(_request(args))  # backends, options, matrix, model: refused with a UserError

@@ -47,7 +47,7 @@ def qualify_run(tmp_path_factory):
     ``--fail-on`` status is named, so its exit 0 also says that qualified runs pass every gate."""
     art = tmp_path_factory.mktemp("qualify")
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "bakeoff.cli.main", "qualify", "--backends", "transformers,vllm",
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "qualify", "--backends", "transformers,vllm",
                            "--model", "fixture:tiny-qwen3", "--artifacts", str(art),
                            "--fail-on", "disqualified", "--fail-on", "incomplete,unavailable"],
                           capture_output=True, text=True, cwd=REPO, timeout=1500)

@@ -105,7 +105,7 @@ def test_unknown_mode_is_a_user_error_before_any_work(cache, tmp_path, monkeypat
         envs.ensure(HERE)
     art = tmp_path / "art"
     env = {**os.environ, "BAKEOFF_ENVS": "conda", "BAKEOFF_CACHE": str(cache)}
-    proc = subprocess.run([sys.executable, "-m", "bakeoff.cli.main", "qualify", "--backends", "vllm", "--artifacts", str(art)],
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "qualify", "--backends", "vllm", "--artifacts", str(art)],
                           capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
     assert proc.returncode != 0 and "BAKEOFF_ENVS" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not art.exists() and not cache.exists()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bakeoff.api.errors import UserError
-from bakeoff.cli.gating import EXIT_FAILED_GATE, EXIT_OK, gate, parse_fail_on
+from cli.gating import EXIT_FAILED_GATE, EXIT_OK, gate, parse_fail_on
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,7 +33,7 @@ def test_parse_and_gate():
 
 def test_exit_codes_are_the_docs_table():
     """The CI gating page's table and the gating module's constants say the same codes."""
-    from bakeoff.cli import gating
+    from cli import gating
 
     section = (REPO / "docs" / "concepts" / "ci-gating.md").read_text()
     for code in (gating.EXIT_OK, gating.EXIT_FAILED_GATE, gating.EXIT_BAD_INPUT, gating.EXIT_NO_RUN, gating.EXIT_INTERRUPTED):
@@ -54,7 +54,7 @@ def test_sigterm_mid_run_exits_130_and_keeps_the_run(tmp_path):
 
     fixtures.build("tiny-qwen3-untrained", log=lambda s: None)
     art = tmp_path / "art"
-    proc = subprocess.Popen([sys.executable, "-m", "bakeoff.cli.main", "qualify", "--backends", "transformers",
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "qualify", "--backends", "transformers",
                              "--model", "fixture:tiny-qwen3-untrained", "--artifacts", str(art), "--quiet"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
@@ -98,7 +98,7 @@ def test_sigkill_of_bakeoff_leaves_no_orphan(tmp_path):
 
     fixtures.build("tiny-qwen3-untrained", log=lambda s: None)
     art = tmp_path / "art"
-    proc = subprocess.Popen([sys.executable, "-m", "bakeoff.cli.main", "qualify", "--backends", "transformers",
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "qualify", "--backends", "transformers",
                              "--model", "fixture:tiny-qwen3-untrained", "--artifacts", str(art), "--quiet"],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240

@@ -370,7 +370,7 @@ def test_sigterm_then_qualify_resume(tmp_path):
     assert_files_intact(suite.run)
     assert_no_process_left(tmp_path)
 
-    proc = subprocess.run([sys.executable, "-m", "bakeoff.cli.main", "qualify", "--resume", str(suite.run), "--report", "resumed"],
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "qualify", "--resume", str(suite.run), "--report", "resumed"],
                           capture_output=True, text=True, cwd=REPO, timeout=300, env=dict(os.environ, PYTEST_ADDOPTS=f"-k '{fast}'"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     v = suite.verdict()

@@ -129,7 +129,7 @@ def test_fixture_list_says_shipped_until_the_first_use_copies_them(cache, capsys
     """``bakeoff fixture list`` on an empty cache: a fixture whose weights ship is not "not built"
     (its first use copies them in a second); after the copy it is built; one that does not ship
     (trained on first use) stays "not built"."""
-    from bakeoff.cli import main as cli_main
+    from cli import main as cli_main
 
     def listed() -> dict[str, str]:
         assert cli_main.main(["fixture", "list"]) == 0
@@ -148,7 +148,7 @@ def test_a_damaged_cached_copy_is_named_and_rebuilt_never_loaded(cache, capsys, 
     transformers ``disqualified`` ``garbage-output`` on scrambled weights, ``load-failure`` on a
     truncated copy, and ``bakeoff fixture list`` said built): the cached copy is checked against its
     manifest on every use; the list says damaged, the next use says so and reinstalls the shipped copy."""
-    from bakeoff.cli import main as cli_main
+    from cli import main as cli_main
 
     folder = fixtures.build("tiny-qwen3", log=lambda s: None)
     weights = folder / "model.safetensors"

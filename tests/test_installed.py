@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SOURCES = ("pyproject.toml", "README.md", "bakeoff", "backends", "adapters", "evaluations")
+SOURCES = ("pyproject.toml", "README.md", "bakeoff", "backends", "adapters", "evaluations", "cli")
 
 
 def _run(cmd: list[str], cwd: Path, timeout: int = 300, **kw) -> subprocess.CompletedProcess:

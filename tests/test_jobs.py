@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.cli.main import main
-from bakeoff.cli.jobs import render
-from bakeoff.cli.jobs.specs import ExportTask, JobTask, PushTarget
+from cli.main import main
+from cli.jobs import render
+from cli.jobs.specs import ExportTask, JobTask, PushTarget
 from fakes.hf_jobs_server import FakeHfJobsServer
 
 REPO = Path(__file__).resolve().parent.parent

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.cli.jobs import render, submit
-from bakeoff.cli.jobs.specs import ExportTask, JobRequest, JobTask, PushTarget, QualifyTask
-from bakeoff.cli.main import main
+from cli.jobs import render, submit
+from cli.jobs.specs import ExportTask, JobRequest, JobTask, PushTarget, QualifyTask
+from cli.main import main
 
 PAYLOADS = [
     '"""; import os; os.system("id"); """',
@@ -195,7 +195,7 @@ def test_the_python_request_never_reaches_the_jobs_shell_as_syntax(payload):
 
 def test_the_qualify_job_passes_values_as_flag_values(monkeypatch):
     """Inside the job, a model or option that starts with a dash is the flag's value (--flag=value)."""
-    from bakeoff.cli.jobs import runtime
+    from cli.jobs import runtime
 
     calls = []
     task = JobTask(kind="qualify", tag="t", model="--backends=evil", push_to=PushTarget(kind="none"),

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("bakeoff", "backends", "adapters", "evaluations")
+PACKAGES = ("bakeoff", "backends", "adapters", "evaluations", "cli")
 
 # lowest first; a module's layer is the first prefix it matches
 LAYERS = [
@@ -29,7 +29,7 @@ LAYERS = [
     ("adapters", ("adapters",)),
     ("backends", ("backends",)),
     ("evaluations", ("evaluations",)),
-    ("application", ("bakeoff.cli",)),
+    ("application", ("cli",)),
 ]
 
 # (importer, imported): why the upward import is right
@@ -200,19 +200,19 @@ def test_no_import_cycle_at_module_level():
 def test_the_checker_sees_an_upward_import(tmp_path):
     """The rule is not vacuous: a contract importing the application is caught."""
     src = tmp_path / "x.py"
-    src.write_text("from bakeoff.cli.main import main\n\ndef f():\n    from backends.vllm.backend import VllmBackend\n")
+    src.write_text("from cli.main import main\n\ndef f():\n    from backends.vllm.backend import VllmBackend\n")
     found = [_resolve(t) for t, _ in imports(src)]
-    assert found == ["bakeoff.cli.main", "backends.vllm.backend"]
-    assert layer("bakeoff.api.specs") < layer("bakeoff.cli.main") and layer("backends.vllm.backend") > layer("bakeoff.host.envs")
+    assert found == ["cli.main", "backends.vllm.backend"]
+    assert layer("bakeoff.api.specs") < layer("cli.main") and layer("backends.vllm.backend") > layer("bakeoff.host.envs")
 
 
 PLANTED = {
-    "relative": "from ..cli.main import main\n",
-    "relative, module named": "from .. import cli\n",
+    "relative": "from ...cli.main import main\n",
+    "relative, module named": "from ... import cli\n",
     "relative, deeper": "def f():\n    from ...backends.vllm import backend\n",
-    "importlib.import_module": "import importlib\nimportlib.import_module('bakeoff.cli.main')\n",
-    "import_module, relative": "from importlib import import_module\nimport_module('..cli.main', __package__)\n",
-    "__import__": "def f():\n    return __import__('bakeoff.cli.main')\n",
+    "importlib.import_module": "import importlib\nimportlib.import_module('cli.main')\n",
+    "import_module, relative": "from importlib import import_module\nimport_module('...cli.main', __package__)\n",
+    "__import__": "def f():\n    return __import__('cli.main')\n",
 }
 
 
@@ -226,13 +226,13 @@ def test_the_checker_sees_every_form_of_an_upward_import(tmp_path, form):
     found = [_resolve(t) for t, _ in imports(src, module=me)]
     assert found, f"{form}: no import seen in {PLANTED[form]!r}"
     assert all(layer(t) > layer(me) for t in found), (form, found)
-    assert found[0] in ("bakeoff.cli.main", "bakeoff.cli", "backends.vllm.backend"), (form, found)
+    assert found[0] in ("cli.main", "cli", "backends.vllm.backend"), (form, found)
 
 
 def test_computed_names_and_other_calls_are_not_imports(tmp_path):
     src = tmp_path / "computed.py"
-    src.write_text("import importlib\nname = 'bakeoff.cli.main'\nimportlib.import_module(name)\n"
-                   "importlib.import_module(f'bakeoff.cli.{name}')\nobj.import_module('bakeoff.cli.main')\n"
+    src.write_text("import importlib\nname = 'cli.main'\nimportlib.import_module(name)\n"
+                   "importlib.import_module(f'cli.{name}')\nobj.import_module('cli.main')\n"
                    "__import__('json')\n")
     assert imports(src, module="bakeoff.api.planted") == []
 

@@ -20,10 +20,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from bakeoff.cli import main as cli_main
-from bakeoff.cli import steps
-from bakeoff.cli.phases import STEP_LINE, PhaseBoard, last_line
-from bakeoff.cli.progress import POINTS_LOG, Progress, read_point
+from cli import main as cli_main
+from cli import steps
+from cli.phases import STEP_LINE, PhaseBoard, last_line
+from cli.progress import POINTS_LOG, Progress, read_point
 from bakeoff.host import envs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -234,7 +234,7 @@ def test_qualify_prints_phase_lines_in_plain_mode_and_none_when_quiet(cache, tmp
     calls: list = []
     monkeypatch.setattr(envs, "_run", fake_pip(0.05, calls))
     monkeypatch.setattr(steps, "prepare", _fake_prepare())
-    monkeypatch.setattr("bakeoff.cli.qualify._one_run", lambda *a: None)  # no evaluation: "no run was written"
+    monkeypatch.setattr("cli.qualify._one_run", lambda *a: None)  # no evaluation: "no run was written"
     code = cli_main.main(["qualify", "--backends", "transformers", "--artifacts", str(tmp_path / "art")]
                          + (["--quiet"] if quiet else []))
     out, err = capsys.readouterr()
@@ -250,8 +250,8 @@ def test_qualify_prints_phase_lines_in_plain_mode_and_none_when_quiet(cache, tmp
 PTY_PROGRAM = r'''
 import os, sys
 from bakeoff.host import envs
-from bakeoff.cli.progress import Progress, choose_mode
-from bakeoff.cli.steps import EnvPrewarm
+from cli.progress import Progress, choose_mode
+from cli.steps import EnvPrewarm
 CALLS = []
 exec(FAKE_PIP_SRC, globals())
 envs._run = fake_run
@@ -321,7 +321,7 @@ def test_live_view_on_a_terminal_shows_environment_rows_then_the_checks(cache, t
 def test_a_damaged_points_file_never_breaks_the_view(tmp_path, last_line, shown):
     """points.jsonl is read while it is written, and may be damaged: the view shows a whole point
     or nothing, and never raises (it watches a child that must not be left running alone)."""
-    from bakeoff.cli.progress import point_text
+    from cli.progress import point_text
 
     f = tmp_path / POINTS_LOG
     f.parent.mkdir(parents=True)

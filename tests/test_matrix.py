@@ -67,7 +67,7 @@ def test_merge_refuses_a_key_set_twice():
     (["qualify", "--backends", "vllm", "--repeats", "0"], "--repeats must be at least 1"),
 ])
 def test_qualify_rejects_bad_matrix_before_running(argv, message, capsys, tmp_path):
-    from bakeoff.cli.main import main
+    from cli.main import main
 
     assert main([*argv, "--artifacts", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
@@ -93,13 +93,13 @@ def test_qualify_runs_a_backend_once_when_the_matrix_is_not_its_own(tmp_path, mo
     import subprocess
     from pathlib import Path
 
-    import bakeoff.cli.main as cli
+    import cli.main as cli
 
     import sys
 
     real_popen, calls = subprocess.Popen, []
 
-    def fake_pytest(cmd, env=None, cwd=None, **kw):  # qualify's child (bakeoff/cli/progress.py), stood in for
+    def fake_pytest(cmd, env=None, cwd=None, **kw):  # qualify's child (cli/progress.py), stood in for
         if "pytest" not in cmd:
             return real_popen(cmd, env=env, cwd=cwd, **kw)
         calls.append(cmd)
@@ -110,7 +110,7 @@ def test_qualify_runs_a_backend_once_when_the_matrix_is_not_its_own(tmp_path, mo
 
     monkeypatch.setattr(subprocess, "Popen", fake_pytest)
     monkeypatch.setattr("bakeoff.reporting.report.write_report", lambda runs, dest: dest)
-    monkeypatch.setattr("bakeoff.cli.progress.print_verdicts", lambda runs: [])
+    monkeypatch.setattr("cli.progress.print_verdicts", lambda runs: [])
     assert cli.main(["qualify", "--backends", "vllm,ort-genai", "--matrix", "kv_cache_dtype=auto,fp8",
                      "--artifacts", str(tmp_path / "art")]) == 0
     backends_run = [next(a for a in c if a.startswith("--backend=")) for c in calls]

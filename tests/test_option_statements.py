@@ -216,13 +216,13 @@ def test_qualify_matrix_runs_the_auto_cell_first_and_passes_it_on(tmp_path, monk
     the fp8 cell gets ``--baseline-run`` = its run (the evaluations are stood in for: the wiring only)."""
     import subprocess
 
-    import bakeoff.cli.main as cli
+    import cli.main as cli
 
     import sys
 
     real_popen, calls = subprocess.Popen, []
 
-    def fake_pytest(cmd, env=None, cwd=None, **kw):  # qualify's child (bakeoff/cli/progress.py), stood in for
+    def fake_pytest(cmd, env=None, cwd=None, **kw):  # qualify's child (cli/progress.py), stood in for
         if "pytest" not in cmd:
             return real_popen(cmd, env=env, cwd=cwd, **kw)
         calls.append(cmd)
@@ -233,7 +233,7 @@ def test_qualify_matrix_runs_the_auto_cell_first_and_passes_it_on(tmp_path, monk
 
     monkeypatch.setattr(subprocess, "Popen", fake_pytest)
     monkeypatch.setattr("bakeoff.reporting.report.write_report", lambda runs, dest: dest)
-    monkeypatch.setattr("bakeoff.cli.progress.print_verdicts", lambda runs: [])  # imported by qualify when it runs
+    monkeypatch.setattr("cli.progress.print_verdicts", lambda runs: [])  # imported by qualify when it runs
     assert cli.main(["qualify", "--backends", "vllm", "--matrix", "kv_cache_dtype=fp8,auto",
                      "--artifacts", str(tmp_path / "art")]) == 0
     assert [next(a for a in c if a.startswith("--backend-opt=kv")) for c in calls] == [

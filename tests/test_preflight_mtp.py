@@ -215,7 +215,7 @@ def test_the_load_check_records_the_source_preflight_and_the_patch(tmp_path, mon
 
 
 def test_qualify_refuses_a_malformed_patch_in_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "bakeoff.cli.main", "qualify", "--backends", "vllm",
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "qualify", "--backends", "vllm",
                            "--model", str(tmp_path), "--patch", "ignore"], capture_output=True, text=True, timeout=60,
                           env={"BAKEOFF_CACHE": str(tmp_path / "c"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "malformed patch 'ignore'" in proc.stderr

@@ -1,4 +1,4 @@
-"""``bakeoff qualify``'s progress (bakeoff/cli/progress.py) against a stand-in evaluation: a
+"""``bakeoff qualify``'s progress (cli/progress.py) against a stand-in evaluation: a
 subprocess that writes what the plugin writes (``BAKEOFF_RUN_FILE``, then ``verdict.json``
 after each check) with pauses between checks. No engine, a few seconds."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from bakeoff.cli import progress as progress_mod
-from bakeoff.cli.progress import Progress, choose_mode, table
+from cli import progress as progress_mod
+from cli.progress import Progress, choose_mode, table
 
 STAND_IN = r'''
 import json, os, sys, time

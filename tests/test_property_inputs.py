@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import bakeoff.cli.main as cli
+import cli.main as cli
 from bakeoff.api.errors import UserError
 from evaluations import inputs
 
@@ -71,10 +71,10 @@ def sandbox(tmp_path_factory):
     mp.delenv("HF_TOKEN", raising=False)
     mp.setattr(cli, "DEFAULT_ARTIFACTS", str(root / "art"))
     mp.setitem(inputs.DEFAULTS, "artifacts", str(root / "art"))
-    mp.setattr("bakeoff.cli.jobs.args.DEFAULT_ARTIFACTS", str(root / "art"))
-    for target in ("bakeoff.cli.qualify._qualify", "bakeoff.cli.qualify.subprocess.run", "bakeoff.models.fixtures.build",
+    mp.setattr("cli.jobs.args.DEFAULT_ARTIFACTS", str(root / "art"))
+    for target in ("cli.qualify._qualify", "cli.qualify.subprocess.run", "bakeoff.models.fixtures.build",
                    "bakeoff.loadgen.calibrate.calibrate_sweep", "adapters.awq_int4.quantize_awq",
-                   "bakeoff.cli.jobs.submit.api_for", "bakeoff.reporting.compare_html.write_plots"):
+                   "cli.jobs.submit.api_for", "bakeoff.reporting.compare_html.write_plots"):
         mp.setattr(target, _reached)
     yield root
     mp.undo()

@@ -4,8 +4,8 @@ never two runs at once, never a run before its environment; an install that fail
 (its ``start()`` records why) while the others proceed; the time-per-step table says who waited.
 
 Stand-ins only: ``bakeoff.host.envs.ensure`` (an install that ends when the test says, or fails)
-and the evaluation (``bakeoff.cli.qualify._one_run``, which records when it was called); the real
-:class:`bakeoff.cli.steps.EnvPrewarm`, :func:`bakeoff.cli.steps.by_readiness` and ``_qualify``."""
+and the evaluation (``cli.qualify._one_run``, which records when it was called); the real
+:class:`cli.steps.EnvPrewarm`, :func:`cli.steps.by_readiness` and ``_qualify``."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import pytest
 
 import backends
 from bakeoff.api.errors import EngineFailure
-from bakeoff.cli import main as cli_main
-from bakeoff.cli import steps
+from cli import main as cli_main
+from cli import steps
 from bakeoff.host import envs
 
 
@@ -70,9 +70,9 @@ def _qualify(monkeypatch, tmp_path, names: list[str], installs: Installs, on_run
         running.remove(run.backend)
         runs.append(tmp_path / "runs" / run.backend)  # no run directory: the table's note is empty
 
-    monkeypatch.setattr("bakeoff.cli.qualify._one_run", one_run)
+    monkeypatch.setattr("cli.qualify._one_run", one_run)
     monkeypatch.setattr("bakeoff.reporting.report.write_report", lambda runs, dest: dest)
-    monkeypatch.setattr("bakeoff.cli.progress.print_verdicts", lambda runs: [(p.name, "qualified", str(p)) for p in runs])
+    monkeypatch.setattr("cli.progress.print_verdicts", lambda runs: [(p.name, "qualified", str(p)) for p in runs])
     code = cli_main.main(["qualify", "--backends", ",".join(names), "--artifacts", str(tmp_path / "art")])
     return code, calls, specs
 
@@ -161,7 +161,7 @@ def test_by_readiness_without_environments_keeps_the_users_order():
 
 def test_plain_environment_lines_start_on_their_own_line_once_runs_go():
     """Beside a run, pytest's progress dots end with no newline: an ``[envs]`` line starts a line."""
-    from bakeoff.cli.phases import PhaseBoard
+    from cli.phases import PhaseBoard
 
     lines: list[str] = []
     board = PhaseBoard("plain", out=lines.append)
@@ -175,7 +175,7 @@ def test_a_run_attached_to_a_server_says_so_in_its_step_note(tmp_path):
     """A new user's finding: an attached run read "engine start 0 s" for a server bakeoff never started."""
     import json
 
-    from bakeoff.cli.steps import run_note
+    from cli.steps import run_note
 
     for device, words in (("remote", "attached to a running server 0 s"), ("cpu", "engine start 7 s")):
         (tmp_path / "verdict.json").write_text(json.dumps({"backend_info": {"device": device, "startup_s": 0.066

@@ -185,7 +185,7 @@ def test_compare_names_every_reason_in_markdown_html_and_recommendations(runs, t
 
 
 def test_console_summary_names_every_reason(runs, capsys):
-    from bakeoff.cli.progress import print_verdicts, verdict_rows
+    from cli.progress import print_verdicts, verdict_rows
 
     rows = {r[0]: r for r in verdict_rows(list(runs.values()))}  # (backend, model, status, reasons, run)
     assert rows["ort-genai"][2:4] == ("incomplete", "cut off after check sanity.tokenizer: the run did not finish")

@@ -110,7 +110,7 @@ def secret_runs(tmp_path_factory):
     outputs = [p.communicate(timeout=400)[0] for p in procs]
     for sub in (["report", "--artifacts", str(art), "--name", "secrets"],
                 ["compare", str(art / "runs"), "--artifacts", str(art), "--name", "secrets-compare"]):
-        out = subprocess.run([sys.executable, "-m", "bakeoff.cli.main", *sub], cwd=REPO, env=env, capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-m", "cli.main", *sub], cwd=REPO, env=env, capture_output=True, text=True,
                              timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
     runs = {json.loads((d / "verdict.json").read_text())["model"]: d for d in (art / "runs").iterdir()}

@@ -357,7 +357,7 @@ def _class_literals() -> dict[str, list[str]]:
     def named(node) -> bool:
         return (isinstance(node, ast.Name) and node.id in names) or (isinstance(node, ast.Attribute) and node.attr in names)
 
-    for pkg in ("bakeoff", "backends", "adapters", "evaluations"):
+    for pkg in ("bakeoff", "backends", "adapters", "evaluations", "cli"):
         for path in (repo / pkg).rglob("*.py"):
             tree = ast.parse(path.read_text())
             for node in ast.walk(tree):

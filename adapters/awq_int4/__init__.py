@@ -21,7 +21,7 @@ the checkpoint is patched (the ``tiny-qwen3.5-moe-w4a16`` fixture reproduces it)
 Already quantized input (AutoAWQ, GPTQ, compressed-tensors, FP8, ModelOpt) is recognised by
 :func:`describe_quantization` and goes to a backend as it is, never re-quantized.
 
-CLI (wired in ``bakeoff/cli/main.py``): ``bakeoff quantize awq MODEL OUT [--dataset FILE]
+CLI (wired in ``cli/main.py``): ``bakeoff quantize awq MODEL OUT [--dataset FILE]
 [--num-samples N]`` calls :func:`quantize_awq` and prints :class:`QuantizeResult`.
 
 Example:

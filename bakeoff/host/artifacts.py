@@ -24,7 +24,7 @@ from bakeoff.host.redact import redact
 
 
 # one JSON line per completed sweep point, appended while the sweep runs (evaluations/test_throughput.py)
-# and read by the live view (bakeoff/cli/progress.py); not part of the check's JSON
+# and read by the live view (cli/progress.py); not part of the check's JSON
 SWEEP_POINTS_LOG = "evidence/throughput.sweep/points.jsonl"
 
 _UMASK = os.umask(0o022)  # read once, at import (os.umask can only be read by setting it)

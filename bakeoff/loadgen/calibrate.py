@@ -10,7 +10,7 @@ Entry points:
 - :func:`calibrate` ``(concurrency, ...) -> dict``: one load level.
 - :func:`calibrate_sweep` ``(concurrencies, ...) -> dict``: several; ``calibrated_concurrency``
   is the highest level within budget; pass it to ``run_sweep(calibrated_concurrency=...)``.
-``bakeoff calibrate --concurrency N [...]`` (``bakeoff/cli/tools.py``) checks its values and calls
+``bakeoff calibrate --concurrency N [...]`` (``cli/tools.py``) checks its values and calls
 :func:`calibrate_sweep`.
 """
 

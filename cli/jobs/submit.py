@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 from bakeoff.host.artifacts import atomic_write_json, atomic_write_text, list_runs
 from bakeoff.api.errors import UserError
-from bakeoff.cli.jobs.specs import JobRecord, JobRequest, JobTask, PushTarget
+from cli.jobs.specs import JobRecord, JobRequest, JobTask, PushTarget
 from bakeoff.host.redact import MASK, redact
 
 SCRIPT_ENV = "BAKEOFF_JOB_SCRIPT_B64"

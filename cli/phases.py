@@ -1,5 +1,5 @@
 """What ``bakeoff qualify`` does before and beside its checks (issue 21): engine environments made
-in the background (``bakeoff/cli/steps.py EnvPrewarm``) while the fixture is copied (shipped
+in the background (``cli/steps.py EnvPrewarm``) while the fixture is copied (shipped
 weights) or trained, and, where a later run's environment is not made yet, while the earlier runs go
 (the board stays up for the whole command).
 
@@ -7,7 +7,7 @@ weights) or trained, and, where a later run's environment is not made yet, while
 ``pip uninstall``, ``patching``; elapsed seconds; the last line pip wrote to its install log) and
 one per fixture (steps done/total, loss, steps/s, ETA, read from the trainer's progress lines).
 
-- ``live``: :meth:`PhaseBoard.table` is drawn by ``bakeoff/cli/progress.py``'s one rich ``Live``
+- ``live``: :meth:`PhaseBoard.table` is drawn by ``cli/progress.py``'s one rich ``Live``
   above the checks table.
 - ``plain``: lines prefixed ``[envs]`` / ``[fixture]``, no escape codes; an item's progress line
   at most once per ``interval_s`` (a ticker thread prints the current state of each environment),

@@ -196,7 +196,7 @@ def add_tool_parsers(sub) -> None:
     q.add_argument("--mtp-as-released", action="store_true",
                    help="leave the BF16 MTP head out of quantization_config.ignore (the released Qwen3.5 INT4 "
                         "layout, which vLLM's MTP refuses until patched)")
-    q.set_defaults(func="bakeoff.cli.tools:cmd_quantize")
+    q.set_defaults(func="cli.tools:cmd_quantize")
     c = sub.add_parser("calibrate", help="measure the load generator's own timing error against a synthetic server",
                        description="Measure the load generator against the synthetic SSE server's send times; prints "
                                    "JSON, exit 0 when every level is within budget, else 1.")
@@ -209,4 +209,4 @@ def add_tool_parsers(sub) -> None:
     c.add_argument("--server-workers", type=int, default=1, help="synthetic server processes")
     c.add_argument("--ttft-budget-ms", type=float, default=5.0, help="median TTFT error allowed (default 5)")
     c.add_argument("--out", default=None, metavar="FILE", help="also write the JSON result here")
-    c.set_defaults(func="bakeoff.cli.tools:cmd_calibrate")
+    c.set_defaults(func="cli.tools:cmd_calibrate")

@@ -15,7 +15,7 @@ starts before its environments are made or failed, so its own ``start()`` finds 
 waits on the file lock of an install (``bakeoff.host.envs.ensure``). A failed install is not
 reported here: the run that needs the environment tries again in its ``start()`` and records the
 failure as its ``load`` check's ``unavailable``, with the install log. Each environment's step and
-the installer's last line, and the fixture's training, are shown on a ``bakeoff/cli/phases.py``
+the installer's last line, and the fixture's training, are shown on a ``cli/phases.py``
 :class:`PhaseBoard` (:func:`prepare`) for the whole command.
 
 :class:`StepClock` collects ``(step, seconds, note)`` rows (fixture, a run's wait for its
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, NamedTuple
 
-from bakeoff.cli.phases import fmt_s
+from cli.phases import fmt_s
 from bakeoff.host.artifacts import read_json
 
 # Installs at once. Kept at two, not measured again for issue 30: on the 2-core AVX-512 host
@@ -48,7 +48,7 @@ class EnvPrewarm:
             order); duplicates (by path) are made once, ready ones not at all.
         log: progress printer (called from worker threads) when there is no ``board``.
         parallel: how many installs run at once.
-        board: a :class:`bakeoff.cli.phases.PhaseBoard` told each step, line and result.
+        board: a :class:`cli.phases.PhaseBoard` told each step, line and result.
         ensure: makes one environment (default ``bakeoff.host.envs.ensure``; tests pass a stand-in).
 
     Environments are named by ``str(spec.path)`` in :meth:`unmade` and :meth:`ready`.

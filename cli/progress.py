@@ -4,7 +4,7 @@
 Three modes, chosen once per command:
 
 - ``live`` (stdout is a terminal): one rich ``Live`` display for the whole command: first the
-  engine environments and the fixture (``bakeoff/cli/phases.py``: step, elapsed, pip's last
+  engine environments and the fixture (``cli/phases.py``: step, elapsed, pip's last
   line; steps, loss, ETA), then a table of checks x backends that fills in as each check lands
   in the run's ``verdict.json`` (rewritten after every check), with each backend's elapsed time
   and, while the sweep runs, its latest point; pytest's own output goes to ``pytest.log`` in the
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from bakeoff.cli.phases import PhaseBoard, Throttle
+from cli.phases import PhaseBoard, Throttle
 from bakeoff.host.artifacts import SWEEP_POINTS_LOG, read_json
 from bakeoff.host.procs import child_preexec
 

@@ -1,6 +1,6 @@
 """What a rendered job script runs: one adapter pipeline or one qualification, then a push.
 
-Called as ``run_task(TASK, sys.argv[1:])`` from the script (:mod:`bakeoff.cli.jobs.render`), on a
+Called as ``run_task(TASK, sys.argv[1:])`` from the script (:mod:`cli.jobs.render`), on a
 Hugging Face Job or under ``uv run`` here. Output folder layout::
 
     <out>/bakeoff-job.json              status, task, durations, host, files (always written)
@@ -27,7 +27,7 @@ from typing import Any
 from bakeoff import __version__
 from bakeoff.host.artifacts import atomic_write_json, atomic_write_text
 from bakeoff.api.errors import EngineFailure, UserError
-from bakeoff.cli.jobs.specs import JobTask, PushTarget
+from cli.jobs.specs import JobTask, PushTarget
 from bakeoff.host.redact import redact
 
 JOB_FILE = "bakeoff-job.json"
@@ -63,7 +63,7 @@ def _qualify(task: JobTask, out: Path) -> dict[str, Any]:
     assert task.qualify is not None
     q = task.qualify
     # --flag=value: a value that starts with a dash stays the flag's value, never a flag of its own
-    cmd = [sys.executable, "-m", "bakeoff.cli.main", "qualify", f"--backends={','.join(q.backends)}",
+    cmd = [sys.executable, "-m", "cli.main", "qualify", f"--backends={','.join(q.backends)}",
            f"--model={task.model}", f"--profile={q.profile}", f"--artifacts={out}", f"--report={task.tag}"]
     cmd += [f"--backend-opt={o}" for o in q.backend_opts]
     if q.reference_model:

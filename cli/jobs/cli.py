@@ -1,6 +1,6 @@
 """``bakeoff jobs ...``: render, submit and follow exports and qualifications as Hugging Face Jobs.
 
-Wired into ``bakeoff/cli/main.py`` by ``add_jobs_parser(sub)``. Everything printed goes through
+Wired into ``cli/main.py`` by ``add_jobs_parser(sub)``. Everything printed goes through
 :func:`bakeoff.host.redact.redact`; bad input is a one-line :class:`~bakeoff.api.errors.UserError`.
 """
 
@@ -18,11 +18,11 @@ import adapters
 
 from bakeoff.host.artifacts import atomic_write_text, check_creatable
 from bakeoff.api.errors import UserError, one_line
-from bakeoff.cli.jobs import render, submit
-from bakeoff.cli.jobs.specs import ExportTask, JobRequest, JobTask, PushTarget, QualifyTask
+from cli.jobs import render, submit
+from cli.jobs.specs import ExportTask, JobRequest, JobTask, PushTarget, QualifyTask
 from bakeoff.host.redact import redact
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _hub_errors(fn):

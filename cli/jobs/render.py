@@ -1,8 +1,8 @@
 """Render a job as a self-contained uv script (PEP 723 ``# /// script`` metadata + a task).
 
 The script pins bakeoff (a version, a git URL, a wheel, or a local folder) and the engine's
-requirements, embeds the :class:`~bakeoff.cli.jobs.specs.JobTask` as a literal, and calls
-:func:`bakeoff.cli.jobs.runtime.run_task`. The same file runs as a Hugging Face Job and with
+requirements, embeds the :class:`~cli.jobs.specs.JobTask` as a literal, and calls
+:func:`cli.jobs.runtime.run_task`. The same file runs as a Hugging Face Job and with
 ``uv run script.py --out DIR`` on any machine.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from bakeoff import __version__
 from bakeoff.api.errors import UserError
-from bakeoff.cli.jobs.specs import JobTask
+from cli.jobs.specs import JobTask
 from bakeoff.host.redact import redact
 
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -216,7 +216,7 @@ Output:    pushed where TASK["push_to"] says; override with --push-to
 """
 {about}
 {imports}
-from bakeoff.cli.jobs.runtime import run_task
+from cli.jobs.runtime import run_task
 
 TASK = {literal}
 

@@ -2,7 +2,7 @@
 environments in the background while the fixture resolves (copied from its shipped weights, or
 trained) and while the runs go, run ``pytest evaluations/`` once per backend x matrix cell (each in
 its own process, one at a time, each as soon as its own environments are made:
-``bakeoff/cli/steps.py by_readiness``), then write the report. ``--resume RUN_DIR`` finishes a cut-off run."""
+``cli/steps.py by_readiness``), then write the report. ``--resume RUN_DIR`` finishes a cut-off run."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 from bakeoff.api.errors import UserError
-from bakeoff.cli.gating import EXIT_NO_RUN, gate, parse_fail_on
+from cli.gating import EXIT_NO_RUN, gate, parse_fail_on
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 CHECKOUT = (REPO / "pyproject.toml").is_file()  # else an installed wheel: REPO is site-packages
 
 
@@ -69,9 +69,9 @@ def _qualify(c, quiet: bool, fail_on: frozenset[str]) -> int:
     """The checked request ``c`` (:class:`evaluations.inputs.Checked`): environments and fixture,
     one evaluation per run, the report."""
     import backends
-    from bakeoff.cli import steps
-    from bakeoff.cli.progress import Progress, choose_mode
-    from bakeoff.cli.progress import print_verdicts as _print_summary
+    from cli import steps
+    from cli.progress import Progress, choose_mode
+    from cli.progress import print_verdicts as _print_summary
     from bakeoff.host.artifacts import check_writable
     from bakeoff.models.resolve import resolve
     from bakeoff.reporting.report import write_report
@@ -175,7 +175,7 @@ def _resume(req, fail_on: frozenset[str]) -> int:
     """``bakeoff qualify --resume RUN_DIR``: finish a cut-off run (completed checks are kept),
     then re-write the report. The run's own backend, model and options apply: the resumed
     request is checked here as the evaluation will check it, before it starts."""
-    from bakeoff.cli.progress import print_verdicts as _print_summary
+    from cli.progress import print_verdicts as _print_summary
     from bakeoff.host.artifacts import check_creatable
     from bakeoff.reporting.report import write_report
     from evaluations.inputs import check_request, resume_request

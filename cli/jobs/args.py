@@ -1,5 +1,5 @@
 """The ``bakeoff jobs`` argument parser (light: argparse only; the handlers in
-:mod:`bakeoff.cli.jobs.cli`, which imports pydantic and huggingface_hub, are named by string and
+:mod:`cli.jobs.cli`, which imports pydantic and huggingface_hub, are named by string and
 imported only when a ``jobs`` command runs)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import adapters
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_ARTIFACTS = str(REPO / "artifacts") if (REPO / "pyproject.toml").is_file() else "artifacts"  # as bakeoff qualify
-H = "bakeoff.cli.jobs.cli:"  # the handlers' module
+H = "cli.jobs.cli:"  # the handlers' module
 
 
 def _common(p, artifacts: bool = False) -> None:

@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 
 from bakeoff.api.errors import UserError, one_line
-from bakeoff.cli.gating import EXIT_BAD_INPUT, EXIT_INTERRUPTED, GATE_STATUSES
+from cli.gating import EXIT_BAD_INPUT, EXIT_INTERRUPTED, GATE_STATUSES
 from bakeoff.host.procs import sigterm_as_interrupt
 from bakeoff.host.redact import redact
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 CHECKOUT = (REPO / "pyproject.toml").is_file()  # else an installed wheel: REPO is site-packages
 DEFAULT_MODEL = "fixture:tiny-qwen3"  # evaluations/inputs.py DEFAULTS (the one table; named here for --help)
 DEFAULT_ARTIFACTS = str(REPO / "artifacts") if CHECKOUT else "artifacts"  # installed: under the current folder
@@ -130,8 +130,8 @@ def cmd_envs(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The ``bakeoff`` parser. Light: the subcommands' handlers are named ``"module:function"``
     where importing them costs (``jobs``, ``quantize``, ``calibrate``) and imported when chosen."""
-    from bakeoff.cli.jobs.args import add_jobs_parser
-    from bakeoff.cli.tools import add_tool_parsers
+    from cli.jobs.args import add_jobs_parser
+    from cli.tools import add_tool_parsers
     import backends
 
     ap = Parser(prog="bakeoff", description="Qualify or disqualify LLM inference backends for a model, "
@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--resume", default=None, metavar="RUN_DIR",
                    help="finish a cut-off run (its verdict says incomplete): completed checks are kept, then the report "
                         "is re-written; the run's own backend, model and options apply")
-    q.set_defaults(func="bakeoff.cli.qualify:cmd_qualify")
+    q.set_defaults(func="cli.qualify:cmd_qualify")
     c = sub.add_parser("compare", help="compare runs side by side (Markdown + HTML + plots)")
     c.add_argument("runs", nargs="+", help="run directories or folders of them")
     c.add_argument("--baseline", default=None, help="run id, column label or 1-based column number (default: first)")
