@@ -158,6 +158,14 @@ def left_out_reason(left_out: list[str]) -> str:
             "a partial run measures, it does not qualify: run the whole suite (or --resume without the filter)")
 
 
+def _missing_required(checks: list[Check]) -> list[str]:
+    """The required checks that did not pass (:data:`REQUIRED_CHECKS`, then those that marked
+    themselves ``required``), each once, in that order."""
+    passed = {c.name for c in checks if c.status == "pass"}
+    return list(dict.fromkeys([name for name in REQUIRED_CHECKS if name not in passed] +
+                              [c.name for c in checks if c.required and c.name not in passed]))
+
+
 def decide(checks: list[Check], finished: bool, left_out: list[str] | tuple = ()) -> tuple[RunStatus, list[str]]:
     """Compute a run's status from its checks, and why.
 
@@ -190,9 +198,7 @@ def decide(checks: list[Check], finished: bool, left_out: list[str] | tuple = ()
         return "disqualified", reasons
     if not checks:
         return "incomplete", ["no check ran"]
-    passed = {c.name for c in checks if c.status == "pass"}
-    missing = list(dict.fromkeys([name for name in REQUIRED_CHECKS if name not in passed] +
-                                 [c.name for c in checks if c.required and c.name not in passed]))
+    missing = _missing_required(checks)
     if missing or left_out:
         return "incomplete", [_required_reason(name, checks) for name in missing] + \
             ([left_out_reason(list(left_out))] if left_out else [])

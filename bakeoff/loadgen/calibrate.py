@@ -17,7 +17,6 @@ Entry points:
 from __future__ import annotations
 
 import tempfile
-import time
 from typing import Any
 
 import numpy as np
@@ -211,23 +210,31 @@ def calibrate(concurrency: int, *, ttft_ms: float = 50.0, itl_ms: float = 10.0, 
         out["output_tokens_per_s"] = toks / wall if wall > 0 else None
         out["nominal_output_tokens_per_s"] = concurrency * output_tokens / ((ttft_ms + itl_ms * (output_tokens - 1)) / 1e3)
         if measure_max_throughput:
-            fast = {"synth": {"ttft": {"ms": 0}, "itl": {"ms": 0}, "output_tokens": 256, "record": False,
-                              "tokens_per_chunk": 1}}
-            frecs, fwall = _run_load(srv.url, concurrency, 2, 256, processes, fast)
-            ftoks = sum(r.output_tokens or 0 for r in frecs if r.status == "ok")
-            out["max_output_tokens_per_s"] = ftoks / fwall if fwall > 0 else None
+            out["max_output_tokens_per_s"] = _max_throughput(srv.url, concurrency, processes)
     finally:
         if own:
             srv.cleanup()
-    checks = {"ttft_p50_ms": out["ttft_error_p50_ms"], "ttft_p99_ms": out["ttft_error_p99_ms"],
-              "itl_p50_ms": out["itl_abs_error_p50_ms"], "itl_p99_ms": out["itl_abs_error_p99_ms"]}
-    out["violations"] = [f"{k} error {v:.2f} > {getattr(budget, k)}" for k, v in checks.items()
-                         if v is None or abs(v) > getattr(budget, k)]
-    if out["errors"]:
-        out["violations"].append(f"{out['errors']} failed requests")
+    out["violations"] = _violations(out, budget)
     out["within_budget"] = not out["violations"]
     out["budget"] = budget.model_dump()
     return out
+
+
+def _max_throughput(url: str, concurrency: int, processes: int) -> float | None:
+    """The generator's streamed output tokens/s at ``concurrency`` against zero TTFT and ITL."""
+    fast = {"synth": {"ttft": {"ms": 0}, "itl": {"ms": 0}, "output_tokens": 256, "record": False, "tokens_per_chunk": 1}}
+    recs, wall = _run_load(url, concurrency, 2, 256, processes, fast)
+    toks = sum(r.output_tokens or 0 for r in recs if r.status == "ok")
+    return toks / wall if wall > 0 else None
+
+
+def _violations(out: dict[str, Any], budget: ErrorBudget) -> list[str]:
+    """Each of the point's errors over its budget (or not measured), and its failed requests."""
+    checks = {"ttft_p50_ms": out["ttft_error_p50_ms"], "ttft_p99_ms": out["ttft_error_p99_ms"],
+              "itl_p50_ms": out["itl_abs_error_p50_ms"], "itl_p99_ms": out["itl_abs_error_p99_ms"]}
+    found = [f"{k} error {v:.2f} > {getattr(budget, k)}" for k, v in checks.items()
+             if v is None or abs(v) > getattr(budget, k)]
+    return found + ([f"{out['errors']} failed requests"] if out["errors"] else [])
 
 
 def calibrate_sweep(concurrencies: list[int], stop_at_first_miss: bool = True, **kwargs) -> dict[str, Any]:

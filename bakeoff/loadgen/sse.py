@@ -88,7 +88,21 @@ class SSEParser:
             last_event_id)`` with ``data`` and ``event_type`` decoded as UTF-8 (invalid bytes
             replaced by U+FFFD); ``()`` when none.
         """
-        if self._idle and chunk[:6] == b"data: ":  # fast path: nothing held, one data line, blank line
+        if self._idle:  # fast path: nothing held, the chunk is one whole event
+            one = self._one_event(t_ns, chunk)
+            if one is not None:
+                return one
+        events = self._feed(t_ns, chunk)
+        if self._pend or self._start:
+            self._idle = False
+        else:  # nothing held: an LF next would be a blank line with nothing to send, CR flag or not
+            self._idle, self._cr = True, False
+        return events
+
+    def _one_event(self, t_ns: int, chunk: bytes) -> list[Event] | None:
+        """The chunk as one event when it is exactly one data line (or Anthropic's event line and
+        data line) and its blank line, nothing held before it; None: the general parser's."""
+        if chunk[:6] == b"data: ":
             n = len(chunk) - 2
             end = chunk[n:]
             if end == b"\n\n":
@@ -100,18 +114,13 @@ class SSEParser:
             elif end == b"\r\r":  # no CR flag needed: an LF next would be a blank line with nothing to send
                 if chunk.find(b"\r", 6) == n and chunk.find(b"\n", 6) < 0:
                     return [(t_ns, chunk[6:n].decode("utf-8", "replace"), "message", self._id)]
-        elif self._idle and chunk[:7] == b"event: " and chunk[-2:] == b"\n\n":  # Anthropic's: event, data
+        elif chunk[:7] == b"event: " and chunk[-2:] == b"\n\n":  # Anthropic's: event, data
             i = chunk.find(b"\n", 7)
             if chunk[i + 1:i + 7] == b"data: " and chunk.find(b"\n", i + 7) == len(chunk) - 2 \
                     and chunk.find(b"\r", 7) < 0:
                 return [(t_ns, chunk[i + 7:-2].decode("utf-8", "replace"),
                          chunk[7:i].decode("utf-8", "replace") or "message", self._id)]
-        events = self._feed(t_ns, chunk)
-        if self._pend or self._start:
-            self._idle = False
-        else:  # nothing held: an LF next would be a blank line with nothing to send, CR flag or not
-            self._idle, self._cr = True, False
-        return events
+        return None
 
     def _feed(self, t_ns: int, chunk: bytes) -> list[Event] | tuple:
         if self._cr:
@@ -139,7 +148,13 @@ class SSEParser:
             self._pend = buf
             return _NONE
         *blocks, self._pend = buf.split(b"\n\n")
-        out = []
+        out = self._dispatch(t_ns, blocks)
+        self.last_event_id = self._id
+        return out
+
+    def _dispatch(self, t_ns: int, blocks: list[bytes]) -> list[Event]:
+        """The events of whole blocks (the text between blank lines), in order."""
+        out: list[Event] = []
         for block in blocks:
             if block[:6] == b"data: " and block.find(b"\n", 6) < 0:  # the common event: one data line
                 out.append((t_ns, block[6:].decode("utf-8", "replace"), "message", self._id))
@@ -150,7 +165,6 @@ class SSEParser:
             elif block:
                 self._block(t_ns, block, out)
             # an empty block is a blank line after a dispatch: nothing to dispatch
-        self.last_event_id = self._id
         return out
 
     def _block(self, t_ns: int, block: bytes, out: list) -> None:
