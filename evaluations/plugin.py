@@ -246,36 +246,48 @@ def engine_state(request, pytestconfig, settings, run) -> dict:
             except (CheckFailed, CheckSkipped):
                 raise
             except Exception as exc:  # noqa: BLE001 - any start error is the load's failure, never a half-started engine
-                if not isinstance(exc, EngineFailure):
-                    import traceback
-
-                    exc = EngineFailure("load-failure", f"{type(exc).__name__} while starting {settings.backend}: {exc}",
-                                        {"traceback.txt": traceback.format_exc()})
-                state["error"] = f"{exc.failure_class}: {exc.message}"
-                if "engine.log.tail" not in exc.evidence:
-                    exc.evidence["engine.log.tail"] = backend.log_tail(120)
-                backend.stop()
-                raise exc from None
+                raise _start_failure(exc, state, backend, settings.backend) from None
             state["info"] = info
             run.verdict.backend_info = info.model_dump()
             run.verdict.fingerprint["engine_versions"] = _versions(backend)
-            c.values.update({"startup_s": info.startup_s, "kv_cache_tokens": info.kv_cache_tokens,
-                             "max_concurrency": info.max_concurrency, "max_model_len": info.max_model_len,
-                             "engine_version": info.engine_version, "device": info.device})
-            c.evidence("backend_info.json", info.model_dump())
-            c.evidence("engine.log.tail", backend.log_tail(200))
-            c.summary = (f"attached to {info.engine} {info.engine_version or ''} at {info.base_url} in {info.startup_s} s "
-                         "(a server bakeoff did not start)" if info.device == "remote" else
-                         f"{info.engine} {info.engine_version or ''} started in {info.startup_s} s").replace("  ", " ")
-            if c.values.get("patches"):  # what was changed in the checkpoint, and what pre-flight warns of
-                c.summary += f"; on a patched checkpoint ({', '.join(c.values['patches'])})"
-            for warning in (c.values.get("preflight") or {}).get("warnings") or []:
-                c.summary += f"; pre-flight warning: {warning[:300]}"
-            fallbacks = info.fallbacks
-            if fallbacks:  # what bakeoff changed to get the engine serving is read first, not buried
-                c.values["fallbacks"] = fallbacks
-                c.summary += "; " + "; ".join(f"{k}: {v}" for k, v in fallbacks.items())
+            _record_load(c, info, backend)
     return state
+
+
+def _start_failure(exc: Exception, state: dict, backend, name: str) -> EngineFailure:
+    """A failed start as the ``load`` check's failure (an exception that is not an
+    :class:`EngineFailure` is a ``load-failure`` with its traceback), the engine's log tail in its
+    evidence; the backend is stopped and ``state["error"]`` says why, for the checks after it."""
+    if not isinstance(exc, EngineFailure):
+        import traceback
+
+        exc = EngineFailure("load-failure", f"{type(exc).__name__} while starting {name}: {exc}",
+                            {"traceback.txt": traceback.format_exc()})
+    state["error"] = f"{exc.failure_class}: {exc.message}"
+    if "engine.log.tail" not in exc.evidence:
+        exc.evidence["engine.log.tail"] = backend.log_tail(120)
+    backend.stop()
+    return exc
+
+
+def _record_load(c, info, backend) -> None:
+    """The started engine in the ``load`` check: its figures, info and log tail, and a summary that
+    names a server bakeoff attached to, a patched checkpoint, pre-flight warnings and fallbacks."""
+    c.values.update({"startup_s": info.startup_s, "kv_cache_tokens": info.kv_cache_tokens,
+                     "max_concurrency": info.max_concurrency, "max_model_len": info.max_model_len,
+                     "engine_version": info.engine_version, "device": info.device})
+    c.evidence("backend_info.json", info.model_dump())
+    c.evidence("engine.log.tail", backend.log_tail(200))
+    c.summary = (f"attached to {info.engine} {info.engine_version or ''} at {info.base_url} in {info.startup_s} s "
+                 "(a server bakeoff did not start)" if info.device == "remote" else
+                 f"{info.engine} {info.engine_version or ''} started in {info.startup_s} s").replace("  ", " ")
+    if c.values.get("patches"):  # what was changed in the checkpoint, and what pre-flight warns of
+        c.summary += f"; on a patched checkpoint ({', '.join(c.values['patches'])})"
+    for warning in (c.values.get("preflight") or {}).get("warnings") or []:
+        c.summary += f"; pre-flight warning: {warning[:300]}"
+    if info.fallbacks:  # what bakeoff changed to get the engine serving is read first, not buried
+        c.values["fallbacks"] = info.fallbacks
+        c.summary += "; " + "; ".join(f"{k}: {v}" for k, v in info.fallbacks.items())
 
 
 @pytest.fixture(scope="session")

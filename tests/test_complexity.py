@@ -49,7 +49,6 @@ DEBT = {
     "bakeoff/reporting/compare_tables.py::spec_decode_table": 32,
     "bakeoff/reporting/report.py::load_run": 27,
     "evaluations/inputs.py::check_request": 30,
-    "evaluations/plugin.py::engine_state": 23,
     "evaluations/reference.py::probe_set_of": 28,
     "evaluations/test_agents.py::test_agents": 28,
     "evaluations/test_capacity.py::test_kv_cache": 28,
