@@ -45,7 +45,6 @@ DEBT = {
     "bakeoff/loadgen/throughput.py::ThroughputSweep._pooled": 24,
     "bakeoff/reporting/compare.py::sweep_tables": 24,
     "bakeoff/reporting/compare_findings.py::findings": 26,
-    "bakeoff/reporting/compare_html.py::write_plots": 23,
     "bakeoff/reporting/compare_tables.py::spec_decode_table": 32,
     "bakeoff/reporting/report.py::load_run": 27,
     "evaluations/inputs.py::check_request": 30,

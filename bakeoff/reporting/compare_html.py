@@ -120,53 +120,64 @@ def write_plots(cols, out_dir: Path) -> dict[str, str]:
         import matplotlib.pyplot as plt
     except ImportError:
         return {}
+    return {**_sweep_plots(plt, cols, out_dir), **_needle_plot(plt, cols, out_dir)}
+
+
+def _sweep_plots(plt, cols, out_dir: Path) -> dict[str, str]:
+    """Throughput and TTFT (p50, p99) against sessions, one line per column; {} without a drawable point."""
     images: dict[str, str] = {}
-    if any(_series(c, "output_tokens_per_s")[0] for c in cols):  # a drawable point (sessions > 0, a finite figure)
-        fig, ax = plt.subplots(figsize=(7, 4))
+    if not any(_series(c, "output_tokens_per_s")[0] for c in cols):  # a drawable point (sessions > 0, a finite figure)
+        return images
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for c in cols:
+        xs, ys, lo, hi = _series(c, "output_tokens_per_s")
+        if xs:
+            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=_plain(c.label))
+    ax.set(xscale="log", xlabel="concurrent sessions", ylabel="aggregate output tok/s",
+           title="Aggregate output throughput vs sessions")
+    _session_ticks(ax, cols)
+    ax.grid(alpha=.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "throughput.png", dpi=110)
+    plt.close(fig)
+    images["throughput"] = "throughput.png"
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, title in ((axes[0], "ttft_p50_ms", "TTFT p50"), (axes[1], "ttft_p99_ms", "TTFT p99")):
         for c in cols:
-            xs, ys, lo, hi = _series(c, "output_tokens_per_s")
+            xs, ys, lo, hi = _series(c, key)
             if xs:
                 ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=_plain(c.label))
-        ax.set(xscale="log", xlabel="concurrent sessions", ylabel="aggregate output tok/s",
-               title="Aggregate output throughput vs sessions")
+        ax.set(xscale="log", xlabel="concurrent sessions", ylabel="ms", title=f"{title} vs sessions")
         _session_ticks(ax, cols)
         ax.grid(alpha=.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out_dir / "throughput.png", dpi=110)
-        plt.close(fig)
-        images["throughput"] = "throughput.png"
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-        for ax, key, title in ((axes[0], "ttft_p50_ms", "TTFT p50"), (axes[1], "ttft_p99_ms", "TTFT p99")):
-            for c in cols:
-                xs, ys, lo, hi = _series(c, key)
-                if xs:
-                    ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=_plain(c.label))
-            ax.set(xscale="log", xlabel="concurrent sessions", ylabel="ms", title=f"{title} vs sessions")
-            _session_ticks(ax, cols)
-            ax.grid(alpha=.3)
-        axes[0].legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out_dir / "ttft.png", dpi=110)
-        plt.close(fig)
-        images["ttft"] = "ttft.png"
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "ttft.png", dpi=110)
+    plt.close(fig)
+    images["ttft"] = "ttft.png"
+    return images
+
+
+def _needle_plot(plt, cols, out_dir: Path) -> dict[str, str]:
+    """Needle retrieval per column (context used x depth, green = found); {} without a needle table."""
     needles = [(c, (c.checks.get("needles.retrieval") or {}).get("values") or {}) for c in cols]
     needles = [(c, v) for c, v in needles if v.get("table") and not all_failed(c.checks.get("needles.retrieval"))]
-    if needles:
-        import numpy as np
+    if not needles:
+        return {}
+    import numpy as np
 
-        fig, axes = plt.subplots(1, len(needles), figsize=(3.2 * len(needles) + 1, 3), squeeze=False)
-        for ax, (c, v) in zip(axes[0], needles):
-            fr, dp = list(v["table"]), v.get("depths") or []
-            grid = np.array([[1.0 if v["table"][f].get(f"{d:g}") else 0.0 for d in dp] for f in fr])
-            ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
-            ax.set_xticks(range(len(dp)), labels=[f"{d:g}" for d in dp])
-            ax.set_yticks(range(len(fr)), labels=[f"{float(f):.0%}" for f in fr])
-            ax.set(xlabel="needle depth", ylabel="context used", title=_plain(c.label[:40]))
-            ax.title.set_fontsize(8)
-        fig.suptitle("Needle retrieval (green = found)", fontsize=10)
-        fig.tight_layout()
-        fig.savefig(out_dir / "needles.png", dpi=110)
-        plt.close(fig)
-        images["needles"] = "needles.png"
-    return images
+    fig, axes = plt.subplots(1, len(needles), figsize=(3.2 * len(needles) + 1, 3), squeeze=False)
+    for ax, (c, v) in zip(axes[0], needles):
+        fr, dp = list(v["table"]), v.get("depths") or []
+        grid = np.array([[1.0 if v["table"][f].get(f"{d:g}") else 0.0 for d in dp] for f in fr])
+        ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
+        ax.set_xticks(range(len(dp)), labels=[f"{d:g}" for d in dp])
+        ax.set_yticks(range(len(fr)), labels=[f"{float(f):.0%}" for f in fr])
+        ax.set(xlabel="needle depth", ylabel="context used", title=_plain(c.label[:40]))
+        ax.title.set_fontsize(8)
+    fig.suptitle("Needle retrieval (green = found)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out_dir / "needles.png", dpi=110)
+    plt.close(fig)
+    return {"needles": "needles.png"}
