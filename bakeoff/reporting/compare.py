@@ -252,32 +252,36 @@ def sweep_tables(cols: list[Column], base: int) -> list[dict[str, Any]]:
             row = [cell(str(n))]
             b = cols[base].repeats(n, key)
             for i, c in enumerate(cols):
-                p = c.points.get(n)
-                if n in c.failed_points:
-                    row.append(cell("– (all requests failed)", cls="fail"))
-                    continue
-                if p is None or p.get(key) is None:
-                    row.append(cell("–"))
-                    continue
-                val = fmt(p[key], digits) + (f" ({p['bound_kind']})" if key == "pct_of_bound" and p.get("bound_kind") else "")
-                if c.value("throughput.sweep", "transport_distorted"):  # throughput.transport: a buffering hop
-                    val += " (distorted in transit)"
-                if (c.checks.get("throughput.accounting") or {}).get("status") == "fail":
-                    val += " (token counts disputed)"
-                if p.get("valid") is False:  # beyond the load generator's calibrated concurrency
-                    val += " (invalid: client over its error budget)"
-                ci = bootstrap_mean(c.repeats(n, key))
-                if ci is not None and ci.n > 1:  # the 95% interval of the mean over repeats
-                    val += f" [{fmt(ci.low, digits)}–{fmt(ci.high, digits)}]"
-                if i == base:
-                    row.append(cell(f"{val} (baseline)"))
-                    continue
-                dt, cls = delta_text(b, c.repeats(n, key), higher)
-                row.append(cell(f"{val} ({dt})" if dt else val, cls=cls))
+                row.append(_sweep_cell(c, n, key, digits, b if i != base else None, higher))
             rows.append(row)
         out.append({"title": f"{title} by concurrent sessions (delta vs {cols[base].label})",
                     "header": ["sessions", *[c.label for c in cols]], "rows": rows})
     return out
+
+
+def _sweep_cell(c: Column, n: int, key: str, digits: int, baseline: list | None, higher: bool) -> dict:
+    """One column's figure at ``n`` sessions with what qualifies it (distorted in transit, disputed
+    counts, over the client's budget), its interval over repeats, and its delta against
+    ``baseline``'s repeats (None: this column is the baseline)."""
+    p = c.points.get(n)
+    if n in c.failed_points:
+        return cell("– (all requests failed)", cls="fail")
+    if p is None or p.get(key) is None:
+        return cell("–")
+    val = fmt(p[key], digits) + (f" ({p['bound_kind']})" if key == "pct_of_bound" and p.get("bound_kind") else "")
+    if c.value("throughput.sweep", "transport_distorted"):  # throughput.transport: a buffering hop
+        val += " (distorted in transit)"
+    if (c.checks.get("throughput.accounting") or {}).get("status") == "fail":
+        val += " (token counts disputed)"
+    if p.get("valid") is False:  # beyond the load generator's calibrated concurrency
+        val += " (invalid: client over its error budget)"
+    ci = bootstrap_mean(c.repeats(n, key))
+    if ci is not None and ci.n > 1:  # the 95% interval of the mean over repeats
+        val += f" [{fmt(ci.low, digits)}–{fmt(ci.high, digits)}]"
+    if baseline is None:
+        return cell(f"{val} (baseline)")
+    dt, cls = delta_text(baseline, c.repeats(n, key), higher)
+    return cell(f"{val} ({dt})" if dt else val, cls=cls)
 
 
 def measurement_table(cols: list[Column], base: int) -> dict[str, Any]:
