@@ -42,7 +42,6 @@ DEBT = {
     "bakeoff/loadgen/stats.py::summarize": 32,
     "bakeoff/loadgen/synth_protocol.py::build_events": 43,
     "bakeoff/loadgen/synth_server.py::Handler._dispatch": 29,
-    "bakeoff/loadgen/throughput.py::ThroughputSweep._pooled": 24,
     "bakeoff/reporting/compare_findings.py::findings": 26,
     "bakeoff/reporting/compare_tables.py::spec_decode_table": 32,
     "bakeoff/reporting/report.py::load_run": 27,

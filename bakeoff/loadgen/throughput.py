@@ -233,11 +233,7 @@ class ThroughputSweep:
                 pt["invalid_reason"] = next((p["invalid_reason"] for p in reps if p.get("invalid_reason")), None)
             ws = self.windows.get(n) or []
             if self.sampler and ws and all(w[3] is not None for w in ws):
-                energy = sum(w[3] for w in ws)
-                pt.update({"gpu_energy_j": round(energy, 3), "joules_per_output_token":
-                           round(energy / pt["output_tokens"], 5) if pt["output_tokens"] else None,
-                           "gpu_power_mean_w": round(sum(p.get("gpu_power_mean_w") or 0 for p in reps) / len(reps), 2),
-                           "gpu_sm_util_mean_pct": round(sum(p.get("gpu_sm_util_mean_pct") or 0 for p in reps) / len(reps), 2)})
+                pt.update(_pooled_gpu(ws, reps, pt["output_tokens"]))
             pooled.append(pt)
         return pooled
 
@@ -261,3 +257,13 @@ class ThroughputSweep:
         return {"power_mean_w": g["gpu_power_mean_w"], "sm_util_mean_pct": g["gpu_sm_util_mean_pct"],
                 "energy_j": g["gpu_energy_j"], "output_tokens": tokens,
                 "joules_per_output_token": g["joules_per_output_token"]}
+
+
+def _pooled_gpu(windows: list, reps: list[dict[str, Any]], output_tokens: int) -> dict[str, Any]:
+    """A pooled point's GPU figures: the energy of its repeats' windows (J, and J per output token)
+    and the mean of their power (W) and SM utilisation (%)."""
+    energy = sum(w[3] for w in windows)
+    return {"gpu_energy_j": round(energy, 3),
+            "joules_per_output_token": round(energy / output_tokens, 5) if output_tokens else None,
+            "gpu_power_mean_w": round(sum(p.get("gpu_power_mean_w") or 0 for p in reps) / len(reps), 2),
+            "gpu_sm_util_mean_pct": round(sum(p.get("gpu_sm_util_mean_pct") or 0 for p in reps) / len(reps), 2)}
