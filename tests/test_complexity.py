@@ -24,7 +24,6 @@ DEBT = {
     "backends/_hosting/worker_server.py::check_body": 25,
     "backends/openai/backend.py::OpenAIBackend.probe": 25,
     "backends/openai/backend.py::OpenAIBackend.start": 33,
-    "backends/ort_genai/backend.py::OrtGenaiBackend.option_report": 25,
     "backends/ort_genai/engine.py::OrtGenaiEngine.__init__": 27,
     "backends/transformers/static.py::generate_batch": 22,
     "backends/vllm/option_log.py::report": 37,

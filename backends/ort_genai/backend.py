@@ -268,34 +268,7 @@ class OrtGenaiBackend(ExportWorkerBackend):
         rep = OptionReport(engine="onnxruntime-genai", set_options=opts)
         graph, precision = self.export_result.graph, self.options.precision
         for opt, want in opts.items():
-            if opt == "precision":
-                expect = precision if precision in ("int4", "int8") else "float"
-                if graph.precision_observed == expect:
-                    rep.verified[opt] = f"export graph: {graph.precision_observed} ({graph.summary()})"
-                else:
-                    rep.add(OptionStatement(option=opt, kind="overridden", user_set=True, log="export.json",
-                                            line=f"export_precision: {self.info.notes.get('export_precision')}",
-                                            source="adapters/ort_genai_export graph inspection"))
-            elif opt in ("moe_quant_type", "qmoe_block_size"):
-                if graph.has_qmoe:
-                    rep.verified[opt] = "export graph has QMoE nodes"
-                else:
-                    rep.add(OptionStatement(option=opt, kind="ignored", user_set=True, log="export.json",
-                                            line=f"(no QMoE node in the export graph: {graph.summary()})",
-                                            source="adapters/ort_genai_export graph inspection"))
-            elif opt in QUANT_ONLY and precision not in ("int4", "int8"):
-                rep.add(OptionStatement(option=opt, kind="ignored", user_set=True, log="(builder source)",
-                                        line=f"(no log line) precision={precision}: the model builder reads {opt} only "
-                                             "when it quantizes linears (int4/int8)", source=BUILDER_PY))
-            elif opt == "batching" and self.info.notes.get("batching") == str(want):
-                rep.verified[opt] = f"the worker serves with {want}"
-            elif opt == "cuda_graph" and _cuda_graph_in_config(self.export_result.output_dir) == bool(want):
-                rep.verified[opt] = f"genai_config.json: CUDA provider option enable_cuda_graph={int(bool(want))}"
-            elif opt == "paged_attention" and graph.paged_attention == bool(want):
-                rep.verified[opt] = (f"export graph: {'PagedAttention nodes, genai_config.json engine.dynamic_batching' if want else 'no PagedAttention'}"
-                                     f"; {self.info.notes.get('og_engine', 'og.Generator')}")
-            elif opt == "execution_provider" and want == "cpu":
-                rep.verified[opt] = "the worker clears the providers: ORT's CPU provider runs the graph"
+            self._verify_option(rep, opt, want, graph, precision)
             if opt not in rep.verified:
                 rep.unverifiable[opt] = "onnxruntime-genai states no effect for it"
         builder_log = Path(self.export_result.output_dir) / "builder.log"
@@ -306,6 +279,38 @@ class OrtGenaiBackend(ExportWorkerBackend):
         for st in rep.ignored():
             rep.unverifiable.pop(st.option, None)
         return rep
+
+    def _verify_option(self, rep: OptionReport, opt: str, want, graph, precision: str) -> None:
+        """What the export graph, its config and the worker show of one option the user set, into
+        ``rep`` (verified, or a statement that it was overridden or ignored); see :meth:`option_report`."""
+        if opt == "precision":
+            expect = precision if precision in ("int4", "int8") else "float"
+            if graph.precision_observed == expect:
+                rep.verified[opt] = f"export graph: {graph.precision_observed} ({graph.summary()})"
+            else:
+                rep.add(OptionStatement(option=opt, kind="overridden", user_set=True, log="export.json",
+                                        line=f"export_precision: {self.info.notes.get('export_precision')}",
+                                        source="adapters/ort_genai_export graph inspection"))
+        elif opt in ("moe_quant_type", "qmoe_block_size"):
+            if graph.has_qmoe:
+                rep.verified[opt] = "export graph has QMoE nodes"
+            else:
+                rep.add(OptionStatement(option=opt, kind="ignored", user_set=True, log="export.json",
+                                        line=f"(no QMoE node in the export graph: {graph.summary()})",
+                                        source="adapters/ort_genai_export graph inspection"))
+        elif opt in QUANT_ONLY and precision not in ("int4", "int8"):
+            rep.add(OptionStatement(option=opt, kind="ignored", user_set=True, log="(builder source)",
+                                    line=f"(no log line) precision={precision}: the model builder reads {opt} only "
+                                         "when it quantizes linears (int4/int8)", source=BUILDER_PY))
+        elif opt == "batching" and self.info.notes.get("batching") == str(want):
+            rep.verified[opt] = f"the worker serves with {want}"
+        elif opt == "cuda_graph" and _cuda_graph_in_config(self.export_result.output_dir) == bool(want):
+            rep.verified[opt] = f"genai_config.json: CUDA provider option enable_cuda_graph={int(bool(want))}"
+        elif opt == "paged_attention" and graph.paged_attention == bool(want):
+            rep.verified[opt] = (f"export graph: {'PagedAttention nodes, genai_config.json engine.dynamic_batching' if want else 'no PagedAttention'}"
+                                 f"; {self.info.notes.get('og_engine', 'og.Generator')}")
+        elif opt == "execution_provider" and want == "cpu":
+            rep.verified[opt] = "the worker clears the providers: ORT's CPU provider runs the graph"
 
 
 def _cuda_graph_in_config(export_dir: str) -> bool:
