@@ -22,7 +22,6 @@ DEBT = {
     "adapters/ort_genai_export/_graph_io.py::step_feeds": 26,
     "adapters/ort_genai_export/_inspect_child.py::inspect": 75,
     "backends/_hosting/worker_server.py::check_body": 25,
-    "backends/openai/backend.py::OpenAIBackend.probe": 25,
     "backends/openai/backend.py::OpenAIBackend.start": 33,
     "backends/ort_genai/engine.py::OrtGenaiEngine.__init__": 27,
     "backends/transformers/static.py::generate_batch": 22,

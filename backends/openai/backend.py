@@ -203,38 +203,53 @@ class OpenAIBackend(Backend):
         while True:
             health, models = self._get("/health", 10), self._get("/v1/models", 10)
             evidence = {"probe.txt": f"{health.describe()}\n\n{models.describe()}"}
-            # HTML where JSON was asked, and no route answered 200 in anything else (a server whose
-            # /v1/models is a proxy's HTML 404 beside a JSON /health is still an API)
-            html = next((a for a in (models, health) if a.is_html()), None)
-            if html is not None and not any(a.status == 200 and not a.is_html() for a in (health, models)):
-                raise EngineFailure("load-failure", f"the server at {self.base_url} answered HTML, not JSON (Content-Type "
-                                    f"{html.content_type() or 'none'}) on GET {html.path}: {html.first_bytes(80)!r}; "
-                                    "it is not an OpenAI-compatible API (a login page or a web application?): "
-                                    "check --backend-opt base_url", evidence)
+            html = self._html_failure(health, models, evidence)
+            if html is not None:
+                raise html
             if health.status == 200 or models.status == 200:
                 self._probed = (health, models)
                 return
-            if all(300 <= a.status < 400 for a in (health, models)):  # a redirect never turns into an answer
-                raise EngineFailure("config-rejected", f"the server at {self.base_url} redirects: GET /health: "
-                                    f"{health.body[:200]}; GET /v1/models: {models.body[:200]}", evidence)
-            failing = all(a.status >= 500 and a.status != 503 for a in (health, models))  # 503: loading, say llama.cpp
-            if failing and time.monotonic() - t0 > PROBE_5XX_S:
-                raise EngineFailure("load-failure", f"the server at {self.base_url} answered GET /health "
-                                    f"{health.status} and GET /v1/models {models.status} for {PROBE_5XX_S:g} s: it "
-                                    f"is up and failing (/health: {health.body[:200]!r})", evidence)
-            if health.timed_out and models.timed_out:
-                raise EngineFailure("hang", f"the server at {self.base_url} accepts connections but sent no byte on "
-                                    f"GET /health nor GET /v1/models within {health.timeout_s:g} s (read_timeout_s); "
-                                    f"probed for {time.monotonic() - t0:.1f} s", evidence)
-            refused = health.status == 0 and models.status == 0  # nothing listens: an attached server should
-            if refused and time.monotonic() - t0 > 2:
-                raise EngineFailure("load-failure", f"nothing answers at {self.base_url}: the server does not answer "
-                                    f"GET /health nor GET /v1/models ({health.body}) for 2 s; start it, or fix "
-                                    "--backend-opt base_url", evidence)
+            failure = self._probe_failure(health, models, time.monotonic() - t0, evidence)
+            if failure is not None:
+                raise failure
             if time.monotonic() > deadline:
                 raise EngineFailure("load-failure", f"server at {self.base_url} does not answer: /health "
                                     f"{health.status or health.body}, /v1/models {models.status or models.body}", evidence)
             time.sleep(0.5)
+
+    def _html_failure(self, health, models, evidence: dict) -> EngineFailure | None:
+        """``load-failure`` when the server answered HTML where JSON was asked (:meth:`probe`)."""
+        # HTML where JSON was asked, and no route answered 200 in anything else (a server whose
+        # /v1/models is a proxy's HTML 404 beside a JSON /health is still an API)
+        html = next((a for a in (models, health) if a.is_html()), None)
+        if html is not None and not any(a.status == 200 and not a.is_html() for a in (health, models)):
+            return EngineFailure("load-failure", f"the server at {self.base_url} answered HTML, not JSON (Content-Type "
+                                 f"{html.content_type() or 'none'}) on GET {html.path}: {html.first_bytes(80)!r}; "
+                                 "it is not an OpenAI-compatible API (a login page or a web application?): "
+                                 "check --backend-opt base_url", evidence)
+        return None
+
+    def _probe_failure(self, health, models, probed_s: float, evidence: dict) -> EngineFailure | None:
+        """Why a probe that got no 200 ends now (a redirect, a server up and failing, one that sends
+        nothing, nothing listening), or None to probe again (:meth:`probe`)."""
+        if all(300 <= a.status < 400 for a in (health, models)):  # a redirect never turns into an answer
+            return EngineFailure("config-rejected", f"the server at {self.base_url} redirects: GET /health: "
+                                 f"{health.body[:200]}; GET /v1/models: {models.body[:200]}", evidence)
+        failing = all(a.status >= 500 and a.status != 503 for a in (health, models))  # 503: loading, say llama.cpp
+        if failing and probed_s > PROBE_5XX_S:
+            return EngineFailure("load-failure", f"the server at {self.base_url} answered GET /health "
+                                 f"{health.status} and GET /v1/models {models.status} for {PROBE_5XX_S:g} s: it "
+                                 f"is up and failing (/health: {health.body[:200]!r})", evidence)
+        if health.timed_out and models.timed_out:
+            return EngineFailure("hang", f"the server at {self.base_url} accepts connections but sent no byte on "
+                                 f"GET /health nor GET /v1/models within {health.timeout_s:g} s (read_timeout_s); "
+                                 f"probed for {probed_s:.1f} s", evidence)
+        refused = health.status == 0 and models.status == 0  # nothing listens: an attached server should
+        if refused and probed_s > 2:
+            return EngineFailure("load-failure", f"nothing answers at {self.base_url}: the server does not answer "
+                                 f"GET /health nor GET /v1/models ({health.body}) for 2 s; start it, or fix "
+                                 "--backend-opt base_url", evidence)
+        return None
 
     def start(self) -> BackendInfo:
         """Check the server answers (:meth:`probe`, unless done) and learn its model name.
