@@ -42,7 +42,6 @@ DEBT = {
     "bakeoff/loadgen/synth_server.py::Handler._dispatch": 29,
     "bakeoff/reporting/compare_findings.py::findings": 26,
     "bakeoff/reporting/compare_tables.py::spec_decode_table": 32,
-    "bakeoff/reporting/report.py::load_run": 27,
     "evaluations/inputs.py::check_request": 30,
     "evaluations/reference.py::probe_set_of": 28,
     "evaluations/test_agents.py::test_agents": 28,

@@ -281,6 +281,29 @@ def _agreement(ra: dict[str, Any], pct) -> str:
             + f" of {total}")
 
 
+def _itl_in_frames(points: list) -> bool:
+    """Whether a sweep point's tokens came in frames of several (ITL p50 0 where TPOT is not)."""
+    return any(p.get("itl_p50_ms") == 0 and (p.get("tpot_p50_ms") or 0) > 0 for p in points if isinstance(p, dict))
+
+
+def _pct(x) -> str:
+    """A finite fraction as a percentage, else ``–``."""
+    try:
+        return f"{float(x):.0%}" if isinstance(x, (int, float)) and math.isfinite(float(x)) else "–"
+    except OverflowError:  # an int too large for a float (a damaged run)
+        return "–"
+
+
+def _sanity_cells(ka: dict, dg: dict, ra: dict) -> dict[str, str]:
+    """The report's sanity cells from the known-answers, degeneration and reference-agreement checks."""
+    kv = ka.get("values") or {}
+    return {"accuracy": _of(_pct(kv.get("accuracy")), kv.get("accuracy"), kv.get("probes")) if ka else "–",
+            "flagged": (f"{dg['values'].get('flagged')}/{dg['values'].get('outputs')}" if dg.get("values") else "–"),
+            "exact": _agreement(ra, _pct) if ra.get("status") != "skip" else clip(summary_text(ra, "–"), 60) if ra else "–",
+            "ref": (f"{_pct(ra['values'].get('accuracy'))} vs {_pct(ra['values'].get('reference_accuracy'))}"
+                    if ra.get("values", {}).get("reference_accuracy") is not None else "–")}
+
+
 def load_run(path: Path) -> dict[str, Any]:
     """Read one run directory into the fields the report shows.
 
@@ -301,28 +324,16 @@ def load_run(path: Path) -> dict[str, Any]:
     ra = checks.get("sanity.reference_agreement", {})
     tr = checks.get("throughput.transport", {})
     acc = checks.get("throughput.accounting", {})
-    kv = ka.get("values") or {}
-
-    def pct(x):
-        try:
-            return f"{float(x):.0%}" if isinstance(x, (int, float)) and math.isfinite(float(x)) else "–"
-        except OverflowError:  # an int too large for a float (a damaged run)
-            return "–"
     return {
         "path": str(path), "run_id": v.get("run_id"), "backend": v.get("backend"), "model": v.get("model"),
         "options": ", ".join(f"{k}={val}" for k, val in (v.get("options") or {}).items()),
         "status": v.get("status"), "reasons": v["reasons"], "why": reason_line(v["reasons"]),
         "info": v.get("backend_info") or {}, "points": sweep.get("points") or [], "warmup": sweep.get("warmup"),
-        "itl_in_frames": any(p.get("itl_p50_ms") == 0 and (p.get("tpot_p50_ms") or 0) > 0
-                             for p in sweep.get("points") or [] if isinstance(p, dict)),
+        "itl_in_frames": _itl_in_frames(sweep.get("points") or []),
         "notes": "; ".join(f"{k} {clip(_one_line(val), 160)}" for k, val in _notes(v).items())[:1500],
         "skipped": [(c.get("name"), clip(_one_line(c.get("summary") or "(no reason recorded)"), 160))
                     for c in v.get("checks", []) if isinstance(c, dict) and c.get("status") == "skip"],
-        "sanity": {"accuracy": _of(pct(kv.get("accuracy")), kv.get("accuracy"), kv.get("probes")) if ka else "–",
-                   "flagged": (f"{dg['values'].get('flagged')}/{dg['values'].get('outputs')}" if dg.get("values") else "–"),
-                   "exact": _agreement(ra, pct) if ra.get("status") != "skip" else clip(summary_text(ra, "–"), 60) if ra else "–",
-                   "ref": (f"{pct(ra['values'].get('accuracy'))} vs {pct(ra['values'].get('reference_accuracy'))}"
-                           if ra.get("values", {}).get("reference_accuracy") is not None else "–")},
+        "sanity": _sanity_cells(ka, dg, ra),
         "verdict": v,
         "distorted": clip(summary_text(tr) or "distorted", 300) if tr.get("status") == "fail" else None,
         "disputed": clip(summary_text(acc) or "disputed", 300) if acc.get("status") == "fail" else None,
