@@ -144,33 +144,45 @@ def findings(cols: list[Column]) -> list[str]:
         for b in cols[i + 1:]:
             key = _one_option_apart(a, b)
             if key == "kv_cache_dtype":
-                ka, kb = a.info.get("kv_cache_tokens"), b.info.get("kv_cache_tokens")
-                if ka and kb:
-                    ratio = kb / ka
-                    verdict = "ineffective-option: same KV capacity" if abs(ratio - 1) < 0.01 else f"{ratio:.2f}x the KV tokens"
-                    out.append(f"kv_cache_dtype {a.options.get(key, 'auto')} -> {b.options.get(key, 'auto')}: "
-                               f"{ka:,} -> {kb:,} KV tokens ({verdict}) [{a.run_id} vs {b.run_id}]")
+                out += _kv_finding(a, b, key)
             elif key == "speculative_config":
-                off, on = (a, b) if not a.options.get(key) else (b, a)
-                if (off.checks.get("load") or {}).get("status") not in (None, "pass"):
-                    off, on = on, off  # report the refused one
-                refused = (on.checks.get("load") or {}).get("status") not in (None, "pass")
-                if refused and on.options.get(key):
-                    ld = on.checks["load"]
-                    out.append(f"speculative decoding {short_value(on.options[key])}: refused at start "
-                               f"({ld.get('failure_class')}: {summary_text(ld)[:160]}) [{on.run_id}]")
-                elif on.options.get(key) and not off.options.get(key):
-                    failed = [w for w, c in (("with it", on), ("without it", off)) if 1 in c.failed_points]
-                    if failed:  # no successful request is no measurement: no percentage from it
-                        speed = f"no measurement (all requests failed {' and '.join(failed)})"
-                    else:
-                        dt, _ = delta_text(off.repeats(1, "output_tokens_per_s"), on.repeats(1, "output_tokens_per_s"), True)
-                        speed = f"{dt or 'not measured'} vs without it"
-                    acc = on.value("spec_decode.acceptance", "mean_acceptance_length")
-                    sd = on.checks.get("spec_decode.acceptance") or {}
-                    why = (f" (spec_decode.acceptance {sd.get('status')}: {sd.get('failure_class')})"
-                           if acc is None and sd.get("failure_class") else "")
-                    out.append(f"speculative decoding {short_value(on.options[key])}: single-session output tok/s "
-                               f"{speed}; mean acceptance length {acc if acc is not None else '–'}{why} "
-                               f"[{on.run_id} vs {off.run_id}]")
+                out += _spec_finding(a, b, key)
     return out
+
+
+def _kv_finding(a: Column, b: Column, key: str) -> list[str]:
+    """KV tokens of two runs whose KV cache dtype differs, and whether the option did anything."""
+    ka, kb = a.info.get("kv_cache_tokens"), b.info.get("kv_cache_tokens")
+    if not (ka and kb):
+        return []
+    ratio = kb / ka
+    verdict = "ineffective-option: same KV capacity" if abs(ratio - 1) < 0.01 else f"{ratio:.2f}x the KV tokens"
+    return [f"kv_cache_dtype {a.options.get(key, 'auto')} -> {b.options.get(key, 'auto')}: "
+            f"{ka:,} -> {kb:,} KV tokens ({verdict}) [{a.run_id} vs {b.run_id}]"]
+
+
+def _spec_finding(a: Column, b: Column, key: str) -> list[str]:
+    """A speculative-decoding twin pair: refused at start, or the single-session speed-up and the
+    mean acceptance length."""
+    off, on = (a, b) if not a.options.get(key) else (b, a)
+    if (off.checks.get("load") or {}).get("status") not in (None, "pass"):
+        off, on = on, off  # report the refused one
+    refused = (on.checks.get("load") or {}).get("status") not in (None, "pass")
+    if refused and on.options.get(key):
+        ld = on.checks["load"]
+        return [f"speculative decoding {short_value(on.options[key])}: refused at start "
+                f"({ld.get('failure_class')}: {summary_text(ld)[:160]}) [{on.run_id}]"]
+    if not (on.options.get(key) and not off.options.get(key)):
+        return []
+    failed = [w for w, c in (("with it", on), ("without it", off)) if 1 in c.failed_points]
+    if failed:  # no successful request is no measurement: no percentage from it
+        speed = f"no measurement (all requests failed {' and '.join(failed)})"
+    else:
+        dt, _ = delta_text(off.repeats(1, "output_tokens_per_s"), on.repeats(1, "output_tokens_per_s"), True)
+        speed = f"{dt or 'not measured'} vs without it"
+    acc = on.value("spec_decode.acceptance", "mean_acceptance_length")
+    sd = on.checks.get("spec_decode.acceptance") or {}
+    why = (f" (spec_decode.acceptance {sd.get('status')}: {sd.get('failure_class')})"
+           if acc is None and sd.get("failure_class") else "")
+    return [f"speculative decoding {short_value(on.options[key])}: single-session output tok/s "
+            f"{speed}; mean acceptance length {acc if acc is not None else '–'}{why} [{on.run_id} vs {off.run_id}]"]
