@@ -16,13 +16,33 @@ MAX_NUM_SAMPLES = 100_000  # calibration texts for AWQ: llm-compressor's recipes
 def cmd_quantize(args) -> int:
     """Quantize a checkpoint (``bakeoff quantize awq --model M --out DIR``)."""
     from adapters.awq_int4 import quantize_awq
-    from bakeoff.host.artifacts import check_creatable
-    from bakeoff.models.resolve import check as check_model
     from bakeoff.models.resolve import resolve
-    from bakeoff.analysis.preflight import describe_quantization
 
     # everything is checked before the fixture build (minutes) and llm-compressor's
     # environment (minutes), and nothing is written until then (issue 15)
+    out = _quantize_out(args)
+    _quantize_source(args, out)
+    model = resolve(args.model, log=lambda s: print(f"[fixture] {s}", flush=True))
+    try:
+        result = quantize_awq(model.path, out, dataset=args.dataset, num_samples=args.num_samples,
+                              log=lambda s: print(s, flush=True), mtp_as_released=args.mtp_as_released)
+    except EngineFailure as exc:
+        print(f"bakeoff: quantization failed: {exc.failure_class}: {exc.message}")
+        for name, text in exc.evidence.items():
+            print(f"--- {name}\n{text[-3000:]}")
+        return 1
+    print(json.dumps(result.model_dump(), indent=2, default=str))
+    print(f"\nW4A16 checkpoint: {args.out}\nqualify it: .venv/bin/pytest evaluations/ --backend vllm "
+          f"--model={shlex.quote(str(args.out))} --reference-model={shlex.quote(str(args.model))}")
+    return 0
+
+
+def _quantize_out(args) -> Path:
+    """``bakeoff quantize``'s sample count, calibration dataset and output folder, checked; the folder.
+
+    Raises:
+        UserError: one of them is not usable, in words that say what to pass.
+    """
     if not 1 <= args.num_samples <= MAX_NUM_SAMPLES:
         raise UserError(f"--num-samples must be at least 1 and at most {MAX_NUM_SAMPLES:,}, got {args.num_samples}")
     if args.dataset is not None and not Path(args.dataset).is_file():
@@ -47,6 +67,21 @@ def cmd_quantize(args) -> int:
                         "pass a new or empty folder you can write") from None
     if not_empty:
         raise UserError(f"output folder {args.out} exists and is not empty; choose a new one (nothing is overwritten)")
+    return out
+
+
+def _quantize_source(args, out: Path) -> None:
+    """The checkpoint to quantize, checked against ``out`` and read now (its config, whether it is
+    already quantized) rather than minutes later in llm-compressor's environment.
+
+    Raises:
+        UserError: the output folder cannot be made, or the checkpoint is not a local, unquantized one.
+    """
+    from bakeoff.analysis.preflight import describe_quantization
+    from bakeoff.host.artifacts import check_creatable
+    from bakeoff.models.resolve import check as check_model
+    from bakeoff.models.resolve import resolve
+
     fix = "pass --out in a folder you can write"
     check_creatable(out, "--out", fix)
     check_creatable(out.resolve().parent, "the folder of --out", fix)  # the log and the result go beside --out
@@ -77,19 +112,6 @@ def cmd_quantize(args) -> int:
         if existing.get("quantized"):  # quantize_awq's own check, made before its environment is created
             raise UserError(f"{args.model} is already quantized ({existing.get('method')} {existing.get('scheme')}); "
                             "pass it to a backend as it is")
-    model = resolve(args.model, log=lambda s: print(f"[fixture] {s}", flush=True))
-    try:
-        result = quantize_awq(model.path, out, dataset=args.dataset, num_samples=args.num_samples,
-                              log=lambda s: print(s, flush=True), mtp_as_released=args.mtp_as_released)
-    except EngineFailure as exc:
-        print(f"bakeoff: quantization failed: {exc.failure_class}: {exc.message}")
-        for name, text in exc.evidence.items():
-            print(f"--- {name}\n{text[-3000:]}")
-        return 1
-    print(json.dumps(result.model_dump(), indent=2, default=str))
-    print(f"\nW4A16 checkpoint: {args.out}\nqualify it: .venv/bin/pytest evaluations/ --backend vllm "
-          f"--model={shlex.quote(str(args.out))} --reference-model={shlex.quote(str(args.model))}")
-    return 0
 
 
 # bounds of `bakeoff calibrate`: beyond them a level would not finish in any useful time

@@ -32,7 +32,6 @@ DEBT = {
     "bakeoff/analysis/roofline.py::shape_from_config": 38,
     "bakeoff/analysis/sanity.py::compare_tie_aware": 40,
     "cli/jobs/cli.py::cmd_submit": 36,
-    "cli/tools.py::cmd_quantize": 29,
     "bakeoff/loadgen/accounting.py::account": 66,
     "bakeoff/loadgen/client.py::OpenAIClient._parse": 27,
     "bakeoff/loadgen/client.py::OpenAIClient.stream": 67,
