@@ -23,7 +23,6 @@ DEBT = {
     "adapters/ort_genai_export/_inspect_child.py::inspect": 75,
     "backends/_hosting/worker_server.py::check_body": 25,
     "backends/openai/backend.py::OpenAIBackend.start": 33,
-    "backends/ort_genai/engine.py::OrtGenaiEngine.__init__": 27,
     "backends/transformers/static.py::generate_batch": 22,
     "backends/vllm/option_log.py::report": 37,
     "backends/vllm/preflight.py::_excluder": 36,

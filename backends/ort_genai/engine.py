@@ -90,31 +90,12 @@ class OrtGenaiEngine:
         self.model = og.Model(config)
         self.notes: dict[str, str] = {}
         src = options.get("source_model") or model_dir
-        reason = None
-        try:
-            self.tokenizer = og.Tokenizer(self.model)
-            reason = tokenizer_disagreement(self.tokenizer, os.path.join(src, "tokenizer.json"))
-        except Exception as exc:
-            reason = f"og.Tokenizer refused the export's tokenizer: {exc}"
-        self.og_tokenizer = reason is None
-        self.tokenizer_source = "og.Tokenizer (export folder)"
-        if reason is not None:
-            from tokenizers import Tokenizer
-
-            self.tokenizer = Tokenizer.from_file(os.path.join(src, "tokenizer.json"))
-            self.tokenizer_source = f"tokenizers ({src}/tokenizer.json)"
-            self.notes["tokenizer_fallback"] = reason
+        self._load_tokenizer(src)
         with open(os.path.join(model_dir, "genai_config.json")) as fh:
             json_config = json.load(fh)
-        gcfg = json_config["model"]
-        eos = gcfg.get("eos_token_id")
-        self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        pad = gcfg.get("pad_token_id")
-        pad = pad[0] if isinstance(pad, list) and pad else pad
-        self.pad_id = pad if isinstance(pad, int) else None  # right-pads og.Generator batches (logprobs)
+        self._read_ids(json_config["model"])
         self.batch = contextlib.nullcontext  # the pipe's batch(): set by serve()
         self.tokenizer_json = worker_detokenizer(self, model_dir, src)
-        self.context_length = int(gcfg.get("context_length") or 0) or None
         self.stream_interval_s = float(options.get("stream_interval_ms") or 0) / 1000
         self.inbox = Inbox()
         self.cancelled: set = set()
@@ -130,12 +111,59 @@ class OrtGenaiEngine:
         self._t_out: float | None = None
         self.sched: EngineScheduler | None = None
         self.engine_seeds = True
-        dynamic = (json_config.get("engine") or {}).get("dynamic_batching")
-        self.paged = isinstance(dynamic, dict)
-        # unset: og.Engine for a paged export (it batches continuously), else og.Generator static
-        # batches (og.Engine's static scheduler runs at most 4 per batch; benchmarks/bench_fidelity.py)
-        self.batching = options.get("batching") or ("engine" if self.paged else "static")
         self.paged_logits = None  # made at the first logprobs request of a paged export
+        self._choose_scheduler((json_config.get("engine") or {}).get("dynamic_batching"))
+        self.info = {
+            "engine": "onnxruntime-genai", "engine_version": og.__version__, "device": ep,
+            "max_model_len": self.context_length, "batching": self.batching,
+            "tokenizer": self.tokenizer_source, "notes": self.notes,
+            "intra_op_num_threads": options.get("intra_op_num_threads") or "ORT default",
+            "stream_interval_ms": self.stream_interval_s * 1000, "engine_process": os.getpid(),
+            "tokenizer_json": self.tokenizer_json,
+            "detokenizer": ("tokenizers.DecodeStream in the worker process" if self.tokenizer_json
+                            else f"{self.tokenizer_source} in the engine process"),
+        }
+        if self.sched is not None:
+            self.info["engine_max_batch_size"] = self.sched.caps
+            self.info["continuous_batching"] = self.paged
+
+    def _load_tokenizer(self, src: str) -> None:
+        """og's tokenizer of the export, or (when og refuses it or it disagrees with the checkpoint's
+        ``tokenizer.json``) that file through ``tokenizers``, the reason in the notes."""
+        reason = None
+        try:
+            self.tokenizer = self.og.Tokenizer(self.model)
+            reason = tokenizer_disagreement(self.tokenizer, os.path.join(src, "tokenizer.json"))
+        except Exception as exc:
+            reason = f"og.Tokenizer refused the export's tokenizer: {exc}"
+        self.og_tokenizer = reason is None
+        self.tokenizer_source = "og.Tokenizer (export folder)"
+        if reason is not None:
+            from tokenizers import Tokenizer
+
+            self.tokenizer = Tokenizer.from_file(os.path.join(src, "tokenizer.json"))
+            self.tokenizer_source = f"tokenizers ({src}/tokenizer.json)"
+            self.notes["tokenizer_fallback"] = reason
+
+    def _read_ids(self, gcfg: dict[str, Any]) -> None:
+        """EOS ids, the pad id (right-pads og.Generator batches) and the context from ``genai_config.json``'s model."""
+        eos = gcfg.get("eos_token_id")
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        pad = gcfg.get("pad_token_id")
+        pad = pad[0] if isinstance(pad, list) and pad else pad
+        self.pad_id = pad if isinstance(pad, int) else None
+        self.context_length = int(gcfg.get("context_length") or 0) or None
+
+    def _choose_scheduler(self, dynamic: Any) -> None:
+        """The scheduler the ``batching`` option names; unset: og.Engine for a paged export (it
+        batches continuously), else og.Generator static batches (og.Engine's static scheduler runs at
+        most 4 per batch; benchmarks/bench_fidelity.py).
+
+        Raises:
+            RuntimeError: og.Generator asked for on a PagedAttention export (it cannot feed it).
+        """
+        self.paged = isinstance(dynamic, dict)
+        self.batching = self.options.get("batching") or ("engine" if self.paged else "static")
         if self.paged:
             self.notes["logprobs_path"] = ("requests with logprobs run alone through the export's own graph in an "
                                            "onnxruntime.InferenceSession (og.Engine gives no logits; og.Generator "
@@ -152,22 +180,7 @@ class OrtGenaiEngine:
                 f"og.Generator batch (up to {self.max_batch}; a batch restarts while its rows are at most "
                 f"{RESTART_TOKENS} tokens old to take in a wave's late arrivals; after a batch the next one waits up to "
                 f"{WAVE_WAIT_S * 1000:g} ms for the rest of the wave: its rows' clients' next requests and those that "
-                "waited through it), "
-                "sampled requests run alone: "
-                "backends/ort_genai/generator_batch.py")
-        self.info = {
-            "engine": "onnxruntime-genai", "engine_version": og.__version__, "device": ep,
-            "max_model_len": self.context_length, "batching": self.batching,
-            "tokenizer": self.tokenizer_source, "notes": self.notes,
-            "intra_op_num_threads": options.get("intra_op_num_threads") or "ORT default",
-            "stream_interval_ms": self.stream_interval_s * 1000, "engine_process": os.getpid(),
-            "tokenizer_json": self.tokenizer_json,
-            "detokenizer": ("tokenizers.DecodeStream in the worker process" if self.tokenizer_json
-                            else f"{self.tokenizer_source} in the engine process"),
-        }
-        if self.sched is not None:
-            self.info["engine_max_batch_size"] = self.sched.caps
-            self.info["continuous_batching"] = self.paged
+                "waited through it), sampled requests run alone: backends/ort_genai/generator_batch.py")
 
     def encode(self, prompt: str) -> list[int]:
         if self.og_tokenizer:
