@@ -37,7 +37,6 @@ DEBT = {
     "bakeoff/loadgen/distortion.py::judge": 32,
     "bakeoff/loadgen/stats.py::summarize": 32,
     "bakeoff/loadgen/synth_protocol.py::build_events": 43,
-    "bakeoff/loadgen/synth_server.py::Handler._dispatch": 29,
     "bakeoff/reporting/compare_tables.py::spec_decode_table": 32,
     "evaluations/inputs.py::check_request": 30,
     "evaluations/reference.py::probe_set_of": 28,

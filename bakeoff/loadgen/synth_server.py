@@ -233,23 +233,8 @@ class Handler(asyncio.Protocol):
     def _dispatch(self, method: str, target: str, headers: dict, body: bytes, t_recv: int) -> None:
         path, _, query = target.partition("?")
         srv = self.server
-        if method == "GET" and path in ("/health", "/v1/health"):
-            return self.reply(200, {"status": "ok"})
-        if method == "GET" and path == "/v1/models":
-            entry = {"id": srv.config.model, "object": "model"}
-            if srv.config.max_model_len:
-                entry["max_model_len"] = srv.config.max_model_len
-            return self.reply(200, {"object": "list", "data": [entry]})
-        if method == "GET" and path == "/_sent":
-            rid = dict(p.partition("=")[::2] for p in query.split("&") if p).get("request_id", "")
-            rec = srv.records.get(rid)
-            return self.reply(200 if rec else 404, rec or {"error": f"no record of {rid!r} in worker {srv.worker}"})
-        if method == "GET" and path == "/_stats":
-            return self.reply(200, srv.stats())
-        if method == "POST" and path == "/_reset":
-            srv.records.clear()
-            srv.slips_ns.clear()
-            return self.reply(200, {"reset": True})
+        if self._control(method, path, query):
+            return None
         api = sp.API_BY_PATH.get(path)
         if method != "POST" or api is None:
             return self.reply(404, {"error": {"message": f"no route {method} {path}"}})
@@ -274,6 +259,31 @@ class Handler(asyncio.Protocol):
         self.busy = True
         self.stream = Stream(self, rid, events, rec, cut_ns, cfg.cut_after_tokens)
         self.stream.start()
+
+    def _control(self, method: str, path: str, query: str) -> bool:
+        """Answer the routes that stream nothing (health, models, the records, stats, reset);
+        whether ``path`` was one of them."""
+        srv = self.server
+        if method == "GET" and path in ("/health", "/v1/health"):
+            self.reply(200, {"status": "ok"})
+        elif method == "GET" and path == "/v1/models":
+            entry = {"id": srv.config.model, "object": "model"}
+            if srv.config.max_model_len:
+                entry["max_model_len"] = srv.config.max_model_len
+            self.reply(200, {"object": "list", "data": [entry]})
+        elif method == "GET" and path == "/_sent":
+            rid = dict(p.partition("=")[::2] for p in query.split("&") if p).get("request_id", "")
+            rec = srv.records.get(rid)
+            self.reply(200 if rec else 404, rec or {"error": f"no record of {rid!r} in worker {srv.worker}"})
+        elif method == "GET" and path == "/_stats":
+            self.reply(200, srv.stats())
+        elif method == "POST" and path == "/_reset":
+            srv.records.clear()
+            srv.slips_ns.clear()
+            self.reply(200, {"reset": True})
+        else:
+            return False
+        return True
 
     def stream_done(self, stream: Stream, closed: bool = False) -> None:
         self.stream = None
