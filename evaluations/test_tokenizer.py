@@ -23,6 +23,32 @@ def engine_tokenizer(info) -> dict[str, str]:
 
 
 @pytest.mark.check("sanity.tokenizer")
+def _compare_forms(c, tok, texts: list[str], engine_ids: dict, engine_notes: dict, backend: str):
+    """Each form's engine ids against the reference's: ``(mismatched rows, a sample of three per
+    form, {form: prompts compared}, {form: why not compared})``. An engine that answers another
+    number of token lists than prompts fails the check (``runtime-crash``)."""
+    describe = describer(tok)
+    rows: list[dict] = []
+    sample: list[dict] = []
+    compared: dict[str, int] = {}
+    not_compared: dict[str, str] = {}
+    for form, got in engine_ids.items():
+        if got is None or got is NotImplemented:
+            not_compared[form] = engine_notes[form] or f"the {backend} backend cannot report token ids"
+            continue
+        want, why = reference_ids(tok, texts, form == "chat")
+        if want is None:
+            not_compared[form] = why
+            continue
+        if len(got) != len(texts):
+            c.fail(f"the engine answered {len(got)} token lists for {len(texts)} prompts ({form})", "runtime-crash")
+        compared[form] = len(texts)
+        sample += [{"form": form, "prompt": t, "reference_ids": w, "engine_ids": g}
+                   for t, w, g in list(zip(texts, want, got))[:3]]
+        rows += mismatches(texts, want, got, form, describe, set(tok.all_special_ids))
+    return rows, sample, compared, not_compared
+
+
 def test_tokenizer(run, settings, engine, probe_texts):
     """Every sanity prompt (the probes, chat-rendered ones included, and the open-ended
     openings) tokenized by the reference and by the engine under test
@@ -66,26 +92,7 @@ def test_tokenizer(run, settings, engine, probe_texts):
         c.values.update({"prompts": len(texts), "probe_source": source, "forms": forms,
                          "reference_tokenizer": f"{type(tok).__name__} ({ref_path})", "engine_tokenizer_notes": notes,
                          "reference_adds_special_ids": added_special_ids(tok)})
-        describe = describer(tok)
-        rows: list[dict] = []
-        sample: list[dict] = []
-        compared: dict[str, int] = {}
-        not_compared: dict[str, str] = {}
-        for form in forms:
-            got = engine_ids[form]
-            if got is None or got is NotImplemented:
-                not_compared[form] = engine_notes[form] or f"the {settings.backend} backend cannot report token ids"
-                continue
-            want, why = reference_ids(tok, texts, form == "chat")
-            if want is None:
-                not_compared[form] = why
-                continue
-            if len(got) != len(texts):
-                c.fail(f"the engine answered {len(got)} token lists for {len(texts)} prompts ({form})", "runtime-crash")
-            compared[form] = len(texts)
-            sample += [{"form": form, "prompt": t, "reference_ids": w, "engine_ids": g}
-                       for t, w, g in list(zip(texts, want, got))[:3]]
-            rows += mismatches(texts, want, got, form, describe, set(tok.all_special_ids))
+        rows, sample, compared, not_compared = _compare_forms(c, tok, texts, engine_ids, engine_notes, settings.backend)
         c.values.update({"compared": compared, "not_compared": not_compared, "mismatched": len(rows)})
         if sample:
             c.evidence("sample.json", sample)

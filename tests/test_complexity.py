@@ -48,7 +48,6 @@ DEBT = {
     "evaluations/test_sanity.py::test_known_answers": 29,
     "evaluations/test_spec_decode.py::test_acceptance": 25,
     "evaluations/test_throughput.py::test_accounting": 37,
-    "evaluations/test_tokenizer.py::test_tokenizer": 21,
 }
 
 
