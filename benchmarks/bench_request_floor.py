@@ -137,9 +137,21 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    for flag, value, least in (("--requests", args.requests, 1), ("--warmup", args.warmup, 0),
+                               ("--max-tokens", args.max_tokens, 1)):
+        if value < least:
+            ap.error(f"{flag} must be at least {least}, got {value}")
+    from backends import names
+    from bakeoff.api.errors import UserError
     from bakeoff.models.resolve import resolve as resolve_model
 
-    model = resolve_model(args.model)
+    unknown = [b for b in args.backends.split(",") if b and b not in names()]
+    if unknown:
+        ap.error(f"unknown backend {unknown[0]!r}; choose from {', '.join(names())}")
+    try:
+        model = resolve_model(args.model)
+    except UserError as exc:
+        ap.error(str(exc))
     rows = {"raw": measure_raw(args)}
     for name in [b for b in args.backends.split(",") if b]:
         rows[name] = measure_backend(name, str(model.path), model.fixture is not None, args)

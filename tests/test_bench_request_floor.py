@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_request_floor import main  # noqa: E402
@@ -24,3 +26,11 @@ def test_a_backend_row_has_every_process_cpu():
     row = out["rows"]["transformers"]
     assert row["n"] == 5 and row["p50_ms"] > 0 and row["cpu_ms_per_request"]["client"] > 0
     assert any(k.startswith("transformers.") for k in row["cpu_ms_per_request"]), row  # the backend's own processes
+
+
+@pytest.mark.parametrize("argv", [["--requests", "0"], ["--warmup", "-3"], ["--max-tokens", "0"],
+                                  ["--backends", "nosuch"], ["--model", "/nonexistent/model"]])
+def test_bad_arguments_are_one_line_errors_before_anything_runs(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and "error:" in capsys.readouterr().err

@@ -347,3 +347,39 @@ def test_worker_cancels_a_dropped_stream_counts_the_prompt_and_reports_a_killed_
     finally:
         b.stop()
     assert b.proc is not None and not b.proc.group_alive()
+
+
+@pytest.mark.parametrize("batching", ["generator", "static"])
+def test_a_stream_that_ends_on_eos_carries_it_and_stops(tiny_qwen3, ort_python, tmp_path, batching):
+    """og leaves the EOS it ends on out of ``get_sequence``: the one-request loop (``generator``,
+    and every sampled request) lost it from the stream, one token short of the static batches, and
+    an EOS on the last allowed step read ``length`` or ``stop`` by which id came last (found by a
+    breaker: 4 tokens and ``length`` for ``max_tokens`` 5). Both paths now stream the EOS and stop."""
+    from backends import resolve
+    from bakeoff.api.specs import BackendConfig
+
+    prompts = _prompts(tiny_qwen3)
+    b = resolve("ort-genai")(BackendConfig(backend="ort-genai", model=str(tiny_qwen3), workdir=str(tmp_path),
+                                           options={"precision": "fp32", "batching": batching}))
+    try:
+        b.start()
+        cfg = json.loads((Path(b.export_result.output_dir) / "genai_config.json").read_text())["model"]
+        eos = set(cfg["eos_token_id"] if isinstance(cfg["eos_token_id"], list) else [cfg["eos_token_id"]])
+
+        async def run_all():
+            first = [await _collect(b, prompt=p, max_tokens=32) for p in prompts]
+            ended = [(p, r[0]) for p, r in zip(prompts, first) if r[0] and r[0][-1] in eos]
+            at_the_limit = [await _collect(b, prompt=p, max_tokens=len(ids)) for p, ids in ended]
+            sampled = [await _collect(b, prompt=p, max_tokens=32, temperature=0.9, seed=s) for s, p in enumerate(prompts)]
+            await b.aclose()
+            return first, ended, at_the_limit, sampled
+
+        first, ended, at_the_limit, sampled = asyncio.run(run_all())
+        assert ended, [r[0] for r in first]  # the fixture ends some probes within 32 tokens
+        for ids, _text, _times, fin in first + sampled:
+            assert fin == ("stop" if len(ids) < 32 or ids[-1] in eos else "length"), (ids, fin)
+            assert all(t not in eos for t in ids[:-1]), ids  # an EOS only ever last
+        for (_p, ids), (again, _text, _times, fin) in zip(ended, at_the_limit):
+            assert again == ids and fin == "stop"  # the EOS on the last allowed step: stop, and streamed
+    finally:
+        b.stop()

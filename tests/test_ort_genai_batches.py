@@ -205,7 +205,7 @@ def _waiting_engine(wave_rows: int, body: dict):
     from backends.ort_genai import generator_batch as gb
 
     return SimpleNamespace(paged=False, max_batch=16, inbox=gb.Inbox(), wave_waits=0, wave_gap_s=None,
-                           wave=(wave_rows, time.perf_counter(), gb.batch_key(body)))
+                           wave=(wave_rows, time.perf_counter(), gb.batch_key(body), 0))
 
 
 def test_the_next_wave_after_a_batch_that_ended_together_is_waited_for_not_restarted(monkeypatch):
@@ -246,7 +246,7 @@ def test_a_wave_that_does_not_come_costs_at_most_the_wait_and_other_requests_nev
     assert time.perf_counter() - ended >= 0.19 and e.wave_waits == 1  # waited for the wave, then went alone
     # a wave whose time is over is not waited for, nor counted
     e = _waiting_engine(4, body)
-    e.wave = (4, e.wave[1] - 1.0, e.wave[2])
+    e.wave = (4, e.wave[1] - 1.0, e.wave[2], 0)
     assert gb.take_batch(e, ("r0", body)) == [("r0", body)] and e.wave_waits == 0 and e.wave is None
     monkeypatch.setattr(gb, "WAVE_WAIT_S", 30.0)
     for wave_rows, other in ((4, dict(body, ignore_eos=False)), (4, dict(body, logprobs=2)), (1, body)):
@@ -275,7 +275,7 @@ def test_a_wave_that_stops_coming_is_waited_for_a_silence_of_a_few_of_its_gaps_n
     assert [rid for rid, _ in gb.take_batch(e, ("r0", body))] == ["r0", "r1", "r2", "r3"]
     assert e.wave_gap_s is not None and 0.015 < e.wave_gap_s < 5  # learnt from the whole wave
     # the next wave: two of four come, then silence; the wait ends a few gaps after the last one
-    e.wave = (4, time.perf_counter(), gb.batch_key(body))
+    e.wave = (4, time.perf_counter(), gb.batch_key(body), 0)
     threading.Thread(target=arrive, args=(["s1", "s2"], 0.02), daemon=True).start()
     t0 = time.perf_counter()
     got = gb.take_batch(e, ("s0", body))
@@ -330,3 +330,20 @@ def test_commands_reach_the_engine_between_og_generator_steps_not_every_switch_i
     r = json.loads(out.stdout.splitlines()[-1])
     assert r["n"] >= 30  # commands were read one by one, not in 5 ms heaps
     assert r["p90_ms"] < 2.5, r  # 6.9-7.2 ms at the default switch interval
+
+
+
+def test_a_wave_whose_first_request_waited_through_the_batch_is_not_cut_before_its_clients_are_back(monkeypatch):
+    """When a request waited through the batch, it is the next batch's first and no client of the
+    batch is back yet: the silence counts from the first one back, not from the batch's end (a
+    breaker's find: a learnt 3 ms silence ended the wait before the round trip, a batch of one)."""
+    from backends.ort_genai import generator_batch as gb
+
+    monkeypatch.setattr(gb, "WAVE_WAIT_S", 30.0)
+    body = {"prompt": "x", "max_tokens": 4, "ignore_eos": True}
+    e = _waiting_engine(8, body)
+    e.wave, e.wave_gap_s = (8, time.perf_counter(), gb.batch_key(body), 1), 0.0005  # quiet: 3 ms
+    threading.Thread(target=lambda: [time.sleep(0.03)] + [e.inbox.put((f"r{i}", body)) for i in range(1, 8)],
+                     daemon=True).start()  # the seven clients back after 30 ms, at once
+    got = gb.take_batch(e, ("waited", body))
+    assert [rid for rid, _ in got] == ["waited"] + [f"r{i}" for i in range(1, 8)]

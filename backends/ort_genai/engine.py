@@ -32,6 +32,7 @@ Options: ``batching``, ``execution_provider``, ``source_model``, ``intra_op_num_
 
 from __future__ import annotations
 
+import array
 import contextlib
 import json
 import os
@@ -104,7 +105,7 @@ class OrtGenaiEngine:
         self.decode_steps = 0
         self.logprobs_rows_max = 0  # the most logprobs requests one og.Generator batch ran
         self.restarts = 0  # og.Generator batches stopped young to take in newcomers (generator_batch.py)
-        self.wave: tuple | None = None  # (requests the last batch's wave brings, when it ended, batch key)
+        self.wave: tuple | None = None  # (requests of the last batch's wave, when it ended, batch key, of them those that waited)
         self.wave_waits = 0  # batches whose first request waited for the rest of a wave
         self.wave_gap_s: float | None = None  # the last whole wave's longest gap between arrivals
         self.max_batch = int(options.get("max_batch_size") or MAX_BATCH)
@@ -281,8 +282,7 @@ class OrtGenaiEngine:
                 if cancelled and rid in cancelled:
                     break
             last_token = t_out
-        if sent < n:
-            out.send_ids(gen.get_sequence(0)[base + sent:base + n].tobytes(), clock(), False)
+        ended_on_eos = self._send_rest(gen, out, base, sent, n)
         self.own_s += own
         self.og_s += og_s
         self.decode_steps += n
@@ -290,9 +290,28 @@ class OrtGenaiEngine:
         if cancelled and rid in cancelled:
             out.finish("abort", self.stats())
             return
-        eos = n < max_new or (not body.get("ignore_eos") and out.last_id in self.eos_ids)
         self.max_running = max(self.max_running, 1)
-        out.finish("stop" if eos else "length", self.stats())
+        out.finish("stop" if n < max_new or (ended_on_eos and not body.get("ignore_eos")) else "length", self.stats())
+
+    def _send_rest(self, gen, out, base: int, sent: int, n: int) -> bool:
+        """Send the ids of the ``n`` steps not sent yet (``sent`` were); whether the last was an EOS.
+
+        og leaves the EOS it ends on out of ``get_sequence`` (onnxruntime-genai 0.18.0: 5 steps, the
+        fifth an EOS, a sequence 4 longer than the prompt, greedy or sampled), so a frame cut from the
+        sequence lost it: the stream then had one token fewer than the static batches' (which read
+        ``get_next_tokens``) and its finish reason hung on whichever id came last. It is read from
+        ``get_next_tokens`` and sent last, as the batches send it."""
+        if not n:
+            return False
+        seq = gen.get_sequence(0)
+        raw = seq[base + sent:base + n].tobytes()
+        last = int(seq[base + n - 1]) if len(seq) >= base + n else None
+        if last is None:  # the last step's token is not in the sequence: og ended on it
+            last = int(gen.get_next_tokens()[0])
+            raw += array.array("i", [last]).tobytes()
+        if raw:
+            out.send_ids(raw, time.perf_counter(), False)
+        return last in self.eos_ids
 
     def search_options(self, body: dict[str, Any], n_prompt: int) -> dict[str, Any]:
         max_new = int(body.get("max_tokens") or 16)

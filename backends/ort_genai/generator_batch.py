@@ -103,22 +103,23 @@ class Inbox:
             self._q = keep
             return got
 
-    def wait_wave(self, pick: Callable[[tuple], bool], n: int, since: float, deadline: float,
+    def wait_wave(self, pick: Callable[[tuple], bool], n: int, since: float | None, deadline: float,
                   quiet_s: float) -> tuple[bool, float]:
         """Wait until at least ``n`` items that ``pick`` accepts are queued, the ``deadline``
         (``time.perf_counter()``) passes, or none arrived for ``quiet_s`` (from ``since``, then from
-        the last arrival). Returns whether they are queued, and the longest gap between arrivals."""
+        the last arrival; ``since`` None: no silence counts before the first arrival). Returns
+        whether they are queued, and the longest gap between arrivals."""
         clock = time.perf_counter
         with self._ready:
             have, last, gap = sum(1 for item in self._q if pick(item)), since, 0.0
             while have < n:
-                left = min(deadline, last + quiet_s) - clock()
+                left = (deadline if last is None else min(deadline, last + quiet_s)) - clock()
                 if left <= 0:
                     return False, gap
                 self._ready.wait(left)
                 now, got = clock(), sum(1 for item in self._q if pick(item))
                 if got > have:
-                    have, gap, last = got, max(gap, now - last), now
+                    have, gap, last = got, gap if last is None else max(gap, now - last), now
             return True, gap
 
     def count(self, pick: Callable[[tuple], bool]) -> int:
@@ -159,10 +160,13 @@ def take_batch(engine, first: tuple) -> list[tuple]:
             engine.wave_waits += 1
             gap = engine.wave_gap_s
             quiet = WAVE_WAIT_S if gap is None else min(WAVE_WAIT_S, max(WAVE_QUIET_MIN_S, WAVE_QUIET_FACTOR * gap))
-            # the silence counts from the wave's first arrival (``first``, now), not from the batch's end:
-            # a stream's end reaching its client and the next request coming back takes longer than the
-            # gaps between a wave's requests (~3.5 ms against ~1 ms on the fixture)
-            whole, gap = engine.inbox.wait_wave(_joins(key), want, now, wave[1] + WAVE_WAIT_S, quiet)
+            # the silence counts from the wave's first returning request, not from the batch's end: a
+            # stream's end reaching its client and the next request coming back takes longer than the
+            # gaps between a wave's requests (~3.5 ms against ~1 ms on the fixture). ``first`` is that
+            # request (now), unless requests waited through the batch: then ``first`` is one of them
+            # and no client is back yet (a breaker's find: the wave cut at 3 ms, a batch of one)
+            since = None if wave[3] else now
+            whole, gap = engine.inbox.wait_wave(_joins(key), want, since, wave[1] + WAVE_WAIT_S, quiet)
             if whole:
                 engine.wave_gap_s = gap
     return [first] + _take(engine, key, engine.max_batch - 1)
@@ -331,7 +335,7 @@ def _wave_after(engine, key: tuple, live: list[Row], back_all: int, stragglers: 
     if stragglers is None:
         stragglers = engine.inbox.count(_joins(key))
     if not live:  # these rows' clients come back together, with the requests that waited
-        engine.wave = (back_all + stragglers, now, key)
+        engine.wave = (back_all + stragglers, now, key, stragglers)
     return stragglers
 
 
