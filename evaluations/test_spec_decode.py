@@ -46,6 +46,17 @@ def _prompts(fixture: bool, n: int) -> list[str]:
 
 
 @pytest.mark.check("spec_decode.acceptance")
+def _acceptance_values(d: dict[str, float], drafts: float, drafted: float, accepted: float, rate: float) -> dict:
+    """The check's figures from the counters' change ``d``: drafts, drafted and accepted tokens, the
+    acceptance rate, the mean acceptance length (1 + accepted per draft) and each draft position's rate."""
+    per_pos = {int(k.split('position="')[1].split('"')[0]): v for k, v in d.items()
+               if k.startswith(PER_POS) and 'position="' in k}
+    return {"drafts": drafts, "draft_tokens": drafted, "accepted_tokens": accepted, "acceptance_rate": round(rate, 4),
+            "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else None,
+            "per_position_acceptance": {str(i): round(v / drafts, 4) if drafts else None for i, v in sorted(per_pos.items())},
+            "threshold_acceptance_rate": MIN_ACCEPTANCE_RATE}
+
+
 def test_acceptance(run, settings, engine):
     with run.check("spec_decode.acceptance", "ineffective-option") as c:
         spec = run.verdict.options.get("speculative_config")
@@ -77,18 +88,8 @@ def test_acceptance(run, settings, engine):
             c.skip(f"speculative decoding configured, but {run.verdict.backend} exposes no spec-decode counters; "
                    f"single-stream decode {c.values['decode_tokens_per_s_median']} tok/s (compare with the run without it)")
         drafts, drafted, accepted = d.get(DRAFTS, 0.0), d.get(DRAFT_TOKENS, 0.0), d.get(ACCEPTED, 0.0)
-        per_pos = {}
-        for k, v in d.items():
-            if k.startswith(PER_POS) and 'position="' in k:
-                per_pos[int(k.split('position="')[1].split('"')[0])] = v
         rate = accepted / drafted if drafted else 0.0
-        c.values.update({
-            "drafts": drafts, "draft_tokens": drafted, "accepted_tokens": accepted,
-            "acceptance_rate": round(rate, 4),
-            "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else None,
-            "per_position_acceptance": {str(i): round(v / drafts, 4) if drafts else None for i, v in sorted(per_pos.items())},
-            "threshold_acceptance_rate": MIN_ACCEPTANCE_RATE,
-        })
+        c.values.update(_acceptance_values(d, drafts, drafted, accepted, rate))
         c.require(drafts > 0, f"speculative decoding configured ({spec.get('method')}) but the engine made no drafts "
                               f"over {len(rows)} requests")
         c.require(rate >= MIN_ACCEPTANCE_RATE, f"{accepted:.0f}/{drafted:.0f} drafted tokens accepted ({rate:.1%}): "

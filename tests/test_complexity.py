@@ -46,7 +46,6 @@ DEBT = {
     "evaluations/test_needles.py::test_needles": 42,
     "evaluations/test_prefix_cache.py::test_prefill_cold_warm": 33,
     "evaluations/test_sanity.py::test_known_answers": 29,
-    "evaluations/test_spec_decode.py::test_acceptance": 25,
     "evaluations/test_throughput.py::test_accounting": 37,
 }
 
