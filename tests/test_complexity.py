@@ -32,7 +32,6 @@ DEBT = {
     "bakeoff/analysis/sanity.py::compare_tie_aware": 40,
     "cli/jobs/cli.py::cmd_submit": 36,
     "bakeoff/loadgen/accounting.py::account": 66,
-    "bakeoff/loadgen/client.py::OpenAIClient._parse": 27,
     "bakeoff/loadgen/client.py::OpenAIClient.stream": 67,
     "bakeoff/loadgen/distortion.py::judge": 32,
     "bakeoff/loadgen/stats.py::summarize": 32,

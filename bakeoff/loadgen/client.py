@@ -416,28 +416,36 @@ class OpenAIClient:
             raise EngineFailure("runtime-crash", f"server error event: {err.get('message')}")
         usage = obj.get("usage")
         for ch in obj.get("choices") or []:
-            ids = ch.get("token_ids")
-            if self.api == "chat":
-                delta = ch.get("delta") or {}
-                reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-                if reasoning:
-                    yield TokenEvent(t_ns=t, text=reasoning, kind="reasoning", token_ids=ids)
-                    ids = None
-                text = delta.get("content") or ""
-                step = ch.get("finish_reason") is not None or (not reasoning and delta.get("content") is not None
-                                                               and "role" not in delta)
-            else:
-                text = ch.get("text") or ""
-                step = "text" in ch
-            lps = parse_logprobs(ch["logprobs"]) if ch.get("logprobs") else None
-            ids = ids if ids is not None else ids_from_logprobs(lps)
-            if text or ids or ch.get("finish_reason") or lps or step:
-                yield TokenEvent(t_ns=t, text=text, token_ids=ids, finish_reason=ch.get("finish_reason"),
-                                 logprobs=lps or None, step=step)
+            yield from _choice_events(ch, self.api == "chat", t)
         cached = cached_prompt_tokens(obj)
         if usage or cached is not None:
             usage = usage if isinstance(usage, dict) else {}
             yield TokenEvent(t_ns=t, usage=Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"), cached))
+
+
+def _choice_events(ch: dict, chat: bool, t: int):
+    """The token events of one choice of a completions or chat event: a chat delta's reasoning (its
+    own event, which carries the ids), then its content or the completion's text, with token ids
+    (from ``token_ids``, else from the logprobs' ``token_id:N`` names), logprobs and finish reason.
+    ``step``: the event is one engine step (a text field, a content delta, or the end)."""
+    ids = ch.get("token_ids")
+    if chat:
+        delta = ch.get("delta") or {}
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        if reasoning:
+            yield TokenEvent(t_ns=t, text=reasoning, kind="reasoning", token_ids=ids)
+            ids = None
+        text = delta.get("content") or ""
+        step = ch.get("finish_reason") is not None or (not reasoning and delta.get("content") is not None
+                                                       and "role" not in delta)
+    else:
+        text = ch.get("text") or ""
+        step = "text" in ch
+    lps = parse_logprobs(ch["logprobs"]) if ch.get("logprobs") else None
+    ids = ids if ids is not None else ids_from_logprobs(lps)
+    if text or ids or ch.get("finish_reason") or lps or step:
+        yield TokenEvent(t_ns=t, text=text, token_ids=ids, finish_reason=ch.get("finish_reason"),
+                         logprobs=lps or None, step=step)
 
 
 REQUEST_ID_NAMESPACE = uuid.UUID("6f1c1a52-3b0e-5d2e-9a57-6b616b656f66")
