@@ -261,18 +261,12 @@ def _number(flag: str, value: float | int | None, low: float, high: float, what:
         raise UserError(f"{flag} must be {what}, got {value}")
 
 
-def check_request(req: Request) -> Checked:
-    """Check everything ``req`` asks before anything is built or written (issue 15).
-
-    Returns:
-        The request with defaults applied and every value parsed.
+def _backend_names(req: Request) -> list[str]:
+    """The backends asked for (the entry's default when none), each known and named once.
 
     Raises:
-        UserError: one line naming the fix.
+        UserError: none named, one named twice, or one bakeoff does not know.
     """
-    from bakeoff.host.envs import mode as envs_mode
-
-    envs_mode()  # a BAKEOFF_ENVS bakeoff does not know is refused before any work
     flag = _flag(req, "backends", "--backend")
     if req.backends is not None and not [b for b in req.backends if b.strip()]:
         raise UserError(f"{flag} names no backend; choose from: {', '.join(backends.names())}")
@@ -281,9 +275,15 @@ def check_request(req: Request) -> Checked:
         raise UserError(f"{flag} names a backend twice ({','.join(names)}); name each once")
     for n in names:
         backends.validate(n)
-    profile = DEFAULTS["profile"] if req.profile is None else req.profile
-    if profile not in PROFILES:
-        raise UserError(f"unknown profile {profile!r}; choose one of: {', '.join(PROFILES)}")
+    return names
+
+
+def _numbers(req: Request, profile: str) -> tuple[int, dict[str, float], dict[str, Any]]:
+    """``(repeats, timeouts, tuning)``: the request's numbers with the profile's defaults, each in range.
+
+    Raises:
+        UserError: a number out of its range, in words that give the range.
+    """
     repeats = DEFAULTS["repeats"] if req.repeats is None else req.repeats
     _number("--repeats", repeats, 1, MAX_REPEATS, f"at least 1 and at most {MAX_REPEATS} (a whole number)")
     timeouts = {k: DEFAULTS[k] if getattr(req, k) is None else getattr(req, k) for k in ("start_timeout_s", "progress_timeout_s")}
@@ -297,6 +297,41 @@ def check_request(req: Request) -> Checked:
         _number(fl, tuning[k], 0, MAX_SECONDS, f"a positive number of seconds up to {MAX_SECONDS:.0f}", low_open=True)
     _number("--memory-limit-gib", req.memory_limit_gib, 0, MAX_MEMORY_GIB, "a positive number of GiB", low_open=True)
     _number("--min-probe-accuracy", req.min_probe_accuracy, 0, 1, "between 0 and 1")
+    return repeats, timeouts, tuning
+
+
+def _check_reference(req: Request, check_model, resolve) -> None:
+    """``--reference-model``: not empty; for ``bakeoff qualify`` built already (each backend's
+    session would build it), else a model bakeoff can resolve.
+
+    Raises:
+        UserError: it is empty or cannot be resolved.
+    """
+    if not req.reference_model.strip():
+        raise UserError("--reference-model is empty; pass a checkpoint folder, a hub id (org/name) or fixture:NAME")
+    if req.entry == "qualify":
+        resolve(req.reference_model, build=False)
+    else:
+        check_model(req.reference_model)
+
+
+def check_request(req: Request) -> Checked:
+    """Check everything ``req`` asks before anything is built or written (issue 15).
+
+    Returns:
+        The request with defaults applied and every value parsed.
+
+    Raises:
+        UserError: one line naming the fix.
+    """
+    from bakeoff.host.envs import mode as envs_mode
+
+    envs_mode()  # a BAKEOFF_ENVS bakeoff does not know is refused before any work
+    names = _backend_names(req)
+    profile = DEFAULTS["profile"] if req.profile is None else req.profile
+    if profile not in PROFILES:
+        raise UserError(f"unknown profile {profile!r}; choose one of: {', '.join(PROFILES)}")
+    repeats, timeouts, tuning = _numbers(req, profile)
     model = DEFAULTS["model"] if req.model is None else req.model
     if not model.strip():
         raise UserError("--model is empty; pass a checkpoint folder, a hub id (org/name) or fixture:NAME")
@@ -314,12 +349,7 @@ def check_request(req: Request) -> Checked:
     check_patches(req.patch)  # a malformed --patch: one line, before any build
     check_model(model)  # known fixture, readable checkpoint; a fixture cache that takes a build
     if req.reference_model is not None:
-        if not req.reference_model.strip():
-            raise UserError("--reference-model is empty; pass a checkpoint folder, a hub id (org/name) or fixture:NAME")
-        if req.entry == "qualify":  # each backend's session would build it: it must be built already
-            resolve(req.reference_model, build=False)
-        else:
-            check_model(req.reference_model)
+        _check_reference(req, check_model, resolve)
     _outside_models(Path(artifacts), [model, req.reference_model])
     check_artifacts(Path(artifacts), report if req.entry == "qualify" else None)  # creates nothing
     if req.baseline_run is not None:  # a readable run, checked before anything is written
