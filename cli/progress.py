@@ -270,16 +270,17 @@ class Progress:
         return run_dir
 
 
-def verdict_rows(runs: list[Path]) -> list[tuple[str, str, str, str, str]]:
-    """``(backend, model, status, reasons, run directory name)`` per run, as the verdict table shows
-    them: the reasons recomputed from the run's checks (every status but ``qualified`` has one),
-    one short line each (the report holds them whole)."""
+def verdict_rows(runs: list[Path]) -> list[tuple[str, str, str, str, str, str]]:
+    """``(backend, model, status, reasons, run directory name, options)`` per run, as the verdict table
+    shows them: the reasons recomputed from the run's checks (every status but ``qualified`` has one),
+    one short line each (the report holds them whole); the options the run was given (``k=v, ...``)."""
     from bakeoff.reporting.report import load_run, reason_lines
 
     rows = []
     for p in runs:
         r = load_run(p)
-        rows.append((str(r["backend"]), str(r["model"]), str(r["status"]), reason_lines(r["reasons"]), p.name))
+        rows.append((str(r["backend"]), str(r["model"]), str(r["status"]), reason_lines(r["reasons"]), p.name,
+                     str(r["options"] or "")))
     return rows
 
 
@@ -293,7 +294,9 @@ def print_verdicts(runs: list[Path]) -> list[tuple[str, str, str]]:
     for col in ("backend", "model", "status", "reasons", "run"):
         t.add_column(col)
     rows = verdict_rows(runs)
-    for row in rows:
-        t.add_row(*(escape(x) for x in row))  # the engines' words: text, not markup
+    for backend, model, status, reasons, name, options in rows:
+        # a backend's runs in several configurations (--matrix, --backend-opt) told apart by their options
+        shown = f"{backend} [{options}]" if options else backend
+        t.add_row(*(escape(x) for x in (shown, model, status, reasons, name)))  # the engines' words: text, not markup
     Console(width=160).print(t)
-    return [(backend, status, str(p)) for (backend, _m, status, _r, _n), p in zip(rows, runs)]
+    return [(row[0], row[2], str(p)) for row, p in zip(rows, runs)]

@@ -187,7 +187,7 @@ def test_compare_names_every_reason_in_markdown_html_and_recommendations(runs, t
 def test_console_summary_names_every_reason(runs, capsys):
     from cli.progress import print_verdicts, verdict_rows
 
-    rows = {r[0]: r for r in verdict_rows(list(runs.values()))}  # (backend, model, status, reasons, run)
+    rows = {r[0]: r for r in verdict_rows(list(runs.values()))}  # (backend, model, status, reasons, run, options)
     assert rows["ort-genai"][2:4] == ("incomplete", "cut off after check sanity.tokenizer: the run did not finish")
     assert rows["vllm"][3].startswith("sanity.known_answers: required to qualify, skipped: the reference answers only 49%")
     assert rows["trtllm"][3].startswith("load: unavailable: no NVIDIA GPU: TensorRT-LLM needs CUDA")
@@ -240,3 +240,26 @@ def test_sweep_points_keep_the_token_totals_the_report_shows():
     point = {k: v for k, v in summarize([], 1.0, 1).items() if k in POINT_KEYS}
     assert {"input_tokens", "output_tokens"} <= set(point)
     assert per_request({**point, "input_tokens": 100, "output_tokens": 64, "ok": 2}, "input_tokens") == "50"
+
+
+
+def test_console_table_tells_a_backends_configurations_apart(tmp_path, capsys):
+    """Two ORT GenAI runs of one model (``--matrix ort-genai:precision=int4,fp32``) read as two rows
+    of the same backend unless the table shows their options (a new user's find)."""
+    from cli.progress import print_verdicts
+
+    root = tmp_path / "art"
+    made = []
+    for precision, status in (("int4", "fail"), ("fp32", "pass")):
+        rd = RunDir.create(root, "ort-genai", "fixture:tiny-qwen3")
+        run = RunContext(rd, Verdict(run_id=rd.run_id, backend="ort-genai", model="fixture:tiny-qwen3",
+                                     options={"precision": precision}, backend_info={"engine": "ort-genai"}))
+        run.record(Check(name="load", status="pass", summary="fine"))
+        run.record(Check(name="sanity.known_answers", status=status, summary="probe accuracy",
+                         failure_class="accuracy-regression" if status == "fail" else None))
+        run.finish(finished=True)
+        made.append(rd.path)
+    outcomes = print_verdicts(made)
+    out = capsys.readouterr().out
+    assert "ort-genai [precision=int4]" in out and "ort-genai [precision=fp32]" in out
+    assert [o[:2] for o in outcomes] == [("ort-genai", "disqualified"), ("ort-genai", "qualified")]

@@ -32,7 +32,7 @@ def _hub_errors(fn):
     def wrapped(args) -> int:
         try:
             return fn(args)
-        except UserError:
+        except (UserError, BrokenPipeError):  # a closed stdout (`| head`) is the reader's, not the Hub's
             raise
         except Exception as exc:
             root = type(exc).__module__.split(".")[0]
