@@ -333,6 +333,8 @@ def test_worker_cancels_a_dropped_stream_counts_the_prompt_and_reports_a_killed_
         # engine counters (they come with each request's end): 4 + the two dropped requests' + 8
         steps = b.metrics()["bakeoff_worker:decode_steps_total"]
         assert 4 + 2 + 8 <= steps < LONG, f"a dropped request was not cancelled: {steps} decode steps"
+        log = b.log_path.read_text(errors="replace")  # a client that left is no error of the worker's
+        assert "Traceback" not in log and "ConnectionResetError" not in log, log[-3000:]
 
         os.kill(b.ready_payload["info"]["engine_process"], signal.SIGKILL)
         time.sleep(0.5)

@@ -236,8 +236,9 @@ def build_app(engine: WorkerEngine, served_model: str):
                                       "choices": [choice], "usage": usage})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
+        gen = engine.generate(body)
         try:
-            async for item in engine.generate(body):
+            async for item in gen:
                 ids, text, fr = item[0], item[1], item[2]
                 n_out += len(ids)
                 choice: dict[str, Any] = {"index": 0, "token_ids": ids, "finish_reason": fr}
@@ -254,12 +255,16 @@ def build_app(engine: WorkerEngine, served_model: str):
                 usage = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
                 await resp.write(_sse({"id": rid, "object": obj_name, "model": served_model, "choices": [], "usage": usage}))
             await resp.write(b"data: [DONE]\n\n")
-        except (ConnectionResetError, asyncio.CancelledError):
+        except ConnectionResetError:  # the client went away (aiohttp's ClientConnectionResetError): its
+            return resp               # generation stops as the generator closes; no traceback in the log
+        except asyncio.CancelledError:
             raise
         except Exception as exc:  # the engine failed mid-stream: tell the client, keep serving
             counters["errors_total"] += 1
             traceback.print_exc()
             await resp.write(_sse(_engine_error(exc)))
+        finally:
+            await gen.aclose()  # at once: a dropped stream's generation is cancelled now, not at collection
         return resp
 
     async def score(request):
