@@ -45,7 +45,6 @@ def _prompts(fixture: bool, n: int) -> list[str]:
     return [base[i % len(base)] for i in range(n)]
 
 
-@pytest.mark.check("spec_decode.acceptance")
 def _acceptance_values(d: dict[str, float], drafts: float, drafted: float, accepted: float, rate: float) -> dict:
     """The check's figures from the counters' change ``d``: drafts, drafted and accepted tokens, the
     acceptance rate, the mean acceptance length (1 + accepted per draft) and each draft position's rate."""
@@ -57,6 +56,7 @@ def _acceptance_values(d: dict[str, float], drafts: float, drafted: float, accep
             "threshold_acceptance_rate": MIN_ACCEPTANCE_RATE}
 
 
+@pytest.mark.check("spec_decode.acceptance")
 def test_acceptance(run, settings, engine):
     with run.check("spec_decode.acceptance", "ineffective-option") as c:
         spec = run.verdict.options.get("speculative_config")

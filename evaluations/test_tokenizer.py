@@ -22,7 +22,6 @@ def engine_tokenizer(info) -> dict[str, str]:
     return {k: v for k, v in said.items() if v}
 
 
-@pytest.mark.check("sanity.tokenizer")
 def _compare_forms(c, tok, texts: list[str], engine_ids: dict, engine_notes: dict, backend: str):
     """Each form's engine ids against the reference's: ``(mismatched rows, a sample of three per
     form, {form: prompts compared}, {form: why not compared})``. An engine that answers another
@@ -49,6 +48,7 @@ def _compare_forms(c, tok, texts: list[str], engine_ids: dict, engine_notes: dic
     return rows, sample, compared, not_compared
 
 
+@pytest.mark.check("sanity.tokenizer")
 def test_tokenizer(run, settings, engine, probe_texts):
     """Every sanity prompt (the probes, chat-rendered ones included, and the open-ended
     openings) tokenized by the reference and by the engine under test
