@@ -36,7 +36,6 @@ DEBT = {
     "bakeoff/loadgen/distortion.py::judge": 32,
     "bakeoff/loadgen/stats.py::summarize": 32,
     "bakeoff/loadgen/synth_protocol.py::build_events": 43,
-    "bakeoff/reporting/compare_tables.py::spec_decode_table": 32,
     "evaluations/reference.py::probe_set_of": 28,
     "evaluations/test_agents.py::test_agents": 28,
     "evaluations/test_capacity.py::test_kv_cache": 28,

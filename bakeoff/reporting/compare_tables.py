@@ -150,32 +150,32 @@ def spec_decode_table(cols: list[Column]) -> dict[str, Any] | None:
     noted = any(note for _, note in parsed.values())
     header = ["run", "method", "speculative tokens", "check", "drafts", "drafted tokens", "accepted",
               "mean acceptance length", *[f"position {i}" for i in range(n_pos)], *(["per position"] if noted else [])]
-    rows = []
-    for c in runs:
-        spec, ch = _spec_config(c), c.checks.get(SPEC) or {}
-        vals, (pos, note) = ch.get("values") or {}, parsed[id(c)]
-        k = spec.get("num_speculative_tokens")
-        k = max(k if isinstance(k, int) and not isinstance(k, bool) else 0, max(pos, default=-1) + 1)
-        href = str(c.path / f"checks/{SPEC}.json") if ch else None
-        status = ch.get("status") or "not run"
-        row = [_cell(c.label, str(c.path / "verdict.json")), _cell(str(spec.get("method") or "?")),
-               _cell(str(spec.get("num_speculative_tokens", "?")))]
-        if vals.get("drafts") is None:  # failed, skipped or not run: its status and class, no figures
-            row.append(_cell(_status_text(c, ch), href, status))
-            row += [_cell("–") for _ in range(4 + n_pos + noted)]
-            rows.append(row)
-            continue
-        drafted, accepted = vals.get("draft_tokens"), vals.get("accepted_tokens")
-        rate = vals.get("acceptance_rate")
-        row.append(_cell(status + (f" ({ch['failure_class']})" if ch.get("failure_class") else ""), href, status))
-        row += [_cell(fmt(vals.get("drafts"), 0)), _cell(fmt(drafted, 0)),
-                _cell(fmt(accepted, 0) + (f" ({_pct(rate)})" if rate is not None else "")),
-                _cell(fmt(vals.get("mean_acceptance_length"), 2))]
-        row += [_cell(_pct(pos.get(i)) if i < k else "") for i in range(n_pos)]
-        row += [_cell(note, href, "error" if note.startswith("malformed") else "")] if noted else []
-        rows.append(row)
+    rows = [_spec_row(c, parsed[id(c)], n_pos, noted) for c in runs]
     return {"title": "Speculative decoding acceptance (per position: accepted at that position / drafts, "
                      "vLLM's counters over the check's workload)", "header": header, "rows": rows}
+
+
+def _spec_row(c: Column, parsed: tuple, n_pos: int, noted: bool) -> list:
+    """One run's row of :func:`spec_decode_table`: its method and tokens, the check's status, and
+    its figures and per-position rates (a run without drafts: its status and class, no figures)."""
+    spec, ch = _spec_config(c), c.checks.get(SPEC) or {}
+    vals, (pos, note) = ch.get("values") or {}, parsed
+    k = spec.get("num_speculative_tokens")
+    k = max(k if isinstance(k, int) and not isinstance(k, bool) else 0, max(pos, default=-1) + 1)
+    href = str(c.path / f"checks/{SPEC}.json") if ch else None
+    status = ch.get("status") or "not run"
+    row = [_cell(c.label, str(c.path / "verdict.json")), _cell(str(spec.get("method") or "?")),
+           _cell(str(spec.get("num_speculative_tokens", "?")))]
+    if vals.get("drafts") is None:  # failed, skipped or not run: its status and class, no figures
+        return row + [_cell(_status_text(c, ch), href, status)] + [_cell("–") for _ in range(4 + n_pos + noted)]
+    drafted, accepted = vals.get("draft_tokens"), vals.get("accepted_tokens")
+    rate = vals.get("acceptance_rate")
+    row.append(_cell(status + (f" ({ch['failure_class']})" if ch.get("failure_class") else ""), href, status))
+    row += [_cell(fmt(vals.get("drafts"), 0)), _cell(fmt(drafted, 0)),
+            _cell(fmt(accepted, 0) + (f" ({_pct(rate)})" if rate is not None else "")),
+            _cell(fmt(vals.get("mean_acceptance_length"), 2))]
+    row += [_cell(_pct(pos.get(i)) if i < k else "") for i in range(n_pos)]
+    return row + ([_cell(note, href, "error" if note.startswith("malformed") else "")] if noted else [])
 
 
 def _code(name: str) -> str:
