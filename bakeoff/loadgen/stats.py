@@ -77,17 +77,31 @@ def summarize(records: list[RequestRecord], wall_s: float, sessions: int) -> dic
     if s["accounting_mismatches"]:
         s["accounting_failure_class"] = "client-accounting"
     s["per_session_output_tokens_per_s"] = s["output_tokens_per_s"] / sessions if s["output_tokens_per_s"] else None
-    itl = [v for x in ok for v in x["itl_ms"]]
-    for name in ("ttft_ms", "ttft_from_schedule_ms", "tpot_ms", "e2e_ms"):
-        vals = [x[name] for x in ok]
-        for p in PCTS:
-            s[f"{name[:-3]}_p{p}_ms"] = pct(vals, p)
-        s[f"{name[:-3]}_mean_ms"] = float(np.mean([v for v in vals if v is not None])) if any(v is not None for v in vals) else None
-    for p in PCTS:
-        s[f"itl_p{p}_ms"] = pct(itl, p)
+    s.update(_latencies(ok))
+    s["errors_by_class"] = _errors_by_class(rows)
+    return s
+
+
+def _errors_by_class(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """How many requests failed, by failure class (``error`` where none was named)."""
     errs: dict[str, int] = {}
     for x in rows:
         if x["status"] != "ok":
             errs[x["error_class"] or "error"] = errs.get(x["error_class"] or "error", 0) + 1
-    s["errors_by_class"] = errs
+    return errs
+
+
+def _latencies(ok: list[dict[str, Any]]) -> dict[str, Any]:
+    """TTFT (from the send and from the schedule), TPOT and E2E percentiles and means, and ITL
+    percentiles over every gap of the successful requests, in ms (None where none was measured)."""
+    s: dict[str, Any] = {}
+    for name in ("ttft_ms", "ttft_from_schedule_ms", "tpot_ms", "e2e_ms"):
+        vals = [x[name] for x in ok]
+        for p in PCTS:
+            s[f"{name[:-3]}_p{p}_ms"] = pct(vals, p)
+        known = [v for v in vals if v is not None]
+        s[f"{name[:-3]}_mean_ms"] = float(np.mean(known)) if known else None
+    itl = [v for x in ok for v in x["itl_ms"]]
+    for p in PCTS:
+        s[f"itl_p{p}_ms"] = pct(itl, p)
     return s
