@@ -33,7 +33,6 @@ DEBT = {
     "cli/jobs/cli.py::cmd_submit": 36,
     "bakeoff/loadgen/accounting.py::account": 66,
     "bakeoff/loadgen/client.py::OpenAIClient.stream": 67,
-    "bakeoff/loadgen/distortion.py::judge": 32,
     "bakeoff/loadgen/synth_protocol.py::build_events": 43,
     "evaluations/reference.py::probe_set_of": 28,
     "evaluations/test_agents.py::test_agents": 28,

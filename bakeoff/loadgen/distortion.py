@@ -113,18 +113,7 @@ def judge(records: list[RequestRecord], engine: dict[str, float] | None = None) 
     if not shapes:
         out.update(distorted=None, reasons=[f"no request streamed {MIN_EVENTS} or more content events"])
         return out
-    first = statistics.median(s["first_cluster_events"] for s in shapes)
-    per = statistics.median(s["events_per_cluster"] for s in shapes)
-    # a stream that arrived whole has no period: it counts as unbounded, so every stream has a say
-    # (over multi-cluster streams only, a few paced ones outvoted a sweep of whole-stream bursts)
-    period = statistics.median(math.inf if s["cluster_period_ms"] is None else s["cluster_period_ms"] for s in shapes)
-    period = None if math.isinf(period) else period
-    ttfts = [(r.first_token_ns - r.sent_ns) / 1e6 for r in records if r.status == "ok" and r.first_token_ns]
-    gaps = [s["event_gap_p50_ms"] for s in shapes if s["event_gap_p50_ms"] is not None]
-    out.update(first_cluster_events_p50=first, events_per_cluster_p50=round(per, 2),
-               cluster_period_p50_ms=round(period, 3) if period is not None else None,
-               client_ttft_mean_ms=round(statistics.fmean(ttfts), 3) if ttfts else None,
-               client_event_gap_p50_ms=round(statistics.median(gaps), 3) if gaps else None)
+    first, per, period = _medians(shapes, records, out)
     held = first >= HELD_FIRST_EVENTS
     # period None: most streams arrived as one cluster each, the whole stream one burst
     bursts = per >= HELD_FIRST_EVENTS and (period is None or period >= BURST_PERIOD_MS)
@@ -138,15 +127,40 @@ def judge(records: list[RequestRecord], engine: dict[str, float] | None = None) 
     elif bursts:
         reasons.append(f"events arrive in bursts of {per:.1f} every {period:.0f} ms (median), with gaps under "
                        f"{CLUSTER_GAP_MS:g} ms inside a burst: ITL ~0 that no engine decodes at")
-    inflated = False
-    if engine and out.get("client_ttft_mean_ms") is not None:
-        extra = out["client_ttft_mean_ms"] - engine["engine_ttft_mean_ms"]
-        out["ttft_added_in_transit_ms"] = round(extra, 3)
-        inflated = extra > max(20.0, engine["engine_ttft_mean_ms"])
-        if inflated:
-            reasons.append(f"client TTFT mean {out['client_ttft_mean_ms']:.1f} ms vs the engine's own "
-                           f"{engine['engine_ttft_mean_ms']:.1f} ms (/metrics)")
+    inflated = _ttft_inflated(out, engine, reasons)
     if out["headers"]:
         reasons.append("response headers: " + ", ".join(f"{k}: {v}" for k, v in out["headers"].items()))
     out.update(distorted=bursts and (held or inflated), reasons=reasons)
     return out
+
+
+def _medians(shapes: list[dict[str, Any]], records: list[RequestRecord], out: dict[str, Any]) -> tuple:
+    """``(first cluster's events, events per cluster, cluster period ms or None)``, medians over the
+    streams' shapes, recorded in ``out`` with the client's TTFT mean and event gap median."""
+    first = statistics.median(s["first_cluster_events"] for s in shapes)
+    per = statistics.median(s["events_per_cluster"] for s in shapes)
+    # a stream that arrived whole has no period: it counts as unbounded, so every stream has a say
+    # (over multi-cluster streams only, a few paced ones outvoted a sweep of whole-stream bursts)
+    period = statistics.median(math.inf if s["cluster_period_ms"] is None else s["cluster_period_ms"] for s in shapes)
+    period = None if math.isinf(period) else period
+    ttfts = [(r.first_token_ns - r.sent_ns) / 1e6 for r in records if r.status == "ok" and r.first_token_ns]
+    gaps = [s["event_gap_p50_ms"] for s in shapes if s["event_gap_p50_ms"] is not None]
+    out.update(first_cluster_events_p50=first, events_per_cluster_p50=round(per, 2),
+               cluster_period_p50_ms=round(period, 3) if period is not None else None,
+               client_ttft_mean_ms=round(statistics.fmean(ttfts), 3) if ttfts else None,
+               client_event_gap_p50_ms=round(statistics.median(gaps), 3) if gaps else None)
+    return first, per, period
+
+
+def _ttft_inflated(out: dict[str, Any], engine: dict[str, float] | None, reasons: list[str]) -> bool:
+    """Whether the client's TTFT mean exceeds the engine's own (``/metrics``) by more than 20 ms and
+    more than the engine's TTFT itself; the difference in ``out``, the evidence in ``reasons``."""
+    if not engine or out.get("client_ttft_mean_ms") is None:
+        return False
+    extra = out["client_ttft_mean_ms"] - engine["engine_ttft_mean_ms"]
+    out["ttft_added_in_transit_ms"] = round(extra, 3)
+    inflated = extra > max(20.0, engine["engine_ttft_mean_ms"])
+    if inflated:
+        reasons.append(f"client TTFT mean {out['client_ttft_mean_ms']:.1f} ms vs the engine's own "
+                       f"{engine['engine_ttft_mean_ms']:.1f} ms (/metrics)")
+    return inflated
