@@ -160,23 +160,9 @@ def _qualify_task(args, tag: str, push: PushTarget) -> JobTask:
 @_hub_errors
 def cmd_submit(args) -> int:
     """``bakeoff jobs export|qualify``: render per flavor, then print (--dry-run) or submit."""
-    given = getattr(args, "flavors", None)  # jobs qualify: --flavors (an empty value is no flavor, not the default)
-    flavors = [f.strip() for f in (args.flavor if given is None else given).split(",")]
-    if not any(flavors):
-        raise UserError("--flavors names no flavor; e.g. --flavors cpu-xl,a100-large (bakeoff jobs hardware lists them)")
-    if not all(flavors) or len(set(flavors)) != len(flavors):
-        raise UserError(f"--flavors {','.join(flavors)!r} has an empty or repeated flavor; name each once, e.g. cpu-xl,a100-large")
+    flavors = _flavors(args)
     if args.save_script is not None:
-        if not args.save_script.strip() or args.save_script.endswith("/"):
-            raise UserError(f"--save-script {args.save_script!r} names no file; pass a file name, e.g. job.py")
-        targets = [Path(args.save_script)] if len(flavors) == 1 else [
-            Path(args.save_script).with_name(f"{Path(args.save_script).stem}-{f}{Path(args.save_script).suffix}") for f in flavors]
-        for t in targets:
-            if t.exists():
-                raise UserError(f"--save-script {t} exists; pass a new file name (bakeoff does not overwrite it)")
-            if not t.resolve().parent.is_dir():
-                raise UserError(f"--save-script {t}: its folder does not exist; pass a file in an existing folder")
-            check_creatable(t.resolve().parent, "--save-script folder", "pass a file in a folder you can write")
+        _check_save_script(args.save_script, flavors)
     for f in flavors:
         submit.check_flavor(f)
     if args.push_to is None and not args.dry_run:
@@ -186,11 +172,7 @@ def cmd_submit(args) -> int:
         _check_model(flag, spec, args.dry_run)
     _check_path_in_repo(args.path_in_repo)
     if not args.dry_run:
-        if render.is_local_spec(args.bakeoff_spec):
-            raise UserError(f"--bakeoff-spec {args.bakeoff_spec} is a path on this machine, which a job cannot reach; "
-                            "pass a git URL (git+https://...@REV) or a published version (default)")
-        if Path(args.model).expanduser().exists():
-            raise UserError(f"--model {args.model} is a local folder, which a job cannot reach; pass a Hub id or fixture:NAME")
+        _check_reachable(args)
     try:
         request = JobRequest(flavor=flavors[0], timeout=args.timeout, secrets=args.secret, env=_kv(args.env, "--env"),
                              image=args.image, python=args.python, namespace=args.namespace,
@@ -213,9 +195,7 @@ def cmd_submit(args) -> int:
         req = request.model_copy(update={"flavor": flavor})
         script = render.render_script(task, args.bakeoff_spec, render.torch_index_for(flavor, args.torch_index))
         if args.save_script is not None:
-            path = Path(args.save_script)
-            if len(flavors) > 1:
-                path = path.with_name(f"{path.stem}-{flavor}{path.suffix}")
+            path = _script_paths(args.save_script, flavors)[flavors.index(flavor)]
             atomic_write_text(path, script)
             _out(f"script: {path}")
         if args.dry_run:
@@ -224,12 +204,67 @@ def cmd_submit(args) -> int:
             _out(f"cost: {submit.cost_line([], flavor, req.timeout)}")
             continue
         rec = submit.submit(api, task, req, script, records)
-        _out(f"submitted {rec.job_id} ({flavor}, timeout {req.timeout}, secrets: {', '.join(rec.secrets) or 'none'}) "
-             f"-> {rec.push_to}{'/' + rec.path_in_repo if rec.path_in_repo else ''}\n  {rec.url}\n  "
-             f"{submit.cost_line(prices, flavor, req.timeout)}")
+        _out(_submitted_line(rec, flavor, req.timeout, prices))
     if not args.dry_run:
         _out("follow: bakeoff jobs logs JOB_ID --follow; then: bakeoff jobs fetch JOB_ID")
     return 0
+
+
+def _submitted_line(rec, flavor: str, timeout: str, prices: list) -> str:
+    """What a submitted job's record says: its id, flavor, timeout, secrets' names, target, URL, cost."""
+    target = f"{rec.push_to}{'/' + rec.path_in_repo if rec.path_in_repo else ''}"
+    return (f"submitted {rec.job_id} ({flavor}, timeout {timeout}, secrets: {', '.join(rec.secrets) or 'none'}) "
+            f"-> {target}\n  {rec.url}\n  {submit.cost_line(prices, flavor, timeout)}")
+
+
+def _flavors(args) -> list[str]:
+    """The flavors asked for (``jobs qualify --flavors``, else ``--flavor``), each named once.
+
+    Raises:
+        UserError: none named, or one empty or repeated (an empty ``--flavors`` is no flavor, not the default).
+    """
+    given = getattr(args, "flavors", None)
+    flavors = [f.strip() for f in (args.flavor if given is None else given).split(",")]
+    if not any(flavors):
+        raise UserError("--flavors names no flavor; e.g. --flavors cpu-xl,a100-large (bakeoff jobs hardware lists them)")
+    if not all(flavors) or len(set(flavors)) != len(flavors):
+        raise UserError(f"--flavors {','.join(flavors)!r} has an empty or repeated flavor; name each once, e.g. cpu-xl,a100-large")
+    return flavors
+
+
+def _script_paths(save_script: str, flavors: list[str]) -> list[Path]:
+    """Where each flavor's script is saved: ``--save-script`` itself for one flavor, else NAME-FLAVOR.SUFFIX."""
+    p = Path(save_script)
+    return [p] if len(flavors) == 1 else [p.with_name(f"{p.stem}-{f}{p.suffix}") for f in flavors]
+
+
+def _check_save_script(save_script: str, flavors: list[str]) -> None:
+    """``--save-script``: a file name, each flavor's file new, in a folder that exists and can be written.
+
+    Raises:
+        UserError: it names no file, a file exists, or its folder is missing or read-only.
+    """
+    if not save_script.strip() or save_script.endswith("/"):
+        raise UserError(f"--save-script {save_script!r} names no file; pass a file name, e.g. job.py")
+    for t in _script_paths(save_script, flavors):
+        if t.exists():
+            raise UserError(f"--save-script {t} exists; pass a new file name (bakeoff does not overwrite it)")
+        if not t.resolve().parent.is_dir():
+            raise UserError(f"--save-script {t}: its folder does not exist; pass a file in an existing folder")
+        check_creatable(t.resolve().parent, "--save-script folder", "pass a file in a folder you can write")
+
+
+def _check_reachable(args) -> None:
+    """A submitted job reaches bakeoff and the model only through the network: not a local path.
+
+    Raises:
+        UserError: ``--bakeoff-spec`` or ``--model`` is a path on this machine.
+    """
+    if render.is_local_spec(args.bakeoff_spec):
+        raise UserError(f"--bakeoff-spec {args.bakeoff_spec} is a path on this machine, which a job cannot reach; "
+                        "pass a git URL (git+https://...@REV) or a published version (default)")
+    if Path(args.model).expanduser().exists():
+        raise UserError(f"--model {args.model} is a local folder, which a job cannot reach; pass a Hub id or fixture:NAME")
 
 
 @_hub_errors
