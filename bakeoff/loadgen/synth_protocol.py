@@ -71,6 +71,41 @@ def token_text(j: int, rid: str) -> str:
     return f"[{rid}]" if j == 0 else f" t{j}"
 
 
+def _wants(api: str, req: dict, cfg) -> tuple[bool, bool]:
+    """Whether the response carries token ids (``return_token_ids``) and a usage event (``include_usage``;
+    always in messages), as the config says."""
+    want_ids = cfg.token_ids == "always" or (cfg.token_ids == "auto" and bool(req.get("return_token_ids")))
+    if cfg.usage == "auto":
+        return want_ids, api == "messages" or bool((req.get("stream_options") or {}).get("include_usage"))
+    return want_ids, cfg.usage == "always"
+
+
+def _head(api: str, rid: str, model: str, p_tokens: int, created: int) -> bytes:
+    """The response's headers and, for messages and chat, the opening event (message start, the role)."""
+    head = (f"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ncache-control: no-cache\r\n"
+            f"transfer-encoding: chunked\r\nx-request-id: {rid}\r\n\r\n").encode()
+    if api == "messages":
+        head += _data({"type": "message_start", "message": {
+            "id": f"msg_{rid}", "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": None, "usage": {"input_tokens": p_tokens, "output_tokens": 0}}}, "message_start")
+    elif api == "chat":
+        head += _data({"id": f"chatcmpl-{rid}", "object": "chat.completion.chunk", "created": created,
+                       "model": model, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                    "logprobs": None, "finish_reason": None}]})
+    return head
+
+
+def _chunks(n: int, n_reason: int, per_chunk: int) -> list[list[int]]:
+    """Token indexes grouped into events of at most ``per_chunk``; a chunk never mixes reasoning and text."""
+    groups: list[list[int]] = []
+    for j in range(n):
+        if groups and len(groups[-1]) < per_chunk and (groups[-1][0] < n_reason) == (j < n_reason):
+            groups[-1].append(j)
+        else:
+            groups.append([j])
+    return groups
+
+
 def build_events(api: str, req: dict, cfg, rid: str, rng: random.Random, t0: int):
     """The events of one response with their due times, built lazily (one at a time, when the
     previous one is sent) so that a burst of arriving requests costs little at arrival.
@@ -85,25 +120,11 @@ def build_events(api: str, req: dict, cfg, rid: str, rng: random.Random, t0: int
     times = [t_head + cfg.ttft.sample_ns(rng)]
     for _ in range(1, n):
         times.append(times[-1] + cfg.itl.sample_ns(rng))
-    want_ids = cfg.token_ids == "always" or (cfg.token_ids == "auto" and bool(req.get("return_token_ids")))
-    if cfg.usage == "auto":
-        want_usage = api == "messages" or bool((req.get("stream_options") or {}).get("include_usage"))
-    else:
-        want_usage = cfg.usage == "always"
+    want_ids, want_usage = _wants(api, req, cfg)
     p_tokens = _prompt_tokens(api, req)
     model = req.get("model") or cfg.model
     created = int(time.time())
-    head = (f"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ncache-control: no-cache\r\n"
-            f"transfer-encoding: chunked\r\nx-request-id: {rid}\r\n\r\n").encode()
-    if api == "messages":
-        head += _data({"type": "message_start", "message": {
-            "id": f"msg_{rid}", "type": "message", "role": "assistant", "model": model, "content": [],
-            "stop_reason": None, "usage": {"input_tokens": p_tokens, "output_tokens": 0}}}, "message_start")
-    elif api == "chat":
-        head += _data({"id": f"chatcmpl-{rid}", "object": "chat.completion.chunk", "created": created,
-                       "model": model, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                    "logprobs": None, "finish_reason": None}]})
-    yield (t_head, head, "head", 0)
+    yield (t_head, _head(api, rid, model, p_tokens, created), "head", 0)
     mj = json.dumps(model).encode()
     cmpl_pre = b'data: {"id":"cmpl-%s","object":"text_completion","created":%d,"model":%s,"choices":[{"index":0,' % (
         rid.encode(), created, mj)
@@ -115,15 +136,8 @@ def build_events(api: str, req: dict, cfg, rid: str, rng: random.Random, t0: int
         while k < times[0]:
             yield (k, _frame(b": keep-alive\n\n"), "ka", 0)
             k += step
-    # group tokens into chunks; a chunk never mixes reasoning and text
-    groups: list[list[int]] = []
-    for j in range(n):
-        if groups and len(groups[-1]) < cfg.tokens_per_chunk and (groups[-1][0] < n_reason) == (j < n_reason):
-            groups[-1].append(j)
-        else:
-            groups.append([j])
     block = -1
-    for g in groups:
+    for g in _chunks(n, n_reason, cfg.tokens_per_chunk):
         reasoning = g[0] < n_reason
         text = "".join(token_text(j, rid) for j in g)
         t = times[g[-1]]
