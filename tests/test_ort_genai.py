@@ -207,6 +207,11 @@ def test_backend_streams_and_matches_reference(tiny_qwen3, ort_python, tmp_path,
         info = b.start()
         assert info.engine == "onnxruntime-genai" and info.engine_version == "0.18.0"
         assert "MatMul" in info.notes["export_ops"] and info.notes["export_command"]
+        # og.Generator steps hold the GIL: the engine process lets its command thread in every 0.5 ms
+        # (docs/backends/ort-genai.md: p90 6.9-7.2 ms from the worker's write to the inbox at Python's 5 ms
+        # default, 0.85-1.3 ms at 0.5 ms on the 2-core host); og.Engine releases the GIL and keeps the default
+        switch = info.notes.get("gil_switch_interval_ms", "")
+        assert switch.startswith("0.5 ") if batching != "engine" else switch == "", switch
         assert b.export_result is not None
         assert json.loads((tmp_path / "export.json").read_text())["cache_key"] == b.export_result.cache_key
 

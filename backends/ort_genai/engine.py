@@ -58,7 +58,8 @@ GIL_SWITCH_S = 0.0005
 
 
 def prefer_commands() -> None:
-    """Let the command thread in between og.Generator steps (:data:`GIL_SWITCH_S`)."""
+    """Let the command thread in between og.Generator steps (:data:`GIL_SWITCH_S`); set at start for
+    the ``generator`` and ``static`` schedulers (stated in the notes as ``gil_switch_interval_ms``)."""
     sys.setswitchinterval(GIL_SWITCH_S)
 
 
@@ -175,7 +176,12 @@ class OrtGenaiEngine:
                                "og.Generator feeds 2-D; serve it with batching=engine or export paged_attention=false")
         if self.batching == "engine":
             self.sched = EngineScheduler(self, self.paged, dynamic)
-        elif self.batching == "static":
+        else:  # og.Generator loops hold the GIL for a whole step: let the command thread in between steps
+            prefer_commands()
+            self.notes["gil_switch_interval_ms"] = (
+                f"{sys.getswitchinterval() * 1000:g} (og.Generator steps hold the GIL; Python's 5 ms default kept "
+                "new requests and cancels out of the scheduler for up to 5 ms: backends/ort_genai/engine.py GIL_SWITCH_S)")
+        if self.batching == "static":
             self.notes["static_batching"] = (
                 f"og.Generator static batches: the greedy requests waiting together share one right-padded "
                 f"og.Generator batch (up to {self.max_batch}; a batch restarts while its rows are at most "
@@ -220,7 +226,6 @@ class OrtGenaiEngine:
         if self.sched is not None:  # og.Engine.run releases the GIL: commands get in as they come
             self.sched.loop(send, batch)
             return
-        prefer_commands()
         while True:
             rid, body = item = self.inbox.get()
             if TOKENIZE in body:
