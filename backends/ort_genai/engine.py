@@ -178,9 +178,8 @@ class OrtGenaiEngine:
             self.sched = EngineScheduler(self, self.paged, dynamic)
         else:  # og.Generator loops hold the GIL for a whole step: let the command thread in between steps
             prefer_commands()
-            self.notes["gil_switch_interval_ms"] = (
-                f"{sys.getswitchinterval() * 1000:g} (og.Generator steps hold the GIL; Python's 5 ms default kept "
-                "new requests and cancels out of the scheduler for up to 5 ms: backends/ort_genai/engine.py GIL_SWITCH_S)")
+            self.notes["gil_switch_interval_ms"] = (f"{sys.getswitchinterval() * 1000:g} (og.Generator steps hold the "
+                                                     "GIL: backends/ort_genai/engine.py GIL_SWITCH_S)")
         if self.batching == "static":
             self.notes["static_batching"] = (
                 f"og.Generator static batches: the greedy requests waiting together share one right-padded "
