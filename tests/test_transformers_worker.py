@@ -9,6 +9,7 @@ with the manager paused: the reference's tokens and logprobs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -195,9 +196,22 @@ class _Chan:
         self.later = list(later or [])  # (poll call number, command)
         self.polls = 0
         self.cmd_fd = -1
+        self.writes = self.open_batches = 0
 
     def send(self, msg, urgent: bool = True) -> None:
         self.frames.append(msg)
+        self.writes += self.open_batches == 0  # a frame outside a batch is a pipe write of its own
+
+    @contextlib.contextmanager
+    def batch(self):
+        """ChildPipe.batch: what is sent inside leaves as one write at the end."""
+        self.open_batches += 1
+        n = len(self.frames)
+        try:
+            yield
+        finally:
+            self.open_batches -= 1
+            self.writes += self.open_batches == 0 and len(self.frames) > n
 
     def poll(self) -> list:
         self.polls += 1
@@ -238,6 +252,9 @@ def test_static_batches_stream_each_row_as_alone_and_take_in_a_late_wave(model):
     assert eng.batches == 1 and eng.batched_requests == 3 and eng.restarts == 0
     assert chan.ids(1) == alone[1] and chan.ids(2) == alone[2] and chan.ids(3) == alone[3][:5]
     assert [chan.finish(r) for r in (1, 2, 3)] == ["length"] * 3
+    # a step's frames for all its rows leave as one pipe write (ChildPipe.batch): 3 start frames, then
+    # one write per step (12 steps), never one per row (the 8 rows' 8 writes and doorbells per step)
+    assert chan.writes == 3 + 12
 
     chan = _Chan(later=[(2, gen(4))])  # request 4 comes while 1 has its first tokens
     serve_static(eng, gen(1), chan, collections.deque())

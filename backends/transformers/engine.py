@@ -143,8 +143,10 @@ class TransformersEngine:
 
     def decode_step_ms(self) -> float:
         """Milliseconds of one greedy decode step of one sequence: ``generate`` of 9 new tokens less
-        ``generate`` of 1 (the prefill), over 8, after one untimed call; the smaller of two tries,
-        one where the first is past 5x the threshold (a large model: 12 forward passes in all)."""
+        ``generate`` of 1 (the prefill), over 8, after one untimed call; one try where it is past 5x
+        the threshold (a large model: 12 forward passes in all), else also the fastest of three of
+        each ``generate`` (contention only adds time: the fixture's 2 ms step once read over 10 ms
+        with one try of each beside three test processes on 2 cores, and got continuous batching)."""
         torch = self.torch
         ids = self.encode("The quick brown fox jumps over")  # input ids only, as both batching modes feed
         input_ids = torch.tensor([ids], device=self.device)
@@ -163,7 +165,10 @@ class TransformersEngine:
 
         generate_s(2)  # untimed: the first call's one-time costs
         first = step_ms()
-        return first if first >= 5 * CONTINUOUS_MIN_STEP_MS else min(first, step_ms())
+        if first >= 5 * CONTINUOUS_MIN_STEP_MS:
+            return first
+        fastest_9, fastest_1 = min(generate_s(9) for _ in range(3)), min(generate_s(1) for _ in range(3))
+        return min(first, (fastest_9 - fastest_1) / 8 * 1000)
 
     def info(self) -> dict[str, Any]:
         return self._info

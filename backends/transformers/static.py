@@ -115,6 +115,7 @@ def generate_batch(engine, rows: list[Row], key: tuple, chan, waiting: collectio
     eos_ids = sorted(set(eos if isinstance(eos, list) else [eos] if eos is not None else []))
     state = {"first": True, "restart": False}
     clock = time.perf_counter
+    batch = chan.batch  # ChildPipe.batch
     ignore_eos, top_k = key
     steps: list = []  # log-softmax of each step's scores (the whole batch), when logprobs are asked for
 
@@ -130,19 +131,21 @@ def generate_batch(engine, rows: list[Row], key: tuple, chan, waiting: collectio
                 return
             now = clock()
             logp = steps.pop(0) if top_k and steps else None
-            for i, (r, t) in enumerate(zip(rows, value.reshape(-1).tolist())):
-                if r.done:
-                    continue
-                r.gen.append(int(t))
-                if logp is not None:
-                    r.out.send_ids(array.array("i", [int(t)]).tobytes(), now, True, [top_logprobs(logp[i], int(t), top_k)])
-                else:
-                    r.out.pending.append(int(t))
-                    r.out.due(now)
-                if len(r.gen) >= r.max_new:
-                    end_row(r, "length")
-                elif not ignore_eos and t in eos_ids:
-                    end_row(r, "stop")
+            with batch():  # the step's frames for every row: one write, one doorbell
+                for i, (r, t) in enumerate(zip(rows, value.reshape(-1).tolist())):
+                    if r.done:
+                        continue
+                    r.gen.append(int(t))
+                    if logp is not None:
+                        r.out.send_ids(array.array("i", [int(t)]).tobytes(), now, True,
+                                       [top_logprobs(logp[i], int(t), top_k)])
+                    else:
+                        r.out.pending.append(int(t))
+                        r.out.due(now)
+                    if len(r.gen) >= r.max_new:
+                        end_row(r, "length")
+                    elif not ignore_eos and t in eos_ids:
+                        end_row(r, "stop")
             for msg in chan.poll():
                 if msg[0] == "cancel" and msg[1] in rids:
                     r = rows[rids.index(msg[1])]
