@@ -79,14 +79,88 @@ def report_only_grid(fracs: list, depths: list) -> list[tuple[int, int]]:
     return [(i, i * (len(depths) - 1) // max(1, len(fracs) - 1)) for i in range(len(fracs))]
 
 
+def needle_context(engine, record: dict | None) -> int:
+    """The context the needles fill: the engine's ``max_model_len`` (2048 unknown), no longer than the
+    context the fixture's builder recorded its needle recall at."""
+    max_len = (engine.info.max_model_len if engine.info else None) or 2048
+    if record and record.get("context_tokens"):  # the lengths the fixture's builder measured
+        max_len = min(max_len, int(record["context_tokens"]))
+    return max_len
+
+
+def needle_grid(fracs: list, depths: list, record: dict | None, profile: str) -> list[tuple[int, int]]:
+    """The (length, depth) cells to send: the diagonal in a report-only quick run, else every cell."""
+    if not record and profile == "quick":
+        return report_only_grid(fracs, depths)
+    return [(fi, di) for fi in range(len(fracs)) for di in range(len(depths))]
+
+
+def needle_requests(fracs: list, depths: list, grid: list, n_tokens: int, per_unit: float,
+                    fixture: bool) -> tuple[list[dict], list[GenerationRequest]]:
+    """One needle prompt per (length, depth) cell of ``grid``: the cases and their greedy requests."""
+    cases, reqs = [], []
+    for fi, f in enumerate(fracs):
+        n_units = max(4, int((f * n_tokens - 12) / per_unit))
+        for di, d in enumerate(depths):
+            if (fi, di) not in grid:
+                continue
+            prompt, expected = needle_prompt(n_units, d, fixture, seed=fi * 100 + di)
+            cases.append({"fraction": f, "depth": d, "expected": expected})
+            reqs.append(GenerationRequest(request_id=f"needle-{fi}-{di}", prompt=prompt, max_tokens=ANSWER_TOKENS,
+                                          temperature=0.0))
+    return cases, reqs
+
+
+def needle_rows(cases: list[dict], recs: list, reqs: list[GenerationRequest], fixture: bool) -> list[dict]:
+    """Each needle's outcome: its case, the request's status and output, and whether it was found."""
+    rows = []
+    for case, r, q in zip(cases, recs, reqs):
+        rows.append({**case, "prompt_tokens": r.input_tokens, "status": r.status, "error": r.error, "error_class": r.error_class,
+                     "output": r.output_text, "found": r.status == "ok" and found(r.output_text, case["expected"], fixture),
+                     "prompt_head": q.prompt[:80], "prompt_tail": q.prompt[-60:]})
+    return rows
+
+
+def needle_tables(rows: list[dict], fracs: list) -> dict:
+    """The check's ``table`` (found per length and depth) and its ``rows`` (each needle's outcome)."""
+    table = {f"{f:g}": {f"{r['depth']:g}": r["found"] for r in rows if r["fraction"] == f} for f in fracs}
+    return {"table": table,
+            "rows": [{k: r[k] for k in ("fraction", "depth", "prompt_tokens", "found", "output", "expected")}
+                     for r in rows]}
+
+
+def needle_where(rows: list[dict], fracs: list, depths: list, n_found: int, scale) -> str:
+    """The summary's words for what was found: needles found, at which prompt lengths, over which grid."""
+    lens = sorted({r["prompt_tokens"] for r in rows if r["prompt_tokens"]})
+    shape = f"x {len(depths)} depths" if len(rows) == len(fracs) * len(depths) else "(one depth each: the grid's diagonal)"
+    return (f"{n_found}/{len(rows)} needles found at {len(fracs)} lengths "
+            f"({lens[0] if lens else '?'}-{lens[-1] if lens else '?'} tokens) {shape}"
+            + (f" (lengths {scale.why})" if scale.capped else ""))
+
+
+def judge_recall(c, record: dict | None, fixture: bool, rows: list[dict], n_found: int, where: str) -> None:
+    """Judge the recall against the fixture's recorded rate (exact binomial test), or skip as report only."""
+    if not record:
+        c.skip(f"{where}; report only: {'no recorded recall rate to judge against' if not fixture else 'the fixture records no needle recall rate'}")
+    rate = float(record["accuracy"])
+    c.values.update({"recorded_rate": rate, "recorded_by": "the fixture builder (transformers, bf16)"})
+    if rate < MIN_RECORDED_RATE:
+        c.skip(f"{where}; report only: the fixture itself finds {rate:.0%} of needles at these lengths "
+               f"(< {MIN_RECORDED_RATE:.0%}), so a miss says nothing about the engine")
+    below, p = binomial_below(n_found, len(rows), rate)
+    c.values["p_value"] = float(f"{p:.4g}")
+    c.require(not below, f"{where}, significantly fewer than the fixture's recorded {rate:.0%} (exact binomial "
+                         f"p={p:.2g}); e.g. depth {next((r for r in rows if not r['found']), {}).get('depth')}",
+              "accuracy-regression")
+    c.summary = f"{where}; the fixture's builder found {rate:.0%} (p={p:.2g}: not significantly fewer)"
+
+
 @pytest.mark.check("needles.retrieval")
 def test_needles(run, settings, engine, prompt_calibration):
     fixture = is_fixture(settings)
     record = recorded_rate(settings) if fixture else None
     with run.check("needles.retrieval", "runtime-crash") as c:
-        max_len = (engine.info.max_model_len if engine.info else None) or 2048
-        if record and record.get("context_tokens"):  # the lengths the fixture's builder measured
-            max_len = min(max_len, int(record["context_tokens"]))
+        max_len = needle_context(engine, record)
         per_unit, src = prompt_calibration.tokens_per_unit, prompt_calibration.source
         fracs = NEEDLE_FRACTIONS.get(settings.profile, NEEDLE_FRACTIONS["quick"])
         depths = NEEDLE_DEPTHS.get(settings.profile, NEEDLE_DEPTHS["quick"])
@@ -97,56 +171,22 @@ def test_needles(run, settings, engine, prompt_calibration):
         if scale.capped and record:  # the record was measured at the context's lengths: judge at those or not at all
             c.skip(f"not judged: {scale.why}, shorter than the lengths the fixture's builder recorded its needle recall "
                    f"at ({max_len:,}-token context); raise --prefill-budget / --check-prefill-budget to judge them")
-        cases, reqs = [], []
-        grid = report_only_grid(fracs, depths) if not record and settings.profile == "quick" else \
-            [(fi, di) for fi in range(len(fracs)) for di in range(len(depths))]
-        for fi, f in enumerate(fracs):
-            n_units = max(4, int((f * scale.tokens - 12) / per_unit))
-            for di, d in enumerate(depths):
-                if (fi, di) not in grid:
-                    continue
-                prompt, expected = needle_prompt(n_units, d, fixture, seed=fi * 100 + di)
-                cases.append({"fraction": f, "depth": d, "expected": expected})
-                reqs.append(GenerationRequest(request_id=f"needle-{fi}-{di}", prompt=prompt, max_tokens=ANSWER_TOKENS,
-                                              temperature=0.0))
+        grid = needle_grid(fracs, depths, record, settings.profile)
+        cases, reqs = needle_requests(fracs, depths, grid, scale.tokens, per_unit, fixture)
         # one at a time: retrieval is judged, not throughput, and the prefill budget counts each prompt
         # alone (4 at once in an engine's static batch padded each to the longest: ORT GenAI int4 on
         # SmolLM2-135M took 103 s of a 60 s budget)
         recs = send(engine, reqs, concurrency=1)
-        rows = []
-        for case, r, q in zip(cases, recs, reqs):
-            rows.append({**case, "prompt_tokens": r.input_tokens, "status": r.status, "error": r.error, "error_class": r.error_class,
-                         "output": r.output_text, "found": r.status == "ok" and found(r.output_text, case["expected"], fixture),
-                         "prompt_head": q.prompt[:80], "prompt_tail": q.prompt[-60:]})
+        rows = needle_rows(cases, recs, reqs, fixture)
         c.evidence("needles.json", rows)
         errs = [r for r in rows if r["status"] != "ok"]
-        table = {f"{f:g}": {f"{r['depth']:g}": r["found"] for r in rows if r["fraction"] == f} for f in fracs}
         n_found = sum(r["found"] for r in rows)
         c.values.update({"format": "fixture kv recall" if fixture else "generic secret number",
                          "max_model_len": max_len, "token_calibration": src, "tokens_per_unit": round(per_unit, 3),
                          "fractions": fracs, "depths": depths, "found": n_found, "cases": len(rows),
-                         "table": table,
-                         "rows": [{k: r[k] for k in ("fraction", "depth", "prompt_tokens", "found", "output", "expected")}
-                                  for r in rows]})
+                         **needle_tables(rows, fracs)})
         if errs:
             c.evidence("engine.log.tail", engine.log_tail(150))
             c.fail(f"{len(errs)}/{len(rows)} needle requests failed: {errs[0]['error']}",
                    errs[0]["error_class"] or "runtime-crash")
-        lens = sorted({r["prompt_tokens"] for r in rows if r["prompt_tokens"]})
-        shape = f"x {len(depths)} depths" if len(rows) == len(fracs) * len(depths) else "(one depth each: the grid's diagonal)"
-        where = (f"{n_found}/{len(rows)} needles found at {len(fracs)} lengths "
-                 f"({lens[0] if lens else '?'}-{lens[-1] if lens else '?'} tokens) {shape}"
-                 + (f" (lengths {scale.why})" if scale.capped else ""))
-        if not record:
-            c.skip(f"{where}; report only: {'no recorded recall rate to judge against' if not fixture else 'the fixture records no needle recall rate'}")
-        rate = float(record["accuracy"])
-        c.values.update({"recorded_rate": rate, "recorded_by": "the fixture builder (transformers, bf16)"})
-        if rate < MIN_RECORDED_RATE:
-            c.skip(f"{where}; report only: the fixture itself finds {rate:.0%} of needles at these lengths "
-                   f"(< {MIN_RECORDED_RATE:.0%}), so a miss says nothing about the engine")
-        below, p = binomial_below(n_found, len(rows), rate)
-        c.values["p_value"] = float(f"{p:.4g}")
-        c.require(not below, f"{where}, significantly fewer than the fixture's recorded {rate:.0%} (exact binomial "
-                             f"p={p:.2g}); e.g. depth {next((r for r in rows if not r['found']), {}).get('depth')}",
-                  "accuracy-regression")
-        c.summary = f"{where}; the fixture's builder found {rate:.0%} (p={p:.2g}: not significantly fewer)"
+        judge_recall(c, record, fixture, rows, n_found, needle_where(rows, fracs, depths, n_found, scale))
