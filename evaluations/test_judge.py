@@ -110,6 +110,63 @@ def _divergence_line(div: dict) -> str:
     return line + f", mean KL {div['mean_kl_nats']} nats over {div['kl_positions']}{short}"
 
 
+def _is_open(r: dict) -> bool:
+    """Whether a ``sanity.degeneration`` row is one of the open-ended prompts."""
+    return str(r.get("id", "")).startswith("open-")
+
+
+def _open_ended(c, rows: list[dict]) -> list[dict]:
+    """The open-ended outputs the judge can score (ok, with a known prompt and an output); skip when none."""
+    # a prompt None: sent to a chat API whose rendering is not known here (evaluations/test_sanity.py as_served)
+    opened = [r for r in rows if _is_open(r) and r.get("status") == "ok"
+              and r.get("prompt") is not None and (r.get("text") or r.get("token_ids"))]
+    if not opened:
+        c.skip("the open-ended prompts went to a chat API and the model has no chat template here to score "
+               "its outputs under" if any(r.get("prompt") is None for r in rows if _is_open(r))
+               else "the backend produced no open-ended output to judge")
+    return opened
+
+
+def _probe_outputs(run) -> list[dict]:
+    """The backend's probe outputs (``sanity.outputs.json``) that came with logprobs and token ids."""
+    return [o for o in ((_read(run, "evidence/sanity.outputs.json") or {}).get("outputs") or [])
+            if o.get("status") == "ok" and o.get("logprobs") and o.get("token_ids")]
+
+
+def _stop_engine(state: dict) -> None:
+    """Stop the engine under test, if it still runs, so the judge's reference gets its device."""
+    if state.get("backend") is not None:  # the engine is done: free its device for the judge
+        state["backend"].stop()
+        state["stopped"] = "the judge stopped the engine to free its device (sanity.nll_judge runs last)"
+
+
+def _judged(c, ref: ReferenceAnswers, scorer, opened: list[dict], probe_outs: list[dict]) -> tuple[list, list, list, list]:
+    """:func:`_judge` with the reference stopped after; skip when the reference cannot score."""
+    try:
+        try:
+            return _judge(ref, opened, probe_outs)
+        except CheckSkipped:  # the reference could not start (start() in test_nll_judge)
+            raise
+        except Exception as exc:  # the judge failed, not the backend: no verdict from it
+            c.evidence("reference.log.tail", scorer.log_tail(80))
+            c.skip(f"the reference could not score the outputs: {type(exc).__name__}: {str(exc)[:200]}")
+    finally:
+        scorer.stop()
+
+
+def _finite(x: float | None) -> float | None:
+    """``x`` rounded to 4 places, None when missing or not finite."""
+    return None if x is None or not math.isfinite(x) else round(x, 4)
+
+
+def _nll_values(b_nll: float | None, b_n: int, r_nll: float | None, r_n: int, outputs: int) -> dict:
+    """The check's NLL values: both sides' pooled NLL per token, their gap and the threshold."""
+    return {"backend_nll_per_token": _finite(b_nll), "backend_tokens": b_n,
+            "reference_nll_per_token": _finite(r_nll), "reference_tokens": r_n,
+            "nll_gap_nats": None if b_nll is None or r_nll is None else _finite(b_nll - r_nll),
+            "threshold_nats": NLL_GAP_NATS, "outputs": outputs}
+
+
 @pytest.mark.check("sanity.nll_judge")
 def test_nll_judge(run, settings, pytestconfig):
     with run.check("sanity.nll_judge", "garbage-output") as c:
@@ -121,18 +178,9 @@ def test_nll_judge(run, settings, pytestconfig):
         rows = _read(run, "evidence/sanity.degeneration/detectors.json")
         if rows is None:
             c.skip("no open-ended outputs to judge (sanity.degeneration did not run)")
-        # a prompt None: sent to a chat API whose rendering is not known here (evaluations/test_sanity.py as_served)
-        opened = [r for r in rows if str(r.get("id", "")).startswith("open-") and r.get("status") == "ok"
-                  and r.get("prompt") is not None and (r.get("text") or r.get("token_ids"))]
-        if not opened:
-            c.skip("the open-ended prompts went to a chat API and the model has no chat template here to score "
-                   "its outputs under" if any(r.get("prompt") is None for r in rows if str(r.get("id", "")).startswith("open-"))
-                   else "the backend produced no open-ended output to judge")
-        probe_outs = [o for o in ((_read(run, "evidence/sanity.outputs.json") or {}).get("outputs") or [])
-                      if o.get("status") == "ok" and o.get("logprobs") and o.get("token_ids")]
-        if state.get("backend") is not None:  # the engine is done: free its device for the judge
-            state["backend"].stop()
-            state["stopped"] = "the judge stopped the engine to free its device (sanity.nll_judge runs last)"
+        opened = _open_ended(c, rows)
+        probe_outs = _probe_outputs(run)
+        _stop_engine(state)
         config = reference_config(settings, run.dir.path / "engine" / "judge", scoring=True)
         scorer = backends.resolve("transformers")(config)
 
@@ -146,29 +194,15 @@ def test_nll_judge(run, settings, pytestconfig):
 
         ref = ReferenceAnswers([settings.reference_model.path, _model_stamp(settings.reference_model), config.options],
                                start, _score, _generate)
-        try:
-            try:
-                scored = _judge(ref, opened, probe_outs)
-            except CheckSkipped:  # the reference could not start (start() above)
-                raise
-            except Exception as exc:  # the judge failed, not the backend: no verdict from it
-                c.evidence("reference.log.tail", scorer.log_tail(80))
-                c.skip(f"the reference could not score the outputs: {type(exc).__name__}: {str(exc)[:200]}")
-        finally:
-            scorer.stop()
-        table, backend_lps, reference_lps, kl_rows = scored
+        table, backend_lps, reference_lps, kl_rows = _judged(c, ref, scorer, opened, probe_outs)
         c.values["reference_answers"] = {"asked": ref.asked, "from_cache": ref.cached, "reference_started": ref.backend is not None}
         c.evidence("nll.json", table)
         b_nll, b_n = pooled_nll(backend_lps)
         r_nll, r_n = pooled_nll(reference_lps)
         pairs = [(t, e) for tops, lps in kl_rows for t, e in zip(tops, lps)]  # aligned within each output
         div = divergence([t for t, _ in pairs], [e for _, e in pairs], PROBE_LOGPROBS)
-        fin = lambda x: None if x is None or not math.isfinite(x) else round(x, 4)  # noqa: E731
-        c.values.update({"backend_nll_per_token": fin(b_nll), "backend_tokens": b_n,
-                         "reference_nll_per_token": fin(r_nll), "reference_tokens": r_n,
-                         "nll_gap_nats": None if b_nll is None or r_nll is None else fin(b_nll - r_nll),
-                         "threshold_nats": NLL_GAP_NATS, "outputs": len(opened),
-                         "top1_positions": div["positions"], "top1_agreement": div["top1_agreement"],
+        c.values.update(_nll_values(b_nll, b_n, r_nll, r_n, len(opened)))
+        c.values.update({"top1_positions": div["positions"], "top1_agreement": div["top1_agreement"],
                          "kl_positions": div["kl_positions"], "kl_short_positions": div["kl_short_positions"],
                          "kl_probe_outputs": f"{len(kl_rows)} of {len(probe_outs)} (spread evenly; report only)",
                          "mean_kl_nats": div["mean_kl_nats"], "kl_not_measurable": div["kl_not_measurable"]})
