@@ -142,6 +142,40 @@ PROOF_WORDS = {"counters": "the engine's prefix-cache counters",
                "responses": "each response's cached prompt tokens (the server's usage or timings)"}
 
 
+def _cold_warm_pairs(c, engine, settings, reps: int, target: int, per_unit: float, salt: int) -> list[dict]:
+    """``reps`` cold/warm pairs of long prompts, one token each; the rows written as evidence after each pair."""
+    rows = []
+    for i in range(reps):
+        prompt, _ = long_prompt(target, per_unit, is_fixture(settings), seed=salt * 100 + i)
+        rows += [{**r, "rep": i} for r in _pair(engine, prompt, f"pc{i}", 1)]
+        c.evidence("requests.json", rows)
+    return rows
+
+
+def _fail_on_errors(c, engine, rows: list[dict]) -> None:
+    """Fail the check, with the engine's log tail, when any request failed."""
+    errs = [r for r in rows if r["status"] != "ok"]
+    if errs:
+        c.evidence("engine.log.tail", engine.log_tail(150))
+        c.fail(f"{len(errs)}/{len(rows)} requests failed: {errs[0]['error']}", errs[0]["error_class"] or "runtime-crash")
+
+
+def _prefill_rates(tok: int | None, cs: dict, ws: dict) -> dict:
+    """Prefill tokens/s cold and warm from the median TTFTs, and the warm speedup (None where unknown)."""
+    return {
+        "cold_prefill_tokens_per_s": round(tok / (cs["median"] / 1e3), 1) if tok and cs.get("median") else None,
+        "warm_prefill_tokens_per_s": round(tok / (ws["median"] / 1e3), 1) if tok and ws.get("median") else None,
+        "warm_speedup": round(cs["median"] / ws["median"], 2) if cs.get("median") and ws.get("median") else None,
+    }
+
+
+def _hit_values(cold_hits: list, hits: list, warm: list[dict]) -> dict:
+    """The prefix-cache hit tokens of each send and the warm requests' hit rate."""
+    return {"cold_hits_tokens": cold_hits, "warm_hits_tokens": hits,
+            "warm_queries_tokens": [r["queries_delta"] for r in warm],
+            "warm_hit_rate": round(sum(hits) / max(1.0, sum(r["queries_delta"] or 0 for r in warm)), 3)}
+
+
 @pytest.mark.check("prefix_cache.prefill")
 def test_prefill_cold_warm(run, settings, engine, long_len, cache_proof):
     target, per_unit, src, scale = long_len
@@ -153,15 +187,8 @@ def test_prefill_cold_warm(run, settings, engine, long_len, cache_proof):
         reps = REPS.get(settings.profile, 3)
         if cache_proof is None:  # the check can only skip: one pair, a shorter prompt, for the record
             reps, target = 1, min(target, UNVERIFIABLE_PROMPT_TOKENS)
-        rows = []
-        for i in range(reps):
-            prompt, _ = long_prompt(target, per_unit, is_fixture(settings), seed=salt * 100 + i)
-            rows += [{**r, "rep": i} for r in _pair(engine, prompt, f"pc{i}", 1)]
-            c.evidence("requests.json", rows)
-        errs = [r for r in rows if r["status"] != "ok"]
-        if errs:
-            c.evidence("engine.log.tail", engine.log_tail(150))
-            c.fail(f"{len(errs)}/{len(rows)} requests failed: {errs[0]['error']}", errs[0]["error_class"] or "runtime-crash")
+        rows = _cold_warm_pairs(c, engine, settings, reps, target, per_unit, salt)
+        _fail_on_errors(c, engine, rows)
         cold = [r for r in rows if r["phase"] == "cold"]
         warm = [r for r in rows if r["phase"] == "warm"]
         counters = all(r["queries_delta"] is not None for r in rows)
@@ -170,10 +197,7 @@ def test_prefill_cold_warm(run, settings, engine, long_len, cache_proof):
         c.values.update({
             "prompt_tokens": tok, "target_prompt_tokens": target, "token_calibration": src, "pairs": len(cold),
             "kv_block_size_tokens": kv_block_tokens(engine),
-            "cold_ttft_ms": cs, "warm_ttft_ms": ws,
-            "cold_prefill_tokens_per_s": round(tok / (cs["median"] / 1e3), 1) if tok and cs.get("median") else None,
-            "warm_prefill_tokens_per_s": round(tok / (ws["median"] / 1e3), 1) if tok and ws.get("median") else None,
-            "warm_speedup": round(cs["median"] / ws["median"], 2) if cs.get("median") and ws.get("median") else None,
+            "cold_ttft_ms": cs, "warm_ttft_ms": ws, **_prefill_rates(tok, cs, ws),
             "counters": PROOF_WORDS[cache_proof] if counters else "unavailable (the engine exposes no prefix-cache counters)",
             "prefix_caching_option": run.verdict.options.get("enable_prefix_caching", "engine default"),
         })
@@ -183,9 +207,7 @@ def test_prefill_cold_warm(run, settings, engine, long_len, cache_proof):
                    "unproven")
         hits = [r["hits_delta"] or 0 for r in warm]
         cold_hits = [r["hits_delta"] or 0 for r in cold]
-        c.values.update({"cold_hits_tokens": cold_hits, "warm_hits_tokens": hits,
-                         "warm_queries_tokens": [r["queries_delta"] for r in warm],
-                         "warm_hit_rate": round(sum(hits) / max(1.0, sum(r["queries_delta"] or 0 for r in warm)), 3)})
+        c.values.update(_hit_values(cold_hits, hits, warm))
         if _caching_disabled(run):
             c.require(sum(hits) == 0, f"prefix caching is off, yet a repeated {tok}-token prompt got {sum(hits):.0f} "
                                       "hit tokens", "ineffective-option")
