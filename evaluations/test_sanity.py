@@ -67,6 +67,66 @@ def _correct(outs: list[dict]) -> list[bool]:
 GARBAGE_KEPT_SHARE = 0.5  # a regression keeping fewer of the baseline's right answers is garbage-output
 
 
+def _accuracy_by_task(rows: list[dict]) -> dict[str, float]:
+    """Probe accuracy per task, in the order the tasks first appear."""
+    per_task: dict[str, list[bool]] = {}
+    for r in rows:
+        per_task.setdefault(r["task"], []).append(r["correct"])
+    return {k: round(sum(v) / len(v), 3) for k, v in per_task.items()}
+
+
+def _note_sent_again(c, probe_outputs: list[dict]) -> None:
+    """Say in the values how many probe streams were cut under concurrency and sent again alone."""
+    cut = sum(bool(o.get("cut_under_concurrency")) for o in probe_outputs)
+    if cut:  # evaluations/probing.py run_probes
+        c.values["sent_again_alone"] = (f"{cut} probe streams the server ended without a finish_reason while others "
+                                        "were in flight, sent again one at a time")
+
+
+def _judge_by_bar(c, bar: float, acc: float, n: int, source: str, examples: str) -> None:
+    """Known answers against the fixed bar of ``--min-probe-accuracy``."""
+    c.values.update({"rule": "fixed bar (--min-probe-accuracy)", "threshold": bar})
+    c.require(acc >= bar, f"probe accuracy {acc:.0%} below {bar:.0%} on {source} probes; e.g. {examples}")
+    c.summary = f"probe accuracy {acc:.0%} >= {bar:.0%} ({n} {source} probes)"
+
+
+def _judge_by_floor(c, base, correct: list[bool], acc: float, n: int, examples: str) -> None:
+    """Known answers against a negative-control twin's floor: exact binomial test."""
+    below, p = binomial_below(sum(correct), len(correct), base.accuracy)
+    c.values.update({"rule": "exact binomial test against the floor", "floor": base.accuracy,
+                     "tolerance": TOLERANCE, "p_value": float(f"{p:.4g}")})
+    c.require(not below, f"probe accuracy {acc:.0%} on {n} probes, significantly below the "
+                         f"{base.accuracy:.0%} floor ({base.source}; p={p:.2g}); e.g. {examples}")
+    c.summary = f"probe accuracy {acc:.0%}, not significantly below the {base.accuracy:.0%} floor (p={p:.2g})"
+
+
+def _judge_by_self(c, acc: float, n: int, source: str) -> None:
+    """The reference under test is its own baseline: skip unless it answers enough probes to judge."""
+    c.values["rule"] = f"the reference answers at least {MIN_BASELINE_ACCURACY:.0%}"
+    if acc < MIN_BASELINE_ACCURACY:
+        c.skip(f"the reference answers only {acc:.0%} of the {n} {source} probes "
+               f"(< {MIN_BASELINE_ACCURACY:.0%}): known answers cannot judge this model")
+    c.summary = f"probe accuracy {acc:.0%} ({n} {source} probes; the reference itself)"
+
+
+def _judge_paired(c, engine, base, correct: list[bool], acc: float, n: int, source: str, examples: str) -> None:
+    """Known answers against the baseline's, paired (McNemar exact test + tolerance); the failure
+    class by the share of the baseline's right answers kept."""
+    d = decide(base.correct, correct)
+    c.values.update({"rule": "paired McNemar exact test + tolerance (bakeoff.analysis.paired)", "decision": d.as_values()})
+    kept = [ok for ok, base_ok in zip(correct, base.correct) if base_ok]
+    kept_share = sum(kept) / len(kept) if kept else 0.0
+    if base.kind == "reference":
+        c.values["accuracy_on_reference_correct"] = round(kept_share, 4) if kept else None
+    # a significant drop keeping most of the baseline's answers is an accuracy regression (a lossy
+    # quantization); losing most of them is not producing the known answers at all
+    fclass = "garbage-output" if kept_share < GARBAGE_KEPT_SHARE else "accuracy-regression"
+    c.require(not d.regression, f"known answers regress against {base.source}: {d.sentence(base.kind)}; "
+                                f"{kept_share:.0%} of its right answers kept; e.g. {examples}" + configuration(engine),
+              fclass)
+    c.summary = f"probe accuracy {acc:.0%} ({n} {source} probes), within noise of {base.kind}: {d.sentence(base.kind)}"
+
+
 @pytest.mark.check("sanity.known_answers")
 def test_known_answers(run, settings, engine, probes, probe_set, probe_outputs, reference):
     """Known answers, judged against a baseline with the paired rule of :mod:`bakeoff.analysis.paired`.
@@ -92,16 +152,9 @@ def test_known_answers(run, settings, engine, probes, probe_set, probe_outputs, 
         rows = [{**{k: v for k, v in o.items() if k != "logprobs"}, "correct": ok} for o, ok in zip(probe_outputs, correct)]
         c.evidence("probes.json", rows)
         acc = sum(correct) / len(correct) if correct else 0.0
-        per_task: dict[str, list[bool]] = {}
-        for r in rows:
-            per_task.setdefault(r["task"], []).append(r["correct"])
         c.values.update({"probes": len(rows), "probe_source": source, "accuracy": round(acc, 4), "errors": len(errors),
-                         "accuracy_by_task": {k: round(sum(v) / len(v), 3) for k, v in per_task.items()},
-                         "chat_rendering": probe_set.rendering})
-        cut = sum(bool(o.get("cut_under_concurrency")) for o in probe_outputs)
-        if cut:  # evaluations/probing.py run_probes
-            c.values["sent_again_alone"] = (f"{cut} probe streams the server ended without a finish_reason while others "
-                                            "were in flight, sent again one at a time")
+                         "accuracy_by_task": _accuracy_by_task(rows), "chat_rendering": probe_set.rendering})
+        _note_sent_again(c, probe_outputs)
         if errors:
             attach_engine_evidence(c, engine, errors[0].get("error_class"))
             c.fail(f"{len(errors)}/{len(rows)} probe requests failed: {errors[0]['error']}",
@@ -109,43 +162,19 @@ def test_known_answers(run, settings, engine, probes, probe_set, probe_outputs, 
         bad = [r for r in rows if not r["correct"]][:3]
         examples = "; ".join(f"{r['prompt'][-40:]!r} -> {r['text'][:40]!r} (expected {r['expected']!r})" for r in bad)
         if settings.min_probe_accuracy is not None:
-            bar = settings.min_probe_accuracy
-            c.values.update({"rule": "fixed bar (--min-probe-accuracy)", "threshold": bar})
-            c.require(acc >= bar, f"probe accuracy {acc:.0%} below {bar:.0%} on {source} probes; e.g. {examples}")
-            c.summary = f"probe accuracy {acc:.0%} >= {bar:.0%} ({len(rows)} {source} probes)"
+            _judge_by_bar(c, settings.min_probe_accuracy, acc, len(rows), source, examples)
             return
         base = baseline(settings, reference, items)
         c.values.update({"baseline": base.kind, "baseline_source": base.source, "baseline_accuracy": base.accuracy})
         if base.skip_reason:
             c.skip(base.skip_reason)
         if base.kind == "floor":
-            below, p = binomial_below(sum(correct), len(correct), base.accuracy)
-            c.values.update({"rule": "exact binomial test against the floor", "floor": base.accuracy,
-                             "tolerance": TOLERANCE, "p_value": float(f"{p:.4g}")})
-            c.require(not below, f"probe accuracy {acc:.0%} on {len(rows)} probes, significantly below the "
-                                 f"{base.accuracy:.0%} floor ({base.source}; p={p:.2g}); e.g. {examples}")
-            c.summary = f"probe accuracy {acc:.0%}, not significantly below the {base.accuracy:.0%} floor (p={p:.2g})"
+            _judge_by_floor(c, base, correct, acc, len(rows), examples)
             return
         if base.kind == "self":
-            c.values["rule"] = f"the reference answers at least {MIN_BASELINE_ACCURACY:.0%}"
-            if acc < MIN_BASELINE_ACCURACY:
-                c.skip(f"the reference answers only {acc:.0%} of the {len(rows)} {source} probes "
-                       f"(< {MIN_BASELINE_ACCURACY:.0%}): known answers cannot judge this model")
-            c.summary = f"probe accuracy {acc:.0%} ({len(rows)} {source} probes; the reference itself)"
+            _judge_by_self(c, acc, len(rows), source)
             return
-        d = decide(base.correct, correct)
-        c.values.update({"rule": "paired McNemar exact test + tolerance (bakeoff.analysis.paired)", "decision": d.as_values()})
-        kept = [ok for ok, base_ok in zip(correct, base.correct) if base_ok]
-        kept_share = sum(kept) / len(kept) if kept else 0.0
-        if base.kind == "reference":
-            c.values["accuracy_on_reference_correct"] = round(kept_share, 4) if kept else None
-        # a significant drop keeping most of the baseline's answers is an accuracy regression (a lossy
-        # quantization); losing most of them is not producing the known answers at all
-        fclass = "garbage-output" if kept_share < GARBAGE_KEPT_SHARE else "accuracy-regression"
-        c.require(not d.regression, f"known answers regress against {base.source}: {d.sentence(base.kind)}; "
-                                    f"{kept_share:.0%} of its right answers kept; e.g. {examples}" + configuration(engine),
-                  fclass)
-        c.summary = f"probe accuracy {acc:.0%} ({len(rows)} {source} probes), within noise of {base.kind}: {d.sentence(base.kind)}"
+        _judge_paired(c, engine, base, correct, acc, len(rows), source, examples)
 
 
 @pytest.mark.check("sanity.greedy")

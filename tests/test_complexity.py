@@ -36,7 +36,6 @@ DEBT = {
     "evaluations/reference.py::probe_set_of": 28,
     "evaluations/test_agents.py::test_agents": 28,
     "evaluations/test_capacity.py::test_kv_cache": 28,
-    "evaluations/test_sanity.py::test_known_answers": 29,
     "evaluations/test_throughput.py::test_accounting": 37,
 }
 
