@@ -34,6 +34,7 @@ from bakeoff.models.resolve import Probe, ResolvedModel
 from bakeoff.analysis.sanity import PROBE_LOGPROBS, probe_correct
 from bakeoff.api.specs import BackendConfig
 from bakeoff.analysis.generic_probes import chat_template_of, generic_probes
+from evaluations.rendering import aligned, common_probes, engine_probes, note_templates
 from evaluations.probing import PROBE_CONCURRENCY, PROBE_SLACK_TOKENS, probe_max_tokens, run_probes
 from evaluations.tokenizing import reference_tokenizer
 
@@ -162,35 +163,11 @@ def probe_set_of(settings) -> ProbeSet:
     model_template, model_special = _template(settings.model)
     same_model = settings.model.path == settings.reference_model.path
     rendering: dict[str, Any] = {"chat_template": "the model under test's"}
-    if same_model:
-        backend = reference
-    elif model_template is None:
-        backend = reference
-        why = "carries no chat template" if settings.model.local else "is not a local folder"
-        rendering["chat_template"] = f"the reference's: the model under test {why}"
-    else:
-        backend = [Probe(**p) for p in generic_probes(chat_template=model_template, special=model_special)]
-        if {p.id for p in reference} - {p.id for p in backend}:  # chat probes the reference's template gives, not this one
-            backend = reference
-            rendering["chat_template"] = "the reference's: the model under test's template does not render here"
-    ids = {p.id for p in reference} & {p.id for p in backend}
-    if len(ids) < max(len(reference), len(backend)):
-        rendering["left_out"] = (f"{len(reference) - len(ids)} reference-only, {len(backend) - len(ids)} engine-only "
-                                 "probes (a chat form only one side's template gives)")
-        reference, backend = [p for p in reference if p.id in ids], [p for p in backend if p.id in ids]
+    backend = engine_probes(settings, reference, model_template, model_special, same_model, rendering)
+    reference, backend = common_probes(reference, backend, rendering)
     reference, rendering["token_budget"] = with_budgets(settings, reference)
-    budgets = {p.id: p.max_tokens for p in reference}
-    backend = [replace(p, max_tokens=budgets[p.id]) for p in backend]
-    by_id = {p.id: p for p in backend}
-    backend = [by_id[p.id] for p in reference]
-    rendering["templates_identical"] = same_model or model_template == ref_template
-    rendering["template_sha256"] = {side: hashlib.sha256(t.encode()).hexdigest()[:12] if t else None
-                                    for side, t in (("model", model_template), ("reference", ref_template))}
-    diff = [(b, r) for b, r in zip(backend, reference) if b.prompt != r.prompt]
-    rendering["prompts_differ"] = len(diff)
-    if diff:
-        b, r = diff[0]
-        rendering["first_difference"] = {"id": b.id, "engine_prompt": b.prompt, "reference_prompt": r.prompt}
+    backend = aligned(backend, reference)
+    note_templates(rendering, backend, reference, same_model, model_template, ref_template)
     return ProbeSet(backend, reference, "generic", rendering)
 
 
