@@ -49,6 +49,72 @@ def question(agent: int, turn: int, fixture: bool) -> str:
     return kv_question(rng.choice(KV_KEYS)) if fixture else "\nNext step:"
 
 
+def fit_turns(size: dict, max_len: int, prompt_calibration, settings):
+    """Shrink ``size["tool_tokens"]`` so the last turn fits the context and every turn's prompt the
+    prefill budgets; returns the :class:`evaluations.sizing.Scale` it fitted."""
+    per_turn = size["tool_tokens"] + size["max_tokens"] + 8
+    if size["turns"] * per_turn > CONTEXT_BUDGET * max_len:  # keep the last turn inside the context
+        size["tool_tokens"] = max(16, int(CONTEXT_BUDGET * max_len / size["turns"]) - size["max_tokens"] - 8)
+    # turn t of each agent sends t + 1 turns' tokens: within the prefill budgets (no prefix-cache hit assumed)
+    scale = fit(size["tool_tokens"] + size["max_tokens"] + 8, [t + 1 for _ in range(size["agents"])
+                                                                for t in range(size["turns"])],
+                prompt_calibration, Budget.of(settings), "tokens per turn")
+    if scale.capped:
+        size["tool_tokens"] = max(16, scale.tokens - size["max_tokens"] - 8)
+    return scale
+
+
+def turn_row(a: int, t: int, rec) -> dict:
+    """One agent turn's record: status, token counts, cached prompt tokens, TTFT and decode rate."""
+    return {"agent": a, "turn": t, "status": rec.status, "error": rec.error,
+            "error_class": rec.error_class, "prompt_tokens": rec.input_tokens,
+            "output_tokens": rec.output_tokens, "cached_prompt_tokens": rec.cached_prompt_tokens,
+            "ttft_ms": ttft_ms(rec),
+            "decode_tokens_per_s": decode_tokens_per_s(rec), "output": rec.output_text}
+
+
+def run_agents(engine, size: dict, n_units: int, fixture: bool, rows: list[dict]) -> float:
+    """Run the agents concurrently, each turn's row appended to ``rows`` as it ends; returns the wall time (s)."""
+    async def agent(a: int) -> None:
+        transcript = ("keys:" if fixture else f"You are agent {a}. Use the tool results below.")
+        for t in range(size["turns"]):
+            transcript += tool_result(a, t, n_units, fixture)
+            prompt = transcript + question(a, t, fixture)
+            rec = await run_request(engine, GenerationRequest(
+                request_id=f"agent{a}-turn{t}", prompt=prompt, max_tokens=size["max_tokens"], temperature=0.0,
+                ignore_eos=True), session=a)
+            rows.append(turn_row(a, t, rec))
+            if rec.status != "ok":
+                return
+            transcript = prompt + rec.output_text
+
+    async def main() -> float:
+        t0 = time.monotonic()
+        try:
+            await asyncio.gather(*(agent(a) for a in range(size["agents"])))
+        finally:
+            await engine.aclose()
+        return time.monotonic() - t0
+
+    return asyncio.run(main())
+
+
+def median_of(vals) -> float | None:
+    """The median of the values given (None ones left out), to 2 places; None when none is left."""
+    v = [x for x in vals if x is not None]
+    return round(float(np.median(v)), 2) if v else None
+
+
+def turn_figures(ok: list[dict], wall: float) -> dict:
+    """Aggregate output tok/s, per-stream decode tok/s, TTFT cold (first turn) and warm (later turns)."""
+    out_tok = sum(r["output_tokens"] or 0 for r in ok)
+    return {"aggregate_output_tokens_per_s": round(out_tok / wall, 1) if wall > 0 else None,
+            "per_stream_decode_tokens_per_s_p50": median_of([r["decode_tokens_per_s"] for r in ok]),
+            "ttft_cold_p50_ms": median_of([r["ttft_ms"] for r in ok if r["turn"] == 0]),
+            "ttft_warm_p50_ms": median_of([r["ttft_ms"] for r in ok if r["turn"] > 0]),
+            "last_turn_prompt_tokens": max((r["prompt_tokens"] or 0 for r in ok), default=None)}
+
+
 @pytest.mark.check("agents.multiturn")
 def test_agents(run, settings, engine, prompt_calibration):
     fixture = is_fixture(settings)
@@ -56,64 +122,21 @@ def test_agents(run, settings, engine, prompt_calibration):
     with run.check("agents.multiturn", "runtime-crash") as c:
         max_len = (engine.info.max_model_len if engine.info else None) or 2048
         per_unit, src = prompt_calibration.tokens_per_unit, prompt_calibration.source
-        per_turn = size["tool_tokens"] + size["max_tokens"] + 8
-        if size["turns"] * per_turn > CONTEXT_BUDGET * max_len:  # keep the last turn inside the context
-            size["tool_tokens"] = max(16, int(CONTEXT_BUDGET * max_len / size["turns"]) - size["max_tokens"] - 8)
-        # turn t of each agent sends t + 1 turns' tokens: within the prefill budgets (no prefix-cache hit assumed)
-        scale = fit(size["tool_tokens"] + size["max_tokens"] + 8, [t + 1 for _ in range(size["agents"])
-                                                                    for t in range(size["turns"])],
-                    prompt_calibration, Budget.of(settings), "tokens per turn")
-        if scale.capped:
-            size["tool_tokens"] = max(16, scale.tokens - size["max_tokens"] - 8)
+        scale = fit_turns(size, max_len, prompt_calibration, settings)
         c.values.update(scale.values())
         n_units = max(2, int(size["tool_tokens"] / per_unit))
         before = read_metrics(engine)
         rows: list[dict] = []
-
-        async def agent(a: int) -> None:
-            transcript = ("keys:" if fixture else f"You are agent {a}. Use the tool results below.")
-            for t in range(size["turns"]):
-                transcript += tool_result(a, t, n_units, fixture)
-                prompt = transcript + question(a, t, fixture)
-                rec = await run_request(engine, GenerationRequest(
-                    request_id=f"agent{a}-turn{t}", prompt=prompt, max_tokens=size["max_tokens"], temperature=0.0,
-                    ignore_eos=True), session=a)
-                rows.append({"agent": a, "turn": t, "status": rec.status, "error": rec.error,
-                             "error_class": rec.error_class, "prompt_tokens": rec.input_tokens,
-                             "output_tokens": rec.output_tokens, "cached_prompt_tokens": rec.cached_prompt_tokens,
-                             "ttft_ms": ttft_ms(rec),
-                             "decode_tokens_per_s": decode_tokens_per_s(rec), "output": rec.output_text})
-                if rec.status != "ok":
-                    return
-                transcript = prompt + rec.output_text
-
-        async def main() -> float:
-            t0 = time.monotonic()
-            try:
-                await asyncio.gather(*(agent(a) for a in range(size["agents"])))
-            finally:
-                await engine.aclose()
-            return time.monotonic() - t0
-
-        wall = asyncio.run(main())
+        wall = run_agents(engine, size, n_units, fixture, rows)
         expect = sum(r["prompt_tokens"] or 0 for r in rows) * 0.5
         after = (wait_counter(engine, PREFIX_QUERIES, before.get(PREFIX_QUERIES, 0.0), expect)
                  if PREFIX_QUERIES in before else read_metrics(engine))
         d = delta(before, after, "vllm:prefix_cache")
         c.evidence("turns.json", rows)
         ok = [r for r in rows if r["status"] == "ok"]
-
-        def med(vals):
-            v = [x for x in vals if x is not None]
-            return round(float(np.median(v)), 2) if v else None
-        out_tok = sum(r["output_tokens"] or 0 for r in ok)
         c.values.update({
             **size, "tool_result_units": n_units, "token_calibration": src, "requests": len(rows), "ok": len(ok),
-            "wall_s": round(wall, 3), "aggregate_output_tokens_per_s": round(out_tok / wall, 1) if wall > 0 else None,
-            "per_stream_decode_tokens_per_s_p50": med([r["decode_tokens_per_s"] for r in ok]),
-            "ttft_cold_p50_ms": med([r["ttft_ms"] for r in ok if r["turn"] == 0]),
-            "ttft_warm_p50_ms": med([r["ttft_ms"] for r in ok if r["turn"] > 0]),
-            "last_turn_prompt_tokens": max((r["prompt_tokens"] or 0 for r in ok), default=None),
+            "wall_s": round(wall, 3), **turn_figures(ok, wall),
             "scheduling": "serialized by the engine (one request at a time)" if serves_one_at_a_time(engine) else "concurrent",
         })
         c.values.update(prefix_cache_values(PREFIX_QUERIES in after, d, ok))
