@@ -40,47 +40,70 @@ from bakeoff.analysis.preflight import read_config
 from evaluations.measuring import serves_one_at_a_time
 
 
+def _states_memory_only(info) -> bool:
+    """Whether the engine stated its KV cache in bytes only (no tokens, no concurrency)."""
+    return info is not None and info.kv_cache_tokens is None and info.max_concurrency is None \
+        and bool(info.kv_cache_memory_gib)
+
+
+def _stated_kv(c, run, info) -> None:
+    """Record the KV cache the engine stated (tokens, concurrency, pool, memory); ``load-failure``
+    when it states no tokens."""
+    c.values.update({"kv_cache_tokens": info.kv_cache_tokens, "max_concurrency": info.max_concurrency,
+                     "max_model_len": info.max_model_len, "kv_pool": (info.notes or {}).get("kv_pool"),
+                     "kv_cache_dtype": run.verdict.options.get("kv_cache_dtype", "auto")})
+    if info.kv_cache_tokens and info.max_model_len:
+        c.values["full_context_sequences"] = round(info.kv_cache_tokens / info.max_model_len, 2)
+    c.require(bool(info.kv_cache_tokens) and info.kv_cache_tokens > 0,
+              f"the engine stated a KV cache of {info.kv_cache_tokens} tokens", "load-failure")
+    c.values["kv_cache_memory_gib"] = info.kv_cache_memory_gib
+    if info.kv_cache_memory_gib:
+        c.values["kv_tokens_per_gib"] = round(info.kv_cache_tokens / info.kv_cache_memory_gib)
+
+
+def _kv_ratio(c, run, info, pytestconfig, settings) -> tuple[dict, dict | None]:
+    """The KV ratio against the ``--baseline-run`` (:func:`kv_capacity_ratio`) and the checkpoint's
+    KV layout, recorded in values and evidence: ``(ratio, layout)``."""
+    base_dir = pytestconfig.getoption("--baseline-run", None)
+    baseline = load_baseline(Path(base_dir)) if base_dir else None
+    config = read_config(settings.model.path) if settings.model.local else {}
+    ratio = kv_capacity_ratio(run.verdict.options, info.model_dump(), run.verdict.run_id, baseline, config or None)
+    layout = ratio.pop("kv_layout", None)
+    c.values["kv_ratio"] = ratio
+    if layout:
+        c.values["kv_layout"] = layout
+        c.evidence("kv_layout.json", layout)
+        if layout["kv_bytes_per_token"] and info.kv_cache_memory_gib:
+            c.values["predicted_kv_tokens"] = int(info.kv_cache_memory_gib * 2**30 / layout["kv_bytes_per_token"])
+    if baseline is not None:
+        c.evidence("baseline_backend_info.json", baseline)
+    return ratio, layout
+
+
+def _kv_summary(info, ratio: dict, layout: dict | None) -> str:
+    """The check's summary: the stated KV cache, its concurrency, the KV ratio and the layout's words."""
+    return (f"KV cache {info.kv_cache_tokens:,} tokens"
+            + (f" in {info.kv_cache_memory_gib} GiB" if info.kv_cache_memory_gib else "")
+            + (f" ({info.max_concurrency}x at {info.max_model_len} tokens per request)" if info.max_concurrency else "")
+            + "; " + ratio["text"]
+            + (f"; {layout['text']}" if layout and ratio.get("role") != "compared" else ""))
+
+
 @pytest.mark.check("capacity.kv_cache")
 def test_kv_cache(run, engine, pytestconfig, settings):
     with run.check("capacity.kv_cache", "ineffective-option") as c:
         info = engine.info
         c.evidence("backend_info.json", info.model_dump() if info else {})
-        if info is not None and info.kv_cache_tokens is None and info.max_concurrency is None \
-                and info.kv_cache_memory_gib:
+        if _states_memory_only(info):
             _memory_only(c, info, settings)
             return
         if info is None or (info.kv_cache_tokens is None and info.max_concurrency is None):
             why = ("serves one request at a time and keeps no shared KV pool"
                    if serves_one_at_a_time(engine) else "did not state its KV cache size at start")
             c.skip(f"KV capacity not stated: {info.engine if info else 'engine'} {why}")
-        c.values.update({"kv_cache_tokens": info.kv_cache_tokens, "max_concurrency": info.max_concurrency,
-                         "max_model_len": info.max_model_len, "kv_pool": (info.notes or {}).get("kv_pool"),
-                         "kv_cache_dtype": run.verdict.options.get("kv_cache_dtype", "auto")})
-        if info.kv_cache_tokens and info.max_model_len:
-            c.values["full_context_sequences"] = round(info.kv_cache_tokens / info.max_model_len, 2)
-        c.require(bool(info.kv_cache_tokens) and info.kv_cache_tokens > 0,
-                  f"the engine stated a KV cache of {info.kv_cache_tokens} tokens", "load-failure")
-        c.values["kv_cache_memory_gib"] = info.kv_cache_memory_gib
-        if info.kv_cache_memory_gib:
-            c.values["kv_tokens_per_gib"] = round(info.kv_cache_tokens / info.kv_cache_memory_gib)
-        base_dir = pytestconfig.getoption("--baseline-run", None)
-        baseline = load_baseline(Path(base_dir)) if base_dir else None
-        config = read_config(settings.model.path) if settings.model.local else {}
-        ratio = kv_capacity_ratio(run.verdict.options, info.model_dump(), run.verdict.run_id, baseline, config or None)
-        layout = ratio.pop("kv_layout", None)
-        c.values["kv_ratio"] = ratio
-        if layout:
-            c.values["kv_layout"] = layout
-            c.evidence("kv_layout.json", layout)
-            if layout["kv_bytes_per_token"] and info.kv_cache_memory_gib:
-                c.values["predicted_kv_tokens"] = int(info.kv_cache_memory_gib * 2**30 / layout["kv_bytes_per_token"])
-        if baseline is not None:
-            c.evidence("baseline_backend_info.json", baseline)
-        c.summary = (f"KV cache {info.kv_cache_tokens:,} tokens"
-                     + (f" in {info.kv_cache_memory_gib} GiB" if info.kv_cache_memory_gib else "")
-                     + (f" ({info.max_concurrency}x at {info.max_model_len} tokens per request)" if info.max_concurrency else "")
-                     + "; " + ratio["text"]
-                     + (f"; {layout['text']}" if layout and ratio.get("role") != "compared" else ""))
+        _stated_kv(c, run, info)
+        ratio, layout = _kv_ratio(c, run, info, pytestconfig, settings)
+        c.summary = _kv_summary(info, ratio, layout)
         if ratio["ineffective"]:
             c.fail(f"kv_cache_dtype {ratio['kv_cache_dtype']} is ineffective: {ratio['text']}")
 
