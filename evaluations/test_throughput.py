@@ -137,58 +137,90 @@ def test_accounting(run, engine):
         rows = [r for r in json.loads((run.dir.path / path).read_text()) if r["status"] == "ok"]
         by = {k: [r for r in rows if r["accounting"] == k]
               for k in ("agree", "disagree", "unverified", "no-usage", "disputed")}
-        ids = sum(1 for r in rows if r["streamed_token_ids"] is not None)
-        basis = ("streamed token ids" if ids == len(rows) and rows else
-                 "the client's tokenizer" if all(r["client_tokenizer_tokens"] is not None for r in rows) else
-                 "content events")
-        c.values.update({"requests": len(rows), "basis": basis, "mismatches": len(by["disagree"]),
-                         "unverified": len(by["unverified"]), "no_usage": len(by["no-usage"]),
-                         "disputed": len(by["disputed"]),
-                         "tolerance": "exact" if basis == "streamed token ids" else
-                         f"{ABS_TOLERANCE_TOKENS} tokens + {REL_TOLERANCE:.0%} of multi-token events",
-                         "client_tokenizer": sweep.values.get("client_tokenizer"),
-                         "output_tokens_sources": sweep.values.get("output_tokens_sources")})
-        impossible = [r for r in by["disagree"] if "usage impossible" in (r.get("output_tokens_source") or "")]
-
-        def gap(r) -> float:  # an impossible claim first (it may not even be a number)
-            u = r["usage_output_tokens"]
-            return float("inf") if r in impossible or not isinstance(u, int) else abs(u - (r["output_tokens"] or 0))
-        worst = sorted(by["disagree"], key=lambda r: -gap(r))
+        basis = _accounting_basis(rows)
+        c.values.update(_accounting_values(rows, by, basis, sweep))
+        impossible, worst = _disagreeing(by)
         c.evidence("accounting.json", {"rule": test_accounting.__doc__.split("(")[0].strip(), **c.values,
                                        "disagreeing": worst, "requests": rows})
         if not rows:
             c.skip("no request of the sweep ended ok")
         n_bad, n = len(by["disagree"]), len(rows)
         if n_bad:
-            r = worst[0]
-            own = r["streamed_token_ids"] if r["streamed_token_ids"] is not None else (
-                r["client_tokenizer_tokens"] if r["client_tokenizer_tokens"] is not None else r["content_events"])
-            msg = (f"{n_bad}/{n} requests: server usage differs from {basis} (e.g. {r['request_id']}: usage "
-                   f"{r['usage_output_tokens']} vs {own}); the sweep's figures use the client's count")
-            if impossible:  # not a count that differs: one no stream can hold (accounting.impossible_count)
-                c.fail(f"{len(impossible)}/{n} requests: server usage impossible ({worst[0]['output_tokens_source']}, "
-                       f"e.g. {worst[0]['request_id']}: usage {worst[0]['usage_output_tokens']} vs {own}); "
-                       "the sweep's figures use the client's count")
-            c.require(basis != "streamed token ids" or n_bad == 0, msg)
-            c.require(n_bad < 2 or n_bad <= 0.05 * n, msg)
-        if by["disputed"]:
-            r = by["disputed"][0]
-            c.skip(f"{len(by['disputed'])}/{n} requests disputed: the client's tokenizer counts the prompt of "
-                   f"{r['request_id']} as {r['client_prompt_tokens']} tokens, the server's usage "
-                   f"{r['usage_prompt_tokens']}: it is not the server's tokenizer, so neither count checks the other "
-                   "(figures use server usage; pass --backend-opt tokenizer=DIR with the server's tokenizer)")
-        if len(by["no-usage"]) == n:
-            c.skip(f"the server reported no usage: nothing to check; the figures use {basis}")
-        if len(by["agree"]) == 0:
-            c.skip(f"usage exceeds the content events of {len(by['unverified'])} requests: events may carry several "
-                   "tokens, so only a tokenizer can tell (pass --backend-opt tokenizer=DIR); figures use server usage, "
-                   "unverified")
+            _judge_disagreements(c, worst, impossible, basis, n)
+        _skip_unverified(c, by, basis, n)
         by_events = [r for r in by["agree"] if "agrees with client-events" in (r.get("output_tokens_source") or "")]
         c.values["agree_by_content_events"] = len(by_events)
-        c.summary = (f"server usage agrees with {basis} on {len(by['agree']) - len(by_events)}/{n} requests "
-                     f"({c.values['tolerance']})" + (f"; {n_bad} outside tolerance" if n_bad else "")
-                     + (f"; {len(by['unverified'])} unverified" if by["unverified"] else "")
-                     + (_by_events(by_events[0], len(by_events)) if by_events else ""))
+        c.summary = _accounting_summary(by, by_events, basis, c.values["tolerance"], n_bad, n)
+
+
+def _accounting_basis(rows: list[dict]) -> str:
+    """What the client counted the output tokens with: streamed token ids, its tokenizer, or content events."""
+    ids = sum(1 for r in rows if r["streamed_token_ids"] is not None)
+    return ("streamed token ids" if ids == len(rows) and rows else
+            "the client's tokenizer" if all(r["client_tokenizer_tokens"] is not None for r in rows) else
+            "content events")
+
+
+def _accounting_values(rows: list[dict], by: dict[str, list[dict]], basis: str, sweep) -> dict:
+    """The accounting check's values: requests, basis, counts per outcome, tolerance and the sweep's client tokenizer."""
+    return {"requests": len(rows), "basis": basis, "mismatches": len(by["disagree"]),
+            "unverified": len(by["unverified"]), "no_usage": len(by["no-usage"]),
+            "disputed": len(by["disputed"]),
+            "tolerance": "exact" if basis == "streamed token ids" else
+            f"{ABS_TOLERANCE_TOKENS} tokens + {REL_TOLERANCE:.0%} of multi-token events",
+            "client_tokenizer": sweep.values.get("client_tokenizer"),
+            "output_tokens_sources": sweep.values.get("output_tokens_sources")}
+
+
+def _disagreeing(by: dict[str, list[dict]]) -> tuple[list[dict], list[dict]]:
+    """The requests whose usage no stream can hold, and all disagreeing requests, largest gap first."""
+    impossible = [r for r in by["disagree"] if "usage impossible" in (r.get("output_tokens_source") or "")]
+
+    def gap(r) -> float:  # an impossible claim first (it may not even be a number)
+        u = r["usage_output_tokens"]
+        return float("inf") if r in impossible or not isinstance(u, int) else abs(u - (r["output_tokens"] or 0))
+    return impossible, sorted(by["disagree"], key=lambda r: -gap(r))
+
+
+def _judge_disagreements(c, worst: list[dict], impossible: list[dict], basis: str, n: int) -> None:
+    """Fail on an impossible usage, on any disagreement with token ids, or on more than 5% (and 2) disagreeing."""
+    n_bad = len(worst)
+    r = worst[0]
+    own = r["streamed_token_ids"] if r["streamed_token_ids"] is not None else (
+        r["client_tokenizer_tokens"] if r["client_tokenizer_tokens"] is not None else r["content_events"])
+    msg = (f"{n_bad}/{n} requests: server usage differs from {basis} (e.g. {r['request_id']}: usage "
+           f"{r['usage_output_tokens']} vs {own}); the sweep's figures use the client's count")
+    if impossible:  # not a count that differs: one no stream can hold (accounting.impossible_count)
+        c.fail(f"{len(impossible)}/{n} requests: server usage impossible ({worst[0]['output_tokens_source']}, "
+               f"e.g. {worst[0]['request_id']}: usage {worst[0]['usage_output_tokens']} vs {own}); "
+               "the sweep's figures use the client's count")
+    c.require(basis != "streamed token ids" or n_bad == 0, msg)
+    c.require(n_bad < 2 or n_bad <= 0.05 * n, msg)
+
+
+def _skip_unverified(c, by: dict[str, list[dict]], basis: str, n: int) -> None:
+    """Skip when nothing was verified: counts disputed, no usage at all, or no request agreeing."""
+    if by["disputed"]:
+        r = by["disputed"][0]
+        c.skip(f"{len(by['disputed'])}/{n} requests disputed: the client's tokenizer counts the prompt of "
+               f"{r['request_id']} as {r['client_prompt_tokens']} tokens, the server's usage "
+               f"{r['usage_prompt_tokens']}: it is not the server's tokenizer, so neither count checks the other "
+               "(figures use server usage; pass --backend-opt tokenizer=DIR with the server's tokenizer)")
+    if len(by["no-usage"]) == n:
+        c.skip(f"the server reported no usage: nothing to check; the figures use {basis}")
+    if len(by["agree"]) == 0:
+        c.skip(f"usage exceeds the content events of {len(by['unverified'])} requests: events may carry several "
+               "tokens, so only a tokenizer can tell (pass --backend-opt tokenizer=DIR); figures use server usage, "
+               "unverified")
+
+
+def _accounting_summary(by: dict[str, list[dict]], by_events: list[dict], basis: str, tolerance: str,
+                        n_bad: int, n: int) -> str:
+    """The accounting summary: requests agreeing with the basis, those outside tolerance, unverified, or settled by events."""
+    return (f"server usage agrees with {basis} on {len(by['agree']) - len(by_events)}/{n} requests "
+            f"({tolerance})" + (f"; {n_bad} outside tolerance" if n_bad else "")
+            + (f"; {len(by['unverified'])} unverified" if by["unverified"] else "")
+            + (_by_events(by_events[0], len(by_events)) if by_events else ""))
 
 
 def _by_events(r: dict, k: int) -> str:

@@ -33,7 +33,6 @@ DEBT = {
     "bakeoff/loadgen/accounting.py::account": 66,
     "bakeoff/loadgen/client.py::OpenAIClient.stream": 67,
     "bakeoff/loadgen/synth_protocol.py::build_events": 32,
-    "evaluations/test_throughput.py::test_accounting": 37,
 }
 
 
