@@ -20,9 +20,7 @@ BOUND = 20
 DEBT = {
     "adapters/awq_int4/__init__.py::quantize_awq": 30,
     "adapters/ort_genai_export/_graph_io.py::step_feeds": 26,
-    "adapters/ort_genai_export/_inspect_child.py::inspect": 75,
     "backends/_hosting/worker_server.py::check_body": 25,
-    "backends/openai/backend.py::OpenAIBackend.start": 33,
     "backends/transformers/static.py::generate_batch": 22,
     "backends/vllm/option_log.py::report": 37,
     "backends/vllm/preflight.py::_excluder": 36,
