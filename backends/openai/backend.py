@@ -34,6 +34,7 @@ from bakeoff.loadgen.client import NEUTRAL_ANY, NEUTRAL_LLAMACPP, NEUTRAL_VLLM, 
 from bakeoff.loadgen.progress import Progress
 from bakeoff.api.specs import BackendInfo, GenerationRequest, Spec, TokenEvent
 from backends._server import parse_prometheus
+from backends.openai import served
 from backends._tokenize import server_tokenize, timed_out
 
 
@@ -262,31 +263,14 @@ class OpenAIBackend(Backend):
         if self._probed is None:
             self.probe()
         health, models = self._probed
-        if models.status == 0 and not self.options.model:  # no answer (a dropped connection): asked once more
-            models = self._get("/v1/models", 10)
-            if models.status == 0:
-                raise EngineFailure("hang" if models.timed_out else "load-failure",
-                                    f"GET {self.base_url}/v1/models got no answer twice ({models.body}): "
-                                    "the model name cannot be learned; pass --backend-opt model=NAME or fix the server",
-                                    {"models.txt": models.body[:2000]})
-        m_status, m_body = models.status, models.body
-        listed: list[str] = []
-        owned_by = None
-        data: list = []
-        if m_status == 200:
-            try:
-                data = json.loads(m_body).get("data") or []
-                listed = [d.get("id") for d in data if d.get("id")]
-                owned_by = data[0].get("owned_by") if data else None
-            except (ValueError, AttributeError):
-                pass
+        models = self._models_once_more(models)
+        data, listed, owned_by = served.models_listing(models)
         model = self.options.model or (listed[0] if listed else None)
-        stated = next((d.get("max_model_len") for d in data if isinstance(d, dict) and d.get("id") == model), None)
-        max_len = self.options.max_model_len or (stated if isinstance(stated, int) and not isinstance(stated, bool)
-                                                 and 0 < stated < 1 << 31 else None)
+        max_len = self.options.max_model_len or served.stated_max_len(data, model)
         if model is None:
             raise EngineFailure("config-rejected", f"no model name given and GET {self.base_url}/v1/models lists none "
-                                f"(status {m_status}); pass --backend-opt model=NAME", {"models.txt": m_body[:2000]})
+                                f"(status {models.status}); pass --backend-opt model=NAME",
+                                {"models.txt": models.body[:2000]})
         if self.options.tokenizer:
             self.count_tokens = load_token_counter(self.options.tokenizer)
         progress, progress_note = self._metrics_progress()
@@ -296,27 +280,31 @@ class OpenAIBackend(Backend):
                                    extra_body=self.options.extra_body, read_timeout_s=timeout_s, progress=progress,
                                    deadline_s=self.config.request_deadline_factor * timeout_s, greedy_body=greedy)
         version_answer = self._get("/version", 5)  # optional: a server without it (or stalling on it) has no version
-        version = None
-        if version_answer.status == 200:
-            try:
-                version = json.loads(version_answer.body).get("version")
-            except (ValueError, AttributeError):
-                pass
-        headers = health.headers if health.status == 200 else models.headers
-        server = headers.get("server") or headers.get("Server")
+        version = served.served_version(version_answer)
         self.info = BackendInfo(
             backend=self.name, engine=owned_by or "openai-compatible", engine_version=version, device="remote",
             base_url=self.base_url, served_model=model, startup_s=round(time.monotonic() - t0, 3), max_model_len=max_len,
-            notes={k: v for k, v in {"api": self.options.api, "server_header": server,
-                                     "listed_models": ",".join(listed[:10]),
-                                     "greedy_body": (f"{json.dumps(greedy, sort_keys=True)} in every request at temperature 0 "
-                                                     f"({greedy_why})"),
-                                     "api_key_env": self.options.api_key_env, "progress": progress_note,
-                                     "max_model_len": (None if max_len is None else "--backend-opt max_model_len"
-                                                       if self.options.max_model_len else "GET /v1/models"),
-                                     "version": None if version_answer.status != 0 else
-                                     f"GET /version: {version_answer.body[:120]}"}.items() if v})
+            notes=served.info_notes(self.options, served.server_header(health, models), listed, greedy, greedy_why,
+                                    progress_note, max_len, version_answer))
         return self.info
+
+    def _models_once_more(self, models: Answer) -> Answer:
+        """The probe's ``GET /v1/models``, asked once more when it got no answer (a dropped
+        connection) and no model name is given.
+
+        Raises:
+            EngineFailure: ``hang`` (no byte within the read timeout) or ``load-failure`` when
+                the second GET gets no answer either.
+        """
+        if models.status != 0 or self.options.model:
+            return models
+        models = self._get("/v1/models", 10)
+        if models.status == 0:
+            raise EngineFailure("hang" if models.timed_out else "load-failure",
+                                f"GET {self.base_url}/v1/models got no answer twice ({models.body}): "
+                                "the model name cannot be learned; pass --backend-opt model=NAME or fix the server",
+                                {"models.txt": models.body[:2000]})
+        return models
 
     def _greedy(self, owned_by: str | None) -> tuple[dict[str, Any], str]:
         """The neutral fields of a greedy request and why: the user's ``greedy_body``, else by dialect."""
