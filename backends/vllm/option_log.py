@@ -188,6 +188,82 @@ def _same(option: str, want: Any, got: str) -> bool | None:
     return str(want) == got
 
 
+def _verify_by_config(rep: OptionReport, opt: str, want: Any, cfg_line: str, cfg: dict[str, str],
+                      log_name: str) -> bool:
+    """Verified or overridden by the engine's printed config (:data:`CONFIG_KEYS`); False when
+    it says nothing either way."""
+    key = CONFIG_KEYS.get(opt)
+    same = _same(opt, want, cfg[key]) if key in cfg else None
+    if same:
+        rep.verified[opt] = f"engine config: {key}={cfg[key]}"
+    elif same is False:
+        rep.verified.pop(opt, None)
+        rep.add(OptionStatement(option=opt, kind="overridden", line=f"{key}={cfg[key]} in: {cfg_line[:300]}",
+                                log=log_name, source="vllm/config/vllm.py VllmConfig.__str__ (effective config)",
+                                user_set=True))
+    return same is not None
+
+
+def _memory_utilization(rep: OptionReport, opt: str, want: Any, mem: dict[str, Any], log: str, cuda: bool,
+                        log_name: str) -> None:
+    """``gpu_memory_utilization`` on CPU: verified when the KV memory line's requested/total
+    memory is it (within 0.01)."""
+    if cuda or want is None or not mem.get("requested_gib") or not mem.get("total_gib"):
+        return
+    ratio = mem["requested_gib"] / mem["total_gib"]
+    if abs(ratio - float(want)) <= 0.01:
+        rep.verified[opt] = (f"{mem['requested_gib']} of {mem['total_gib']} GiB requested ({ratio:.3f}): "
+                             f"{message_of(mem['line'])[:160]}")
+
+
+def _kv_cache_space(rep: OptionReport, opt: str, want: Any, mem: dict[str, Any], log: str, cuda: bool,
+                    log_name: str) -> None:
+    """``kv_cache_space_gib`` on CPU: verified by an explicit KV size of that many GiB, ignored
+    when the worker sized its KV cache itself (``Auto set``)."""
+    if cuda or not mem or want is None:
+        return
+    if mem["how"] == "explicitly" and abs(mem["kv_cache_gib"] - float(want)) <= 0.01:
+        rep.verified[opt] = f"{mem['kv_cache_gib']} GiB: {message_of(mem['line'])[:160]}"
+    elif mem["how"] == "auto":
+        rep.add(OptionStatement(option=opt, kind="ignored", line=mem["line"], log=log_name, user_set=True,
+                                source="vllm/v1/worker/cpu_worker.py (no explicit KV size reached the worker)"))
+
+
+def _no_fallback_line(rep: OptionReport, opt: str, want: Any, mem: dict[str, Any], log: str, cuda: bool,
+                      log_name: str) -> None:
+    """``attention_backend`` / ``block_size`` on CPU: verified by the absence of ``CpuPlatform``'s
+    fallback line (a matched one is a statement of :data:`RULES`, which unverifies it)."""
+    if not cuda:
+        rep.verified[opt] = (f"no fallback line: {CPU_PY} logs on every path that replaces a requested "
+                             + ("attention backend" if opt == "attention_backend" else "user block size"))
+
+
+def _attention_backend(rep: OptionReport, opt: str, want: Any, mem: dict[str, Any], log: str, cuda: bool,
+                       log_name: str) -> None:
+    """``attention_backend``: on CUDA verified by the selector's ``Using <backend> backend`` line,
+    on CPU by the absence of the fallback line."""
+    if not cuda:
+        _no_fallback_line(rep, opt, want, mem, log, cuda, log_name)
+        return
+    used = [m.group(1) for m in map(USING_BACKEND.search, log.splitlines()) if m]
+    if str(want) in used:
+        rep.verified[opt] = f"the selector logged 'Using {want} backend'"
+
+
+# option -> what in the log (other than the printed config) shows it took
+LOG_EVIDENCE = {"gpu_memory_utilization": _memory_utilization, "kv_cache_space_gib": _kv_cache_space,
+                "attention_backend": _attention_backend, "block_size": _no_fallback_line}
+
+
+def _silent_overrides(rep: OptionReport, set_options: dict[str, Any], cuda: bool) -> None:
+    """Add the overrides vLLM makes without a word (:data:`SILENT`) on this platform."""
+    here = "cuda" if cuda else "cpu"
+    for opt, applies, platform, line in SILENT:
+        if opt in set_options and (applies is None or applies(set_options[opt])) and platform == here:
+            rep.add(OptionStatement(option=opt, kind="overridden", line=line, log="(vLLM source)",
+                                    source=CPU_PY, user_set=True))
+
+
 def report(log: str, set_options: dict[str, Any], cuda: bool, log_name: str = "vllm.log") -> OptionReport:
     """What vLLM's log says about the options the user set (rules: module docstring).
 
@@ -202,42 +278,13 @@ def report(log: str, set_options: dict[str, Any], cuda: bool, log_name: str = "v
     cfg_line, cfg = engine_config(log)
     mem = kv_memory(log)
     for opt, want in set_options.items():
-        key = CONFIG_KEYS.get(opt)
-        same = _same(opt, want, cfg[key]) if key in cfg else None
-        if same:
-            rep.verified[opt] = f"engine config: {key}={cfg[key]}"
-        elif same is False:
-            rep.verified.pop(opt, None)
-            rep.add(OptionStatement(option=opt, kind="overridden", line=f"{key}={cfg[key]} in: {cfg_line[:300]}",
-                                    log=log_name, source="vllm/config/vllm.py VllmConfig.__str__ (effective config)",
-                                    user_set=True))
-        elif (opt == "gpu_memory_utilization" and not cuda and want is not None and mem.get("requested_gib")
-              and mem.get("total_gib")):
-            ratio = mem["requested_gib"] / mem["total_gib"]
-            if abs(ratio - float(want)) <= 0.01:
-                rep.verified[opt] = (f"{mem['requested_gib']} of {mem['total_gib']} GiB requested ({ratio:.3f}): "
-                                     f"{message_of(mem['line'])[:160]}")
-        elif opt == "kv_cache_space_gib" and not cuda and mem and want is not None:
-            if mem["how"] == "explicitly" and abs(mem["kv_cache_gib"] - float(want)) <= 0.01:
-                rep.verified[opt] = f"{mem['kv_cache_gib']} GiB: {message_of(mem['line'])[:160]}"
-            elif mem["how"] == "auto":
-                rep.add(OptionStatement(option=opt, kind="ignored", line=mem["line"], log=log_name, user_set=True,
-                                        source="vllm/v1/worker/cpu_worker.py (no explicit KV size reached the worker)"))
-        elif opt == "attention_backend" and cuda:
-            used = [m.group(1) for m in map(USING_BACKEND.search, log.splitlines()) if m]
-            if str(want) in used:
-                rep.verified[opt] = f"the selector logged 'Using {want} backend'"
-        elif opt in ("attention_backend", "block_size") and not cuda:
-            rep.verified[opt] = (f"no fallback line: {CPU_PY} logs on every path that replaces a requested "
-                                 + ("attention backend" if opt == "attention_backend" else "user block size"))
+        if not _verify_by_config(rep, opt, want, cfg_line, cfg, log_name) and opt in LOG_EVIDENCE:
+            LOG_EVIDENCE[opt](rep, opt, want, mem, log, cuda, log_name)
         if opt not in rep.verified:
             rep.unverifiable[opt] = "vLLM states no effective value or effect for it"
     for st in scan(log, RULES, set_options, log_name):
         rep.add(st)
-    for opt, applies, platform, line in SILENT:
-        if opt in set_options and (applies is None or applies(set_options[opt])) and platform == ("cuda" if cuda else "cpu"):
-            rep.add(OptionStatement(option=opt, kind="overridden", line=line, log="(vLLM source)",
-                                    source=CPU_PY, user_set=True))
+    _silent_overrides(rep, set_options, cuda)
     for st in rep.ignored():
         rep.unverifiable.pop(st.option, None)
         rep.verified.pop(st.option, None)
