@@ -22,7 +22,6 @@ DEBT = {
     "adapters/ort_genai_export/_graph_io.py::step_feeds": 26,
     "backends/_hosting/worker_server.py::check_body": 25,
     "backends/transformers/static.py::generate_batch": 22,
-    "backends/vllm/preflight.py::_excluder": 36,
     "bakeoff/analysis/matrix.py::kv_capacity_ratio": 34,
     "bakeoff/analysis/preflight.py::describe_quantization": 42,
     "bakeoff/analysis/roofline.py::shape_from_config": 38,

@@ -64,40 +64,64 @@ def _vllm_layer(module: str) -> str:
     return head + ".experts" if sep and ".shared_expert" not in head else module
 
 
+def _always_unquantized(name: str) -> bool:
+    """A layer vLLM builds unquantized whatever the config says (:data:`ALWAYS_UNQUANTIZED`)."""
+    return name.endswith(ALWAYS_UNQUANTIZED)
+
+
+def _compressed_tensors(q: dict, raw: dict, tensors) -> tuple[Any, str | None, str]:
+    """compressed-tensors: a layer is excluded where an ``ignore`` entry equals it (``re:``: matches it)."""
+    ignore = [str(p) for p in raw.get("ignore") or []]
+
+    def hit(name: str) -> bool:
+        return any((re.match(p[3:], name) is not None) if p.startswith("re:") else p == name for p in ignore)
+
+    return (lambda mod: _always_unquantized(mod) or hit(_vllm_layer(mod))), r"quantization_config.ignore+=re:.*mtp\..*", \
+        "quantization_config.ignore (compressed-tensors)"
+
+
+def _awq(q: dict, raw: dict, tensors) -> tuple[Any, str | None, str]:
+    """AWQ: a layer is excluded where a ``modules_to_not_convert`` entry is in its name; an empty
+    list is inferred from the tensors' dtypes (float layers excluded)."""
+    skip = [str(s) for s in raw.get("modules_to_not_convert") or []]
+    if not skip:  # vLLM infers the list from the tensors' dtypes: float layers are excluded
+        floats = {module_of(t.name) for t in tensors if is_float_linear_weight(t)}
+        return (lambda mod: mod in floats), None, "modules_to_not_convert (AWQ; empty: inferred from dtypes)"
+    return (lambda mod: _always_unquantized(mod) or any(s in mod for s in skip)), \
+        "quantization_config.modules_to_not_convert+=mtp.", "quantization_config.modules_to_not_convert (AWQ)"
+
+
+def _gptq(q: dict, raw: dict, tensors) -> tuple[Any, str | None, str]:
+    """GPTQ: a layer is excluded where a ``dynamic`` ``-:`` rule matches it; one naming mtp turns
+    quantization off for the whole MTP block."""
+    neg = [k[2:] for k in (raw.get("dynamic") or {}) if str(k).startswith("-:")]
+    mtp_off = any("mtp" in k for k in neg)  # qwen3_5_mtp.py: such a rule turns quantization off for MTP
+    return (lambda mod: _always_unquantized(mod) or (mtp_off and mod.startswith(MTP_PREFIXES))
+            or any(re.match(k, _vllm_layer(mod)) for k in neg)), None, \
+        "quantization_config.dynamic '-:' rules (GPTQ; fix by hand: add a '-:.*mtp\\..*' key)"
+
+
+def _modelopt(q: dict, raw: dict, tensors) -> tuple[Any, str | None, str]:
+    """ModelOpt: a layer is excluded where an ``exclude_modules`` entry equals it, is in its name or
+    matches it as a glob; NVFP4 excludes ``mtp.fc`` itself."""
+    excl = [str(e) for e in q.get("ignore") or []]
+    fp4 = "FP4" in str(q.get("scheme") or "").upper()
+    in_hf = q.get("source") == "hf_quant_config.json"
+    key = "quantization.exclude_modules" if (in_hf or isinstance(raw.get("quantization"), dict)) else "exclude_modules"
+    patch = ("hf_quant_config.json:" if in_hf else "quantization_config.") + key + "+=mtp*"
+    return (lambda mod: _always_unquantized(mod) or (fp4 and mod.endswith("mtp.fc")) or any(
+        e == mod or e in mod or fnmatch(mod, e) for e in excl)), patch, f"{key} (ModelOpt)"
+
+
+# quant_method -> its exclusion rule in vLLM (SRC_VLLM_IGNORE)
+EXCLUDERS = {"compressed-tensors": _compressed_tensors, "awq": _awq, "gptq": _gptq, "modelopt": _modelopt}
+
+
 def _excluder(q: dict, tensors) -> tuple[Any, str | None, str] | None:
     """vLLM's exclusion rule for the checkpoint's method: (excluded(module), patch, config key read)."""
     m, raw = q.get("method"), q.get("raw") or {}
-    always = lambda name: name.endswith(ALWAYS_UNQUANTIZED)  # noqa: E731
-    if m == "compressed-tensors":
-        ignore = [str(p) for p in raw.get("ignore") or []]
-
-        def hit(name: str) -> bool:
-            return any((re.match(p[3:], name) is not None) if p.startswith("re:") else p == name for p in ignore)
-
-        return (lambda mod: always(mod) or hit(_vllm_layer(mod))), r"quantization_config.ignore+=re:.*mtp\..*", \
-            "quantization_config.ignore (compressed-tensors)"
-    if m == "awq":
-        skip = [str(s) for s in raw.get("modules_to_not_convert") or []]
-        if not skip:  # vLLM infers the list from the tensors' dtypes: float layers are excluded
-            floats = {module_of(t.name) for t in tensors if is_float_linear_weight(t)}
-            return (lambda mod: mod in floats), None, "modules_to_not_convert (AWQ; empty: inferred from dtypes)"
-        return (lambda mod: always(mod) or any(s in mod for s in skip)), \
-            "quantization_config.modules_to_not_convert+=mtp.", "quantization_config.modules_to_not_convert (AWQ)"
-    if m == "gptq":
-        neg = [k[2:] for k in (raw.get("dynamic") or {}) if str(k).startswith("-:")]
-        mtp_off = any("mtp" in k for k in neg)  # qwen3_5_mtp.py: such a rule turns quantization off for MTP
-        return (lambda mod: always(mod) or (mtp_off and mod.startswith(MTP_PREFIXES))
-                or any(re.match(k, _vllm_layer(mod)) for k in neg)), None, \
-            "quantization_config.dynamic '-:' rules (GPTQ; fix by hand: add a '-:.*mtp\\..*' key)"
-    if m == "modelopt":
-        excl = [str(e) for e in q.get("ignore") or []]
-        fp4 = "FP4" in str(q.get("scheme") or "").upper()
-        in_hf = q.get("source") == "hf_quant_config.json"
-        key = "quantization.exclude_modules" if (in_hf or isinstance(raw.get("quantization"), dict)) else "exclude_modules"
-        patch = ("hf_quant_config.json:" if in_hf else "quantization_config.") + key + "+=mtp*"
-        return (lambda mod: always(mod) or (fp4 and mod.endswith("mtp.fc")) or any(
-            e == mod or e in mod or fnmatch(mod, e) for e in excl)), patch, f"{key} (ModelOpt)"
-    return None
+    make = EXCLUDERS.get(m)
+    return make(q, raw, tensors) if make is not None else None
 
 
 def checkpoint_rule(model_path, q: dict, options: dict) -> MtpFinding | None:
