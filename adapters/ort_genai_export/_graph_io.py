@@ -29,7 +29,7 @@ file beside it in other exporters' environments, and the ort-genai worker import
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 PAGED_INPUTS = ("block_table", "cumulative_sequence_lengths", "past_sequence_lengths")
 NP_TYPES = {"tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(float)": "float32",
@@ -70,6 +70,80 @@ def _dim(d: Any, n_new: int, past: int, named: dict[str, int]) -> int:
     return n_new
 
 
+class _Step(NamedTuple):
+    """One step of one sequence: its new token ids, their count, the cached tokens before them,
+    both together, and the sizes of named dimensions."""
+
+    tokens: list[int]
+    n: int
+    past: int
+    total: int
+    named: dict[str, int]
+
+
+def _input_ids(np, dtype, shape: list, s: _Step):
+    """The new ids in the declared rank: 1-D packed (paged) or ``[1, n]``."""
+    ids = np.asarray(s.tokens, dtype=dtype)
+    return ids if len(shape) == 1 else ids.reshape(1, s.n)
+
+
+def _attention_mask(np, dtype, shape: list, s: _Step):
+    """Ones over past and new tokens, ``[1, total]``."""
+    return np.ones((1, s.total), dtype=dtype)
+
+
+def _position_ids(np, dtype, shape: list, s: _Step):
+    """Positions ``past..total-1`` in the declared rank; MRoPE's leading section axis repeated."""
+    pos = np.arange(s.past, s.total, dtype=dtype)
+    if len(shape) == 1:
+        return pos
+    if len(shape) == 3 or (len(shape) == 2 and isinstance(shape[0], int) and shape[0] > 1):
+        # MRoPE (Qwen2.5-VL / Qwen3.5): sections first, text positions equal in each
+        lead = shape[0] if isinstance(shape[0], int) and shape[0] > 0 else 3
+        full = (lead, 1, s.n) if len(shape) == 3 else (lead, s.n)
+        return np.ascontiguousarray(np.broadcast_to(pos.reshape((1,) * (len(full) - 1) + (s.n,)), full))
+    return pos.reshape(1, s.n)
+
+
+def _block_table(np, dtype, shape: list, s: _Step):
+    """The sequence's blocks ``0..max_num_blocks-1``, ``[1, max_num_blocks]``."""
+    return np.arange(s.named.get("max_num_blocks", 1), dtype=dtype).reshape(1, -1)
+
+
+def _cumulative_sequence_lengths(np, dtype, shape: list, s: _Step):
+    """``[0, n]``: one sequence of the step's new tokens on the packed token axis."""
+    return np.asarray([0, s.n], dtype=dtype)
+
+
+def _past_sequence_lengths(np, dtype, shape: list, s: _Step):
+    """``[past]``: the sequence's cached tokens."""
+    return np.asarray([s.past], dtype=dtype)
+
+
+def _attention_metadata(np, dtype, shape: list, s: _Step):
+    """``[max query length, max KV length, KV length lower bound]`` of the step, as long as declared."""
+    want = shape[0] if shape and isinstance(shape[0], int) else 3
+    return np.asarray([s.n, s.total, s.total][:want], dtype=dtype)
+
+
+def _logits_indices(np, dtype, shape: list, s: _Step):
+    """``[n - 1]``: logits of the step's last token only."""
+    return np.asarray([s.n - 1], dtype=dtype)
+
+
+def _zeros(np, dtype, shape: list, s: _Step):
+    """Zeros of the declared shape (an empty past KV cache, among others)."""
+    return np.zeros([_dim(d, s.n, s.past, s.named) for d in shape], dtype=dtype)
+
+
+# input name -> its array for one step of one sequence; any other input: zeros of its shape
+FEEDERS = {"input_ids": _input_ids, "attention_mask": _attention_mask, "position_ids": _position_ids,
+           "block_table": _block_table, "block_table_windowed": _block_table,
+           "cumulative_sequence_lengths": _cumulative_sequence_lengths,
+           "past_sequence_lengths": _past_sequence_lengths, "attention_metadata": _attention_metadata,
+           "logits_indices": _logits_indices}
+
+
 def step_feeds(inputs: list, np, tokens: list[int], past: int = 0, named: dict[str, int] | None = None,
                caches: dict[str, Any] | None = None) -> dict[str, Any]:
     """Inputs of one step of one sequence, shaped as the graph declares them.
@@ -90,42 +164,15 @@ def step_feeds(inputs: list, np, tokens: list[int], past: int = 0, named: dict[s
         graph one sequence in blocks ``0..max_num_blocks-1``.
     """
     named = dict(named or {})
-    n, total = len(tokens), past + len(tokens)
+    step = _Step(tokens, len(tokens), past, past + len(tokens), named)
     feeds: dict[str, Any] = {}
     for inp in inputs:
         shape, name = list(inp.shape or []), inp.name
         dtype = np.dtype(NP_TYPES.get(inp.type, "float32"))
         if caches and name in caches:
             feeds[name] = caches[name]
-        elif name == "input_ids":
-            ids = np.asarray(tokens, dtype=dtype)
-            feeds[name] = ids if len(shape) == 1 else ids.reshape(1, n)
-        elif name == "attention_mask":
-            feeds[name] = np.ones((1, total), dtype=dtype)
-        elif name == "position_ids":
-            pos = np.arange(past, total, dtype=dtype)
-            if len(shape) == 1:
-                feeds[name] = pos
-            elif len(shape) == 3 or (len(shape) == 2 and isinstance(shape[0], int) and shape[0] > 1):
-                # MRoPE (Qwen2.5-VL / Qwen3.5): sections first, text positions equal in each
-                lead = shape[0] if isinstance(shape[0], int) and shape[0] > 0 else 3
-                full = (lead, 1, n) if len(shape) == 3 else (lead, n)
-                feeds[name] = np.ascontiguousarray(np.broadcast_to(pos.reshape((1,) * (len(full) - 1) + (n,)), full))
-            else:
-                feeds[name] = pos.reshape(1, n)
-        elif name in ("block_table", "block_table_windowed"):
-            feeds[name] = np.arange(named.get("max_num_blocks", 1), dtype=dtype).reshape(1, -1)
-        elif name == "cumulative_sequence_lengths":
-            feeds[name] = np.asarray([0, n], dtype=dtype)
-        elif name == "past_sequence_lengths":
-            feeds[name] = np.asarray([past], dtype=dtype)
-        elif name == "attention_metadata":
-            want = shape[0] if shape and isinstance(shape[0], int) else 3
-            feeds[name] = np.asarray([n, total, total][:want], dtype=dtype)
-        elif name == "logits_indices":
-            feeds[name] = np.asarray([n - 1], dtype=dtype)
         else:
-            feeds[name] = np.zeros([_dim(d, n, past, named) for d in shape], dtype=dtype)
+            feeds[name] = FEEDERS.get(name, _zeros)(np, dtype, shape, step)
     return feeds
 
 
