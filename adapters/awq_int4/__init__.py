@@ -116,6 +116,80 @@ def is_quantized(model_path: str | Path) -> bool:
     return bool(describe_quantization(model_path).get("quantized"))
 
 
+def _refuse_inputs(model_path: str | Path, out_dir: str | Path, src: Path, out: Path, dataset: str | Path | None,
+                   num_samples: int) -> None:
+    """Refuse what cannot be quantized: no checkpoint, an already quantized one, a non-empty
+    output, a missing dataset file, no sample.
+
+    Raises:
+        UserError: the first of those, in that order.
+    """
+    if not (src / "config.json").is_file():
+        raise UserError(f"{model_path} is not a checkpoint folder (no config.json)")
+    existing = describe_quantization(src)
+    if existing.get("quantized"):
+        raise UserError(f"{model_path} is already quantized ({existing.get('method')} {existing.get('scheme')}); "
+                        "pass it to a backend as it is")
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"output folder {out_dir} exists and is not empty; choose a new one")
+    if dataset is not None and not Path(dataset).is_file():
+        raise UserError(f"calibration dataset {dataset} not found (a .jsonl with a 'text' field, or one text per line)")
+    if num_samples < 1:
+        raise UserError("num_samples must be at least 1")
+
+
+def _script_command(python: Path, src: Path, out: Path, num_samples: int, max_seq_length: int, result_tmp: Path,
+                    dataset: str | Path | None, ignore: list[str] | None) -> list[str]:
+    """The quantization script's command line (the ignore patterns default to ``lm_head``)."""
+    cmd = [str(python), str(SCRIPT), "--model", str(src), "--out", str(out), "--num-samples", str(num_samples),
+           "--max-seq-length", str(max_seq_length), "--result-json", str(result_tmp)]
+    if dataset is not None:
+        cmd += ["--dataset", str(Path(dataset).resolve())]
+    for pattern in ignore or ["lm_head"]:
+        cmd += ["--ignore", pattern]
+    return cmd
+
+
+def _run_script(cmd: list[str], log_path: Path, timeout_s: float, result_tmp: Path) -> None:
+    """Run the quantization script, its output in ``log_path`` (after the command line).
+
+    Raises:
+        EngineFailure: ``hang`` past ``timeout_s``; ``export-defect`` when it exits non-zero or
+            writes no result (the last error line of its log named).
+    """
+    with open(log_path, "w") as fh:
+        fh.write("$ " + " ".join(cmd) + "\n")
+        fh.flush()
+        env = envs.child_env({"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"})
+        try:
+            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise EngineFailure("hang", f"AWQ quantization did not finish within {timeout_s:.0f} s",
+                                {"quantize.log.tail": tail(log_path, 80), "command.txt": " ".join(cmd)}) from None
+    if proc.returncode != 0 or not result_tmp.is_file():
+        text = tail(log_path, 120)
+        last = next((ln for ln in reversed(text.splitlines()) if "Error" in ln), text.splitlines()[-1] if text else "")
+        raise EngineFailure("export-defect", f"AWQ quantization failed (exit {proc.returncode}): {last.strip()[:300]}",
+                            {"quantize.log.tail": text, "command.txt": " ".join(cmd)})
+
+
+def _carry_files(src: Path, out: Path) -> None:
+    """Copy the source's files the script did not write (probes, chat templates...), weights and
+    shard indexes excepted (:data:`CARRY_SKIP_SUFFIXES`)."""
+    for f in src.iterdir():
+        if (f.is_file() and not (out / f.name).exists() and f.suffix not in CARRY_SKIP_SUFFIXES
+                and not f.name.endswith(".index.json")):
+            shutil.copy2(f, out / f.name)
+
+
+def _mtp_line(mtp: dict[str, Any], as_released: bool) -> str:
+    """The log line of the MTP head carried over: its tensors, dtypes, shards and ignore patterns."""
+    return (f"MTP head: {mtp['tensors']} of the source's {mtp['source_tensors']} tensors "
+            f"({'/'.join(mtp['dtypes']) or '-'}) in {', '.join(mtp['shards']) or 'the checkpoint'}; ignore patterns "
+            f"{mtp['ignore_patterns'] or 'none'}" + (f" (removed {mtp['removed_from_ignore']}: the released layout, "
+                                                    "which vLLM's MTP refuses until patched)" if as_released else ""))
+
+
 def quantize_awq(model_path: str | Path, out_dir: str | Path, dataset: str | Path | None = None,
                  num_samples: int = 64, max_seq_length: int = 256, log: Callable[[str], None] = print,
                  timeout_s: float = 4 * 3600, mtp_as_released: bool = False,
@@ -149,56 +223,21 @@ def quantize_awq(model_path: str | Path, out_dir: str | Path, dataset: str | Pat
             ``timeout_s``.
     """
     src, out = Path(model_path).resolve(), Path(out_dir).resolve()
-    if not (src / "config.json").is_file():
-        raise UserError(f"{model_path} is not a checkpoint folder (no config.json)")
-    existing = describe_quantization(src)
-    if existing.get("quantized"):
-        raise UserError(f"{model_path} is already quantized ({existing.get('method')} {existing.get('scheme')}); "
-                        "pass it to a backend as it is")
-    if out.exists() and any(out.iterdir()):
-        raise UserError(f"output folder {out_dir} exists and is not empty; choose a new one")
-    if dataset is not None and not Path(dataset).is_file():
-        raise UserError(f"calibration dataset {dataset} not found (a .jsonl with a 'text' field, or one text per line)")
-    if num_samples < 1:
-        raise UserError("num_samples must be at least 1")
+    _refuse_inputs(model_path, out_dir, src, out, dataset, num_samples)
     python = envs.ensure(env_spec(), log=log)
     out.mkdir(parents=True, exist_ok=True)
     result_tmp = out.parent / f".{out.name}.quantize-result.json"
     log_path = out.parent / f"{out.name}.quantize.log"
-    cmd = [str(python), str(SCRIPT), "--model", str(src), "--out", str(out), "--num-samples", str(num_samples),
-           "--max-seq-length", str(max_seq_length), "--result-json", str(result_tmp)]
-    if dataset is not None:
-        cmd += ["--dataset", str(Path(dataset).resolve())]
-    for pattern in ignore or ["lm_head"]:
-        cmd += ["--ignore", pattern]
+    cmd = _script_command(python, src, out, num_samples, max_seq_length, result_tmp, dataset, ignore)
     log(f"quantizing {src.name} to W4A16 (AWQ) with llm-compressor; log: {log_path}")
     t0 = time.monotonic()
-    with open(log_path, "w") as fh:
-        fh.write("$ " + " ".join(cmd) + "\n")
-        fh.flush()
-        env = envs.child_env({"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"})
-        try:
-            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise EngineFailure("hang", f"AWQ quantization did not finish within {timeout_s:.0f} s",
-                                {"quantize.log.tail": tail(log_path, 80), "command.txt": " ".join(cmd)}) from None
-    if proc.returncode != 0 or not result_tmp.is_file():
-        text = tail(log_path, 120)
-        last = next((ln for ln in reversed(text.splitlines()) if "Error" in ln), text.splitlines()[-1] if text else "")
-        raise EngineFailure("export-defect", f"AWQ quantization failed (exit {proc.returncode}): {last.strip()[:300]}",
-                            {"quantize.log.tail": text, "command.txt": " ".join(cmd)})
+    _run_script(cmd, log_path, timeout_s, result_tmp)
     raw = json.loads(result_tmp.read_text())
     result_tmp.unlink()
-    for f in src.iterdir():  # carry probes, chat templates... the script did not write
-        if (f.is_file() and not (out / f.name).exists() and f.suffix not in CARRY_SKIP_SUFFIXES
-                and not f.name.endswith(".index.json")):
-            shutil.copy2(f, out / f.name)
+    _carry_files(src, out)  # probes, chat templates... the script did not write
     mtp = mtp_record(src, out, as_released=mtp_as_released)
     if mtp:
-        log(f"MTP head: {mtp['tensors']} of the source's {mtp['source_tensors']} tensors "
-            f"({'/'.join(mtp['dtypes']) or '-'}) in {', '.join(mtp['shards']) or 'the checkpoint'}; ignore patterns "
-            f"{mtp['ignore_patterns'] or 'none'}" + (f" (removed {mtp['removed_from_ignore']}: the released layout, "
-                                                    "which vLLM's MTP refuses until patched)" if mtp_as_released else ""))
+        log(_mtp_line(mtp, mtp_as_released))
     result = QuantizeResult(path=str(out), source=str(src), log_path=str(log_path), mtp=mtp,
                             quantization={k: v for k, v in describe_quantization(out).items() if k != "raw"}, **raw)
     (out / RESULT_FILE).write_text(result.model_dump_json(indent=2))
