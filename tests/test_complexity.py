@@ -18,7 +18,6 @@ PACKAGES = ("bakeoff", "backends", "adapters", "evaluations", "cli")
 BOUND = 20
 
 DEBT = {
-    "backends/_hosting/worker_server.py::check_body": 25,
     "backends/transformers/static.py::generate_batch": 22,
     "bakeoff/analysis/matrix.py::kv_capacity_ratio": 34,
     "bakeoff/analysis/preflight.py::describe_quantization": 42,

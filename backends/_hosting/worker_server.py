@@ -97,6 +97,52 @@ def _set_done(fut: asyncio.Future) -> None:
         fut.set_result(None)
 
 
+def _prompt_problem(body: dict, chat: bool) -> str | None:
+    """What is wrong with the prompt: one string ``prompt``, or for chat ``messages`` a list of objects."""
+    if chat:
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
+            return "messages must be a list of objects"
+        return None
+    if isinstance(body.get("prompt"), list):
+        return "only one string prompt per request"
+    if not isinstance(body.get("prompt"), str):
+        return "prompt must be a string"
+    return None
+
+
+def _max_tokens_problem(body: dict) -> str | None:
+    """What is wrong with ``max_tokens``: a positive integer (a boolean is none) where given."""
+    mt = body.get("max_tokens")
+    if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
+        return f"max_tokens must be a positive integer, not {mt!r}"
+    return None
+
+
+def _sampling_problem(body: dict) -> str | None:
+    """What is wrong with ``temperature`` / ``top_p``: finite numbers, ``temperature >= 0`` and
+    ``0 < top_p <= 1``, where given."""
+    import math
+
+    for key, lo_ok in (("temperature", lambda v: v >= 0), ("top_p", lambda v: 0 < v <= 1)):
+        v = body.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                              or not lo_ok(v)):
+            return f"{key} out of range: {v!r}"
+    return None
+
+
+def _seed_and_logprobs_problem(body: dict) -> str | None:
+    """What is wrong with ``seed`` (an integer) or ``logprobs`` (an integer from 0 to 20, or a boolean)."""
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        return f"seed must be an integer, not {seed!r}"
+    lp = body.get("logprobs")  # completions: how many top logprobs; chat: a boolean (top_logprobs says how many)
+    if lp is not None and not isinstance(lp, bool) and (not isinstance(lp, int) or not 0 <= lp <= 20):
+        return f"logprobs must be an integer from 0 to 20 or a boolean, not {lp!r}"
+    return None
+
+
 def check_body(body: Any, chat: bool) -> str | None:
     """What is wrong with a completions request body, or None (OpenAI's field rules).
 
@@ -105,33 +151,10 @@ def check_body(body: Any, chat: bool) -> str | None:
     (``temperature >= 0``, ``0 < top_p <= 1``), ``seed`` an integer, ``logprobs`` an integer from 0
     to 20 (OpenAI's completions bound) or a boolean.
     """
-    import math
-
     if not isinstance(body, dict):
         return "the body must be a JSON object"
-    if chat:
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
-            return "messages must be a list of objects"
-    elif isinstance(body.get("prompt"), list):
-        return "only one string prompt per request"
-    elif not isinstance(body.get("prompt"), str):
-        return "prompt must be a string"
-    mt = body.get("max_tokens")
-    if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
-        return f"max_tokens must be a positive integer, not {mt!r}"
-    for key, lo_ok in (("temperature", lambda v: v >= 0), ("top_p", lambda v: 0 < v <= 1)):
-        v = body.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-                              or not lo_ok(v)):
-            return f"{key} out of range: {v!r}"
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        return f"seed must be an integer, not {seed!r}"
-    lp = body.get("logprobs")  # completions: how many top logprobs; chat: a boolean (top_logprobs says how many)
-    if lp is not None and not isinstance(lp, bool) and (not isinstance(lp, int) or not 0 <= lp <= 20):
-        return f"logprobs must be an integer from 0 to 20 or a boolean, not {lp!r}"
-    return None
+    return (_prompt_problem(body, chat) or _max_tokens_problem(body) or _sampling_problem(body)
+            or _seed_and_logprobs_problem(body))
 
 
 def chat_prompt(messages: list[dict[str, Any]]) -> str:
