@@ -18,7 +18,6 @@ PACKAGES = ("bakeoff", "backends", "adapters", "evaluations", "cli")
 BOUND = 20
 
 DEBT = {
-    "backends/transformers/static.py::generate_batch": 22,
     "bakeoff/analysis/matrix.py::kv_capacity_ratio": 34,
     "bakeoff/analysis/preflight.py::describe_quantization": 42,
     "bakeoff/analysis/roofline.py::shape_from_config": 38,

@@ -98,6 +98,41 @@ def serve_static(engine, first: tuple, chan, waiting: collections.deque) -> None
             rows += joined
 
 
+def _pad_and_eos(tok) -> tuple[Any, list[int]]:
+    """The pad id (the EOS id where the tokenizer has none) and the EOS ids, sorted."""
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    eos = tok.eos_token_id
+    return pad, sorted(set(eos if isinstance(eos, list) else [eos] if eos is not None else []))
+
+
+def _left_padded(torch, rows: list[Row], pad, device) -> tuple[Any, Any]:
+    """Each row's prompt and generated ids, left-padded to the longest, and their attention mask."""
+    seqs = [r.ids + r.gen for r in rows]
+    width = max(len(s) for s in seqs)
+    input_ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs], device=device)
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=device)
+    return input_ids, mask
+
+
+def _fail_rows(rows: list[Row], exc: BaseException) -> None:
+    """Every row not yet ended fails with the engine's exception (each row's client learns why)."""
+    for r in rows:
+        if not r.done:
+            r.done = True
+            r.out.fail(exc)
+
+
+def _after_batch(rows: list[Row], restart: bool, end_row) -> list[Row]:
+    """The open rows when the batch stopped for newcomers; else each open row ends as ``stop``
+    (generate ended it at its EOS without the streamer seeing its end) and none continues."""
+    live = [r for r in rows if not r.done]
+    if restart and live:
+        return live
+    for r in live:
+        end_row(r, "stop")
+    return []
+
+
 def generate_batch(engine, rows: list[Row], key: tuple, chan, waiting: collections.deque) -> list[Row]:
     """One left-padded ``generate`` over ``rows`` (their :func:`batch_key` ``key``), each streamed as
     its own request.
@@ -110,9 +145,7 @@ def generate_batch(engine, rows: list[Row], key: tuple, chan, waiting: collectio
 
     torch, tok = engine.torch, engine.tokenizer
     rids = [r.rid for r in rows]
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    eos = tok.eos_token_id
-    eos_ids = sorted(set(eos if isinstance(eos, list) else [eos] if eos is not None else []))
+    pad, eos_ids = _pad_and_eos(tok)
     state = {"first": True, "restart": False}
     clock = time.perf_counter
     batch = chan.batch  # ChildPipe.batch
@@ -181,10 +214,7 @@ def generate_batch(engine, rows: list[Row], key: tuple, chan, waiting: collectio
             return scores
 
     try:
-        seqs = [r.ids + r.gen for r in rows]
-        width = max(len(s) for s in seqs)
-        input_ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs], device=engine.device)
-        mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=engine.device)
+        input_ids, mask = _left_padded(torch, rows, pad, engine.device)
         kwargs: dict[str, Any] = {"max_new_tokens": max(r.max_new - len(r.gen) for r in rows), **GREEDY_KWARGS,
                                   "pad_token_id": pad, "stopping_criteria": StoppingCriteriaList([RowsDone()])}
         processors = [NoEosYet()] if ignore_eos and eos_ids else []
@@ -195,16 +225,8 @@ def generate_batch(engine, rows: list[Row], key: tuple, chan, waiting: collectio
         with torch.inference_mode():
             engine.model.generate(input_ids=input_ids, attention_mask=mask, streamer=Streamer(), **kwargs)
     except Exception as exc:  # noqa: BLE001 - every row's client learns why
-        for r in rows:
-            if not r.done:
-                r.done = True
-                r.out.fail(exc)
+        _fail_rows(rows, exc)
         return []
     finally:
         engine.batches += 1
-    live = [r for r in rows if not r.done]
-    if state["restart"] and live:
-        return live
-    for r in live:  # generate ended the row (its EOS) without the streamer seeing its end
-        end_row(r, "stop")
-    return []
+    return _after_batch(rows, state["restart"], end_row)
