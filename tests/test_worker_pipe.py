@@ -293,7 +293,7 @@ def test_a_full_command_pipe_does_not_block_the_loop(child_script):
         sent_s = time.monotonic() - t0
         assert proc.cmd_buf, "the rest should wait in the buffer"
         ticks = 0
-        while time.monotonic() - t0 < 0.3:  # the loop keeps running meanwhile
+        while ticks < 10 and time.monotonic() - t0 < 5:  # the loop keeps running meanwhile
             await asyncio.sleep(0.01)
             ticks += 1
         os.kill(proc.proc.pid, signal.SIGCONT)
@@ -304,7 +304,9 @@ def test_a_full_command_pipe_does_not_block_the_loop(child_script):
 
     try:
         sent_s, ticks, got = asyncio.run(go())
-        assert sent_s < 0.2 and ticks >= 10
+        # a blocking write of 4 MB into the stopped engine's pipe would never return; the bound is wide
+        # because a loaded CI host can hold the process for a while (0.2 s failed once beside a test run)
+        assert sent_s < 2.0 and ticks >= 10
         assert [m[0] for m in got] == ["tok", "tok", "end"]
     finally:
         proc.proc.kill()
