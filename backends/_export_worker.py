@@ -27,6 +27,7 @@ class ExportWorkerBackend(ChildServerBackend):
 
     ready_mode = "file"
     log_name = "export.log"
+    bakeoff_worker = True
     export_fn: ClassVar[Callable[..., Any]]
     worker_module: ClassVar[str]
 

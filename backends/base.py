@@ -62,6 +62,9 @@ class Backend(abc.ABC):
     # the device then, so the transformers reference need not run before the start, alone: it
     # is computed when a check first asks for it (evaluations/plugin.py engine_state).
     attaches: ClassVar[bool] = False
+    # True: the HTTP server in front of the engine is bakeoff's own worker, the leader of ``proc``'s group
+    # (its CPU per token is bakeoff's serving path, not the engine's: bakeoff/loadgen/serving_cpu.py)
+    bakeoff_worker: ClassVar[bool] = False
 
     @classmethod
     def env_specs(cls) -> list:

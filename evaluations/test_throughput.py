@@ -77,6 +77,7 @@ def test_sweep(run, settings, engine, pytestconfig):
         c.evidence("sweep.json", {"warmup": res.warmup, "points": res.points, "profile": settings.profile,
                                   "max_tokens": cfg["max_tokens"], "roofline": res.roofline})
         c.values.update(res.peak())
+        c.values["serving_bound_sessions"] = [p["sessions"] for p in res.points if p.get("serving_bound")]
         classes, errs = res.errors_by_class()
         if errs:
             worst = max(classes, key=classes.get)

@@ -96,6 +96,7 @@ class TransformersBackend(ChildServerBackend):
     name = "transformers"
     Options = TransformersOptions
     ready_mode = "file"
+    bakeoff_worker = True
 
     def threads(self) -> tuple[int | None, str]:
         """torch's intra-op threads for a CPU model, and why (None on CUDA: torch's default)."""

@@ -282,6 +282,20 @@ class ManagedProcess:
             seen += 1
         return total if seen else None
 
+    def cpu_seconds_by_pid(self) -> dict[int, float]:
+        """CPU time (user + system, seconds) of each live process of the group, its own (not its
+        reaped children's): the split of a sweep point's CPU per token (:mod:`bakeoff.loadgen.serving_cpu`)."""
+        import psutil
+
+        out: dict[int, float] = {}
+        for pid in self.members():
+            try:
+                t = psutil.Process(pid).cpu_times()
+            except psutil.Error:
+                continue
+            out[pid] = t.user + t.system
+        return out
+
     def dump_stacks(self, timeout_s: float = 20.0) -> str:
         """Stacks of every thread of every Python process of the group, via ``py-spy dump``.
 

@@ -17,6 +17,7 @@ import numpy as np
 from bakeoff.api.errors import EngineFailure
 from bakeoff.loadgen.accounting import account
 from bakeoff.loadgen.client import SENT_NS
+from bakeoff.loadgen.serving_cpu import cpu_reading, us_per_token
 from bakeoff.loadgen.stats import summarize
 from bakeoff.api.specs import GenerationRequest, RequestRecord
 from bakeoff.loadgen import run_loop
@@ -321,9 +322,11 @@ def run_sweep(backend, make_request: Callable[[int, int], GenerationRequest], se
                                           if warm and warm[0].first_token_ns else None)
             out["warmup"] = w
             for n in session_counts:
+                cpu0 = cpu_reading(backend)
                 recs, wall = await closed_loop(backend, make_request, n, requests_per_session, max_error_rate,
                                                count_tokens)
                 point = summarize(recs, wall, n)
+                point["cpu_us_per_output_token"] = us_per_token(cpu0, cpu_reading(backend), point["output_tokens"])
                 if calibrated_concurrency is not None:
                     point["valid"] = n <= calibrated_concurrency
                     if not point["valid"]:

@@ -27,12 +27,14 @@ from bakeoff.host.telemetry import device_name, joules_per_token
 from bakeoff.loadgen.accounting import accounting_row
 from bakeoff.loadgen.distortion import engine_timing, judge
 from bakeoff.loadgen.stats import summarize
+from bakeoff.loadgen.serving_cpu import serving_bound, serving_bound_note
 from bakeoff.loadgen.sweep import run_sweep
 
 POINT_KEYS = ("sessions", "requests", "ok", "errors", "input_tokens", "output_tokens", "output_tokens_per_s",
               "per_session_output_tokens_per_s",
               "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms",
-              "accounting_mismatches", "accounting_disputed", "valid", "invalid_reason")
+              "accounting_mismatches", "accounting_disputed", "valid", "invalid_reason",
+              "cpu_us_per_output_token", "serving_bound")
 # Per-repeat figures kept for the noise estimate of `bakeoff compare` (bakeoff/analysis/noise.py).
 REPEAT_KEYS = ("output_tokens_per_s", "per_session_output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms")
 # GPU hosts: telemetry per point (bakeoff/host/telemetry.py) and the roofline (bakeoff/analysis/roofline.py).
@@ -144,7 +146,17 @@ class SweepResult:
                 + (f"; {jpt} J/token" if jpt else "")
                 + (f"; token counts of {disputed} requests DISPUTED (the client's tokenizer is not the server's: "
                    "see throughput.accounting)" if disputed else "")
-                + ("; DISTORTED in transit (see throughput.transport)" if self.transport["distorted"] else ""))
+                + ("; DISTORTED in transit (see throughput.transport)" if self.transport["distorted"] else "")
+                + (f"; {note}" if (note := serving_bound_note(self.points)) else ""))
+
+
+def _pooled_cpu(reps: list[dict[str, Any]]) -> dict[str, float] | None:
+    """The repeats' CPU microseconds per output token, weighted by their tokens (None if any lacks them)."""
+    cpus = [p.get("cpu_us_per_output_token") for p in reps]
+    tokens = [p["output_tokens"] or 0 for p in reps]
+    if not all(cpus) or not sum(tokens):
+        return None
+    return {k: round(sum(c.get(k, 0.0) * n for c, n in zip(cpus, tokens)) / sum(tokens), 1) for k in cpus[0]}
 
 
 def _gpu_window(sampler, t0_ns: int, t1_ns: int, tokens: int) -> dict[str, Any]:
@@ -213,8 +225,10 @@ class ThroughputSweep:
         every = [r for recs in self.records.values() for r in recs]
         shape = judge(every, engine_timing(before, _safe_metrics(self.engine)))
         points = self._pooled(out["points"]) if plan.repeats > 1 else out["points"]
+        device = self.engine.info.device if self.engine.info else None
         for p in points:
             p.setdefault("repeats", [{k: p.get(k) for k in REPEAT_KEYS}])
+            p["serving_bound"] = serving_bound(p.get("cpu_us_per_output_token"), device)
         res = SweepResult(warmup=out["warmup"], points=points, records=self.records, counts_rows=self.counts_rows,
                           transport=shape, first_errors=self.first_errors)
         res.roofline = self._roofline(points, model_path)
@@ -228,6 +242,7 @@ class ThroughputSweep:
             reps = [p for p in measured if p["sessions"] == n]
             pt = summarize(self.records[n], sum(p["wall_s"] for p in reps), n)
             pt["repeats"] = [{k: p.get(k) for k in REPEAT_KEYS} for p in reps]
+            pt["cpu_us_per_output_token"] = _pooled_cpu(reps)
             if any("valid" in p for p in reps):
                 pt["valid"] = all(p.get("valid", True) for p in reps)
                 pt["invalid_reason"] = next((p["invalid_reason"] for p in reps if p.get("invalid_reason")), None)

@@ -1,0 +1,69 @@
+"""CPU per output token of each side of a sweep point, and the serving-bound mark
+(bakeoff/loadgen/serving_cpu.py): the rule against the fidelity table it was drawn from, and the
+reading on a real engine that bakeoff hosts behind its HTTP worker."""
+
+from __future__ import annotations
+
+import pytest
+
+from bakeoff.loadgen.serving_cpu import serving_bound, serving_bound_note
+
+# (engine, sessions, client + worker us, engine us, bakeoff / the engine's own loop), docs/benchmarks/fidelity.md
+FIDELITY_ROWS = [
+    ("vllm", 8, 55.0, 643.0, 1.02), ("optimum-ort", 1, 84.0, 677.0, 0.99), ("transformers", 1, 226.0, 2162.0, 0.97),
+    ("optimum-ort", 8, 51.0, 156.0, 0.94), ("transformers", 8, 115.0, 473.0, 0.85), ("openvino", 1, 56.0, 365.0, 0.80),
+    ("openvino", 8, 31.0, 99.0, 0.76), ("ort-genai", 1, 31.0, 104.0, 0.73), ("ort-genai", 8, 21.0, 44.0, 0.72),
+]
+
+
+@pytest.mark.parametrize("row", FIDELITY_ROWS, ids=[f"{r[0]}-{r[1]}" for r in FIDELITY_ROWS])
+def test_the_rule_marks_every_row_under_095_and_none_above(row):
+    _, _, serving_us, engine_us, ratio = row
+    cpu = {"client": serving_us * 0.4, "bakeoff_worker": serving_us * 0.6, "engine": engine_us}
+    assert serving_bound(cpu, "cpu") is serving_bound(cpu, "CPU") is (ratio < 0.95)
+
+
+def test_no_mark_on_a_gpu_or_without_the_engine_side():
+    fast = {"client": 20.0, "bakeoff_worker": 30.0, "engine": 141.0}  # ORT GenAI on an H100 at 32 sessions: 0.95
+    assert serving_bound(fast, "NVIDIA H100 80GB HBM3") is False
+    assert serving_bound({"client": 50.0}, "cpu") is False  # an attached server: its processes are not readable
+    assert serving_bound(None, "cpu") is False
+    assert serving_bound({**fast, "engine": 0.0}, "cpu") is False
+
+
+def test_the_note_names_each_marked_point():
+    pts = [{"sessions": 1, "serving_bound": False, "cpu_us_per_output_token": {"client": 1, "engine": 900}},
+           {"sessions": 8, "serving_bound": True,
+            "cpu_us_per_output_token": {"client": 9.0, "bakeoff_worker": 12.0, "engine": 44.0}}]
+    note = serving_bound_note(pts)
+    assert note.startswith("serving-bound at 8 sessions (44 us of the engine's CPU per token, 21 of bakeoff's")
+    assert serving_bound_note(pts[:1]) is None
+
+
+@pytest.mark.slow
+@pytest.mark.engine("transformers")
+def test_a_sweep_reads_each_side_of_a_hosted_engine(tmp_path):
+    """A real sweep on the transformers worker: each point's CPU per token splits into the client, bakeoff's
+    HTTP worker and the engine process, each spent, and the mark follows the rule on what was read."""
+    from backends import resolve
+    from bakeoff.api.specs import BackendConfig, GenerationRequest
+    from bakeoff.loadgen.throughput import SweepPlan, ThroughputSweep
+    from bakeoff.models.resolve import resolve as resolve_model
+
+    model = resolve_model("fixture:tiny-qwen3").path
+    b = resolve("transformers")(BackendConfig(backend="transformers", model=model, workdir=str(tmp_path)))
+    assert b.bakeoff_worker
+    b.start()
+    try:
+        make = lambda s, t: GenerationRequest(request_id=f"s{s}-t{t}", prompt=f"count: {s} {t} =>",  # noqa: E731
+                                              max_tokens=24, temperature=0.0, ignore_eos=True)
+        res = ThroughputSweep(b, make, SweepPlan(sessions=[1, 4], requests_per_session=2, warmup=1,
+                                                 max_tokens=24)).run()
+    finally:
+        b.stop()
+    for p in res.points:
+        cpu = p["cpu_us_per_output_token"]
+        assert set(cpu) == {"client", "bakeoff_worker", "engine"}, cpu
+        assert all(v > 0 for v in cpu.values()), cpu
+        assert p["serving_bound"] is serving_bound(cpu, "cpu")
+    assert ("serving-bound" in res.summary()) is any(p["serving_bound"] for p in res.points)
