@@ -67,3 +67,28 @@ def test_a_sweep_reads_each_side_of_a_hosted_engine(tmp_path):
         assert all(v > 0 for v in cpu.values()), cpu
         assert p["serving_bound"] is serving_bound(cpu, "cpu")
     assert ("serving-bound" in res.summary()) is any(p["serving_bound"] for p in res.points)
+
+
+def test_thread_cpu_is_read_in_nanoseconds_and_agrees_with_the_kernels_ticks():
+    """``thread_cpu_ns`` (schedstat, every thread) against psutil's 10 ms ticks of the same process."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from bakeoff.host.procs import thread_cpu_ns
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                              "while time.process_time() - t < 0.3: pass\nimport sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        p = psutil.Process(child.pid)
+        while sum(p.cpu_times()[:2]) < 0.3:
+            pass
+        ns, ticks = thread_cpu_ns(child.pid), sum(p.cpu_times()[:2])
+        assert ns is not None and ns % 10_000_000 != 0  # finer than a tick
+        assert abs(ns / 1e9 - ticks) < 0.05, (ns, ticks)
+    finally:
+        child.kill()
+        child.wait()
+    assert thread_cpu_ns(child.pid) is None

@@ -78,7 +78,7 @@ def serving_bound_note(points: list[dict[str, Any]]) -> str | None:
     marked = [p for p in points if p.get("serving_bound")]
     if not marked:
         return None
-    each = ", ".join(f"{p['sessions']} sessions ({p['cpu_us_per_output_token']['engine']:.0f} us of the engine's "
+    each = ", ".join(f"{p['sessions']} session{'s' * (p['sessions'] != 1)} ({p['cpu_us_per_output_token']['engine']:.0f} us of the engine's "
                      f"CPU per token, {p['cpu_us_per_output_token']['client'] + p['cpu_us_per_output_token'].get('bakeoff_worker', 0):.0f} "
                      "of bakeoff's client and worker)" for p in marked)
     return (f"serving-bound at {each}: the engine is fast enough per token that bakeoff's own serving path, on the "
