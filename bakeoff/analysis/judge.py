@@ -34,6 +34,8 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
+from bakeoff.analysis.sanity import top_map
+
 NLL_GAP_NATS = 2.0  # nats per token above the reference's own outputs
 MIN_SCORED_TOKENS = 16
 
@@ -87,8 +89,6 @@ def divergence(ref_tops: list[list[tuple[int, float]]], cand_logprobs: list, top
         top-k maps full), ``kl_short_positions`` (where a side gave fewer than ``top_k``) and
         ``kl_not_measurable`` (the reason, when no position was measurable); None where none counted.
     """
-    from bakeoff.analysis.sanity import top_map
-
     agree = n = short = 0
     cand_sizes: list[int] = []
     kls: list[float] = []

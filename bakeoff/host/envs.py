@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from bakeoff.api.errors import EngineFailure
+from bakeoff.api.errors import EngineFailure, UserError
 from bakeoff.host import env_patches, hugepages, locks
 from bakeoff.host.env_patches import SourcePatch
 from bakeoff.host.procs import background_preexec, tail
@@ -79,8 +79,6 @@ def cache_root() -> Path:
     """
     root = Path(os.environ.get("BAKEOFF_CACHE") or Path.home() / ".cache" / "bakeoff")
     if root.exists() and not root.is_dir():
-        from bakeoff.api.errors import UserError
-
         raise UserError(f"cache folder {root} is a file; point BAKEOFF_CACHE at a folder (or unset it)")
     return root
 
@@ -188,8 +186,6 @@ def mode() -> str:
     """
     value = os.environ.get("BAKEOFF_ENVS", "auto").strip().lower() or "auto"
     if value not in MODES:
-        from bakeoff.api.errors import UserError
-
         raise UserError(f"BAKEOFF_ENVS={value!r} is not one of {', '.join(MODES)}; unset it for auto")
     return value
 
@@ -341,8 +337,6 @@ def child_env(extra: dict[str, str] | None = None, huge_pages: bool | None = Non
     env.setdefault("PYTHONUNBUFFERED", "1")
     if huge_pages is not None:
         if hugepages.setting(env) is None:
-            from bakeoff.api.errors import UserError
-
             raise UserError(f"BAKEOFF_HUGE_PAGES={env.get('BAKEOFF_HUGE_PAGES')!r} is not one of "
                             f"{', '.join(hugepages.CHOICES)}; unset it for auto")
         env.update(hugepages.engine_env(env, huge_pages)[0])

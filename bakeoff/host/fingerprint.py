@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from bakeoff.host.redact import redact_env
+from bakeoff.host.telemetry import static_info, topology
+from bakeoff.host.envs import REPO_ROOT
 
 RELEVANT_ENV = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "VLLM_", "HF_", "TRANSFORMERS_", "TORCH_",
                 "ORT_", "TRTLLM_", "BAKEOFF_", "PYTORCH_", "NCCL_", "TOKENIZERS_", "OPENAI_", "ANTHROPIC_")
@@ -49,8 +51,6 @@ def gpus() -> list[dict[str, str]]:
 
 def _gpu_details() -> dict[str, Any]:
     """NVML's view (CUDA version, power limit, clocks, links) and ``nvidia-smi topo -m``; {} without a GPU."""
-    from bakeoff.host.telemetry import static_info, topology
-
     info = static_info()
     if "unavailable" in info:
         return {}
@@ -85,8 +85,6 @@ def fingerprint(engine_versions: dict[str, str] | None = None, argv: list[str] |
     except (ValueError, OSError):
         mem_gib = None
     env = {k: v for k, v in os.environ.items() if k.startswith(RELEVANT_ENV)}
-    from bakeoff.host.envs import REPO_ROOT
-
     return {
         "hostname": platform.node(),
         "os": f"{platform.system()} {platform.release()}",

@@ -131,6 +131,7 @@ def pip_sources(timeout_s: float = 60) -> dict[str, str]:
 
 def uv_cache() -> Path:
     """``$UV_CACHE_DIR``, else ``<bakeoff cache>/uv`` (beside the environments: uv links from it)."""
+    # lazy: import cycle: bakeoff.host.envs imports this module
     from bakeoff.host.envs import cache_root
 
     return Path(os.environ["UV_CACHE_DIR"]) if os.environ.get("UV_CACHE_DIR") else cache_root() / "uv"
@@ -158,6 +159,7 @@ def write(spec, python: Path | str, root: Path | None = None) -> Path:
     Raises:
         RuntimeError: the environment lists no packages.
     """
+    # lazy: import cycle: bakeoff.host.envs imports this module
     from bakeoff.host.envs import freeze
 
     dropped = TOOLS | {n.lower() for n in spec.uninstall}

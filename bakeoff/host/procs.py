@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -58,6 +61,7 @@ def _die_with_parent() -> None:
     """In the child, before exec: get SIGTERM when the parent dies (Linux PR_SET_PDEATHSIG), so
     an engine does not outlive a bakeoff that was SIGKILLed."""
     try:
+        # lazy: keeps `bakeoff --help` fast (ctypes 4 ms; this module is on its path); only engine children use it
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
@@ -80,8 +84,6 @@ def child_preexec(memory_limit_gib: float | None = None):
 
     def preexec() -> None:
         _die_with_parent()
-        import resource
-
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     return preexec
 
@@ -327,9 +329,6 @@ class ManagedProcess:
         Used as evidence of a ``hang`` (e.g. workers stuck in a futex). Returns what could
         be collected; never raises.
         """
-        import shutil
-        import sys
-
         exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
         if not Path(exe).exists():
             return "py-spy not installed: no stacks collected"

@@ -15,6 +15,7 @@ Modules:
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -29,8 +30,6 @@ def run_loop(coro: Coroutine[Any, Any, T]) -> T:
     of the measurement gets back (``benchmarks/bench_loadgen.py`` measures both loops).
     ``BAKEOFF_LOOP=asyncio`` forces asyncio's loop.
     """
-    import os
-
     if os.environ.get("BAKEOFF_LOOP", "uvloop") != "asyncio":
         try:
             import uvloop

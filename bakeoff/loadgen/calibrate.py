@@ -25,6 +25,8 @@ from pydantic import BaseModel, ConfigDict
 from bakeoff.loadgen.synth_launch import SynthServer
 from bakeoff.api.specs import BackendConfig, GenerationRequest, RequestRecord
 from bakeoff.loadgen import run_loop
+from bakeoff.loadgen.multiproc import closed_loop_mp
+from bakeoff.loadgen.sweep import closed_loop
 
 
 class ErrorBudget(BaseModel):
@@ -122,6 +124,7 @@ def server_slip(sent: dict[str, dict]) -> dict[str, float | None]:
 
 
 def _backend(url: str, extra_body: dict | None = None):
+    # lazy: upward: the load generator reaches the openai backend (tests/test_layers.py ALLOWED); only calibration uses it
     from backends.openai.backend import OpenAIBackend
 
     b = OpenAIBackend(BackendConfig(backend="openai", model="synth", workdir=tempfile.gettempdir(),
@@ -137,15 +140,11 @@ def _run_load(url: str, concurrency: int, requests_per_session: int, max_tokens:
                                  max_tokens=max_tokens, ignore_eos=True)
 
     if processes > 1:
-        from bakeoff.loadgen.multiproc import closed_loop_mp
-
         recs, _, errors = closed_loop_mp(lambda: _backend(url, extra_body), make, concurrency, requests_per_session,
                                          processes=processes, max_error_rate=1.0)
         if errors:
             raise RuntimeError("load process failed:\n" + errors[0])
     else:
-        from bakeoff.loadgen.sweep import closed_loop
-
         backend = _backend(url, extra_body)
 
         async def main():

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from bakeoff.api.specs import GenerationRequest, RequestRecord
 from bakeoff.loadgen import run_loop
+from bakeoff.loadgen.sweep import open_loop, sessions_loop
 
 
 def _child(conn, backend_factory, mode: str, kwargs: dict[str, Any]) -> None:
@@ -28,8 +29,6 @@ def _child(conn, backend_factory, mode: str, kwargs: dict[str, Any]) -> None:
         backend = backend_factory()
 
         async def main():
-            from bakeoff.loadgen.sweep import open_loop, sessions_loop
-
             try:
                 if mode == "closed":
                     return await sessions_loop(backend, **kwargs)

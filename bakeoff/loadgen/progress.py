@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import time
 from dataclasses import dataclass
 from typing import Callable, Literal
+
+from bakeoff.api.errors import EngineFailure
 
 # Seconds: concurrent checks at one watchdog tick share one fresh sample.
 REUSE_S = 0.25
@@ -221,10 +224,6 @@ def timeout_failure(what: str, base_url: str, nbytes: int, elapsed_s: float, tim
         (slow, not hung; ``slow.json`` with the rate), else ``hang`` (``hang.json``, with the
         progress of the last window where it was read).
     """
-    import json
-
-    from bakeoff.api.errors import EngineFailure
-
     record = {"request": what, "bytes": nbytes, "elapsed_s": round(elapsed_s, 3), "read_timeout_s": timeout_s}
     if patience is not None and patience.outcome == "slow":
         whole = patience.whole

@@ -9,6 +9,7 @@ loop per process) is in :mod:`bakeoff.loadgen.multiproc`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any, Callable
 
@@ -346,6 +347,4 @@ def run_sweep(backend, make_request: Callable[[int, int], GenerationRequest], se
 
 def _unwarm(r: RequestRecord) -> RequestRecord:
     """A copy counted by ``summarize`` (which skips warm-up records)."""
-    import dataclasses
-
     return dataclasses.replace(r, warmup=False)

@@ -41,11 +41,12 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 
-from bakeoff.loadgen import synth_protocol as sp
+from bakeoff.loadgen import run_loop, synth_protocol as sp
 from bakeoff.loadgen.synth_config import SynthConfig
-from bakeoff.loadgen import run_loop
 
 
 class Stream:
@@ -325,9 +326,6 @@ def main(argv: list[str] | None = None) -> None:
     config = SynthConfig.model_validate_json(a.config)
     children = []
     if a.workers > 1 and a.worker_index == 0:
-        import subprocess
-        import sys
-
         for i in range(1, a.workers):
             children.append(subprocess.Popen([sys.executable, "-m", "bakeoff.loadgen.synth_server", "--port",
                                               str(a.port), "--host", a.host, "--config", a.config, "--workers",
