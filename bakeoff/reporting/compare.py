@@ -30,6 +30,7 @@ from bakeoff.reporting.compare_findings import delta_text, findings, recommendat
 from bakeoff.reporting.compare_markdown import render_markdown
 from bakeoff.reporting.compare_tables import all_failed, no_success, spec_decode_table, what_engines_said, why_not_qualified
 from bakeoff.reporting.report import fmt, load_run, reason_line, summary_text
+from bakeoff.reporting.compare_html import render_html, write_plots
 
 SWEEP_METRICS = [  # (title, point key, higher is better, digits)
     ("Aggregate output tok/s", "output_tokens_per_s", True, 1),
@@ -346,8 +347,6 @@ def write_compare(paths: list[Path], out_dir: Path, baseline: str | None = None)
     Raises:
         UserError: an unreadable run directory, or a baseline that matches no run.
     """
-    from bakeoff.reporting.compare_html import render_html, write_plots
-
     cols = load_columns(paths)
     base = pick_baseline(cols, baseline)
     data = build(cols, base)

