@@ -46,6 +46,7 @@ def validate(name: str) -> str:
 def preflight(model_path, name: str, cuda: bool | None = None, flags: set[str] | None = None, options: dict | None = None):
     """``bakeoff.analysis.preflight.preflight`` with the rules of the backend registered as ``name``
     (``preflight_rule`` and ``preflight_checkpoint_rule``); ``options``: the run's backend options."""
+    # lazy: keeps `bakeoff --help` fast (the registry is on its path; bakeoff.analysis.preflight 0.1 s: pydantic)
     from bakeoff.analysis.preflight import preflight as predict
 
     cls = resolve(name)
@@ -55,6 +56,7 @@ def preflight(model_path, name: str, cuda: bool | None = None, flags: set[str] |
 def raise_if_rejected(model_path, name: str, cuda: bool | None = None, flags: set[str] | None = None,
                       options: dict | None = None):
     """``bakeoff.analysis.preflight.raise_if_rejected`` with the rules of the backend ``name``."""
+    # lazy: keeps `bakeoff --help` fast (the registry is on its path; bakeoff.analysis.preflight 0.1 s: pydantic)
     from bakeoff.analysis.preflight import raise_if_rejected as check
 
     cls = resolve(name)

@@ -9,6 +9,7 @@ Both hosting modes use it (docs/design.md "Two ways to host an engine"):
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -29,6 +30,7 @@ from bakeoff.host.procs import ManagedProcess, describe_exit, died_by_signal, fr
 from bakeoff.api.specs import BackendInfo, GenerationRequest, TokenEvent
 from backends._options import OptionReport, fallback_statements
 from bakeoff.analysis.cuda_errors import classify, describe
+from backends._checkpoint_read import check
 
 
 def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
@@ -144,8 +146,6 @@ class ChildServerBackend(Backend):
         Raises:
             EngineFailure: ``config-rejected`` naming the file and both transformers versions.
         """
-        from backends._checkpoint_read import check
-
         readings = check(python, self.config.model, env_name, log=self._log)
         if readings is not None:
             (self.workdir / "checkpoint_read.json").write_text(json.dumps(readings, indent=1))
@@ -311,8 +311,6 @@ class ChildServerBackend(Backend):
     async def _settle(self, wait_s: float = 1.0) -> None:
         """A connection cut by a dying engine is seen before its exit: give the exit ``wait_s`` seconds
         (without blocking other requests) so the failure is named as the crash it is."""
-        import asyncio
-
         deadline = time.monotonic() + wait_s
         while self.proc.alive() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

@@ -19,12 +19,18 @@ Child side: :class:`ChildPipe`. Parent side (the worker's): :class:`backends._ho
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import fcntl
+import json
 import os
 import pickle
+import select
 import struct
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -85,8 +91,6 @@ def read_frames(fd: int):
 def _grow(fd: int, size: int = 1 << 20) -> None:
     """Enlarge a pipe's buffer (Linux ``F_SETPIPE_SZ``), so a late poll does not stall the writer."""
     try:
-        import fcntl
-
         fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), size)
     except (OSError, ImportError):
         pass
@@ -194,8 +198,6 @@ class ChildPipe:
 
     def wait(self) -> list[Any]:
         """At least one command, blocking (no GIL held) until one arrives; see :meth:`poll`."""
-        import select
-
         while True:
             got = self.poll()
             if got:
@@ -223,11 +225,6 @@ def start_child(argv: list[str] | None, make: Callable[[str, dict[str, Any]], An
     pipe, and build the engine with ``make(model, options)``. A failure to build is sent to the
     worker as ``("failed", "<exception line>")`` (its traceback on stderr, in the engine's log) and
     ends the process with exit 1, so the worker reports it as a failed start, not a crash."""
-    import argparse
-    import json
-    import sys
-    import traceback
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--options", default="{}")

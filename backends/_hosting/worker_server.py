@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
+import math
 import os
 import sys
+import threading
 import time
 import traceback
 import uuid
@@ -64,9 +67,6 @@ class TokenChannel:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
-        import collections
-        import threading
-
         self.loop = loop
         self.items: collections.deque = collections.deque()
         self.lock = threading.Lock()
@@ -122,8 +122,6 @@ def _max_tokens_problem(body: dict) -> str | None:
 def _sampling_problem(body: dict) -> str | None:
     """What is wrong with ``temperature`` / ``top_p``: finite numbers, ``temperature >= 0`` and
     ``0 < top_p <= 1``, where given."""
-    import math
-
     for key, lo_ok in (("temperature", lambda v: v >= 0), ("top_p", lambda v: 0 < v <= 1)):
         v = body.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -87,8 +88,6 @@ def main() -> None:
             "options": opts, "sampling_defaults": NEUTRAL_SAMPLING}
     with open(args.ready_file + ".tmp", "w") as fh:
         json.dump({"info": info}, fh, default=str)
-    import os
-
     os.replace(args.ready_file + ".tmp", args.ready_file)
     print(f"llamacpp worker: serving {args.gguf} on {base}", file=sys.stderr, flush=True)
     stop.wait()

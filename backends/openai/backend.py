@@ -22,7 +22,9 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
@@ -102,8 +104,6 @@ class OpenAIOptions(Spec):
         """An address bakeoff can reach a server at: ``http`` or ``https`` with a host (issue 36's
         census: an empty value, ``not a url`` and ``file:///etc`` were accepted and ended
         ``load-failure``, the user's typo charged to a server; urllib read ``file:`` from disk)."""
-        from urllib.parse import urlsplit
-
         try:
             parts = urlsplit(v.strip())
             host = parts.hostname
@@ -131,8 +131,6 @@ class OpenAIOptions(Spec):
         built or written (not a ``config-rejected`` load failure charged to the server). It
         reads the file, nothing more."""
         if v is not None:
-            from pathlib import Path
-
             p = Path(v.strip())
             target = p / "tokenizer.json" if p.is_dir() else p
             if not v.strip() or (target.exists() and not target.is_file()):

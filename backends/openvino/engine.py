@@ -36,6 +36,7 @@ import traceback
 from typing import Any
 
 from backends._hosting.engine_frames import Out, answer_tokenize
+from backends._hosting.worker_pipe import start_child
 
 
 def kv_cache_precision(ov, device: str, props: dict[str, Any]) -> str | None:
@@ -291,8 +292,6 @@ class OpenVinoEngine:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from backends._hosting.worker_pipe import start_child
-
     chan, engine = start_child(argv, OpenVinoEngine)
     chan.send(("ready", engine.info))
     try:

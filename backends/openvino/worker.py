@@ -18,6 +18,7 @@ from typing import Any
 
 from backends._hosting.engine_proxy import PipeEngineProxy
 from backends._hosting.engine_process import EngineExited
+from backends._hosting.worker_server import serve
 
 
 class OpenVinoProxy(PipeEngineProxy):
@@ -67,8 +68,6 @@ class OpenVinoProxy(PipeEngineProxy):
 
 
 def main() -> None:
-    from backends._hosting.worker_server import serve
-
     serve(lambda args: OpenVinoProxy(args.model, args.options))
 
 

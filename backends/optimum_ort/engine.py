@@ -12,6 +12,7 @@ onnxruntime-gpu). ``intra_op_num_threads`` sets the session's threads and, on CP
 
 from __future__ import annotations
 
+from importlib import metadata
 from typing import Any
 
 from backends.transformers.engine import TransformersEngine, run, threads_in_new_thread
@@ -21,8 +22,6 @@ class OptimumOrtEngine(TransformersEngine):
     """``ORTModelForCausalLM.from_pretrained(export_dir, provider=..., file_name=...)``."""
 
     def __init__(self, model_path: str, options: dict[str, Any]):  # noqa: D107 - replaces the parent's loading
-        from importlib import metadata
-
         import onnxruntime
         import torch
         import transformers

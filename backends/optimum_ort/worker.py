@@ -9,11 +9,10 @@ EXPORT_DIR --port P --ready-file F --options JSON``: the transformers worker's H
 from __future__ import annotations
 
 from backends.transformers.worker import TransformersProxy
+from backends._hosting.worker_server import serve
 
 
 def main() -> None:
-    from backends._hosting.worker_server import serve
-
     serve(lambda args: TransformersProxy(args.model, args.options, engine_module="backends.optimum_ort.engine"))
 
 

@@ -44,6 +44,8 @@ from backends.ort_genai.frames import TOKENIZE, Decoder, Out, answer_tokenize
 from backends.ort_genai.generator_batch import MAX_BATCH, RESTART_TOKENS, WAVE_WAIT_S, Inbox, batch_key, run_batch, take_batch
 from backends.ort_genai.og_engine import EngineScheduler
 from backends.ort_genai.tokenizing import tokenizer_disagreement, worker_detokenizer
+from backends._hosting.worker_pipe import start_child
+from backends.ort_genai.paged_logits import run_paged_with_logprobs
 
 
 # ``og.Generator.generate_next_token`` holds the GIL for its whole step, so the command thread (new
@@ -339,8 +341,6 @@ class OrtGenaiEngine:
         if not self.paged:
             run_batch(self, take_batch(self, item), send, self.batch)
             return
-        from backends.ort_genai.paged_logits import run_paged_with_logprobs
-
         out = Out(send, item[0], self.stream_interval_s)
         try:
             run_paged_with_logprobs(self, item[0], item[1], out)
@@ -350,8 +350,6 @@ class OrtGenaiEngine:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from backends._hosting.worker_pipe import start_child
-
     pipe, engine = start_child(argv, OrtGenaiEngine)
     # The worker gone (EOF on commands) ends this process even in the middle of a request.
     pipe.listen(engine.on_command, on_eof=lambda: os._exit(0))

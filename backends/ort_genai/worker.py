@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from backends._hosting.engine_proxy import PipeEngineProxy
+from backends._hosting.worker_server import serve
 
 
 class OrtGenaiProxy(PipeEngineProxy):
@@ -39,8 +40,6 @@ class OrtGenaiProxy(PipeEngineProxy):
 
 
 def main() -> None:
-    from backends._hosting.worker_server import serve
-
     serve(lambda args: OrtGenaiProxy(args.model, args.options))
 
 

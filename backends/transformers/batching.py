@@ -24,9 +24,14 @@ at a time.
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 import uuid
 from typing import Any
+
+from backends._hosting.engine_frames import Out, answer_tokenize
+from backends.transformers.engine import answer_call
+from backends.transformers.static import batch_key, serve_static
 
 WARMUP_TIMEOUT_S = 300.0
 
@@ -113,9 +118,6 @@ class ContinuousBatcher:
 
     def command(self, msg: tuple, chan) -> None:
         """One command from the worker (``backends/_hosting/engine_frames.py``)."""
-        from backends._hosting.engine_frames import answer_tokenize
-        from backends.transformers.engine import answer_call
-
         kind, rid, send = msg[0], msg[1], chan.send
         if kind == "tokenize":
             answer_tokenize(self.engine, send, rid, msg[2])
@@ -155,10 +157,6 @@ class ContinuousBatcher:
         (:func:`backends.transformers.static.serve_static`: each row's tokens and logprobs as
         ``generate`` alone gives them), a sampled one or a lone greedy one through ``generate``.
         Commands that come meanwhile are handled after it, the outside requests among them the same way."""
-        import collections
-
-        from backends.transformers.static import batch_key, serve_static
-
         waiting: collections.deque = collections.deque([msg])
         while waiting:
             m = waiting.popleft()
@@ -175,8 +173,6 @@ class ContinuousBatcher:
 
     def add(self, msg: tuple, chan) -> None:
         """A greedy request into the manager's batch."""
-        from backends._hosting.engine_frames import Out
-
         rid, body = msg[1], msg[2]
         out = Out(chan.send, rid, self.engine.interval_s)
         ids = self.engine.encode(body.get("prompt", ""))

@@ -43,6 +43,7 @@ from typing import Any
 from backends.transformers.logprobs import top_logprobs
 from backends._hosting.engine_frames import Out, answer_tokenize
 from backends.transformers.static import GREEDY_KWARGS, batch_key, serve_static
+from backends._hosting.worker_pipe import start_child
 
 # With ``batching`` unset on CPU: a model whose decode step (one sequence) takes at least this many
 # milliseconds is served by continuous batching, a faster one by static batches. Measured on the
@@ -114,6 +115,7 @@ class TransformersEngine:
         self.batches = self.batched_requests = self.restarts = 0
         self._info["batching"] = batching
         if batching == "continuous":
+            # lazy: tests patch batching.start_batcher (read at call time); batching imports this module
             from backends.transformers.batching import start_batcher
 
             self.batcher, reason = start_batcher(self, {**options, "batching": batching})
@@ -379,8 +381,6 @@ def run(make_engine, argv: list[str] | None = None) -> None:
         make_engine: the engine class (:class:`TransformersEngine` or a subclass).
         argv: ``--model M --options JSON --cmd-fd N --out-fd M --bell-fd B``.
     """
-    from backends._hosting.worker_pipe import start_child
-
     chan, engine = start_child(argv, make_engine)
     chan.send(("ready", engine.info()))
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 from bakeoff.analysis.preflight import Rule
 
 SRC_HF = ("https://huggingface.co/docs/transformers/main/en/quantization/overview; "
@@ -16,8 +18,6 @@ HF_PACKAGES = {"awq": "gptqmodel", "gptq": "gptqmodel", "compressed-tensors": "c
 
 def rule(q: dict, arch: str | None, cuda: bool, flags: set[str] | None = None) -> Rule:
     """Whether transformers has the quantizer package for the checkpoint's method."""
-    import importlib.util
-
     m = q.get("method")
     if not q.get("quantized"):
         return True, "float checkpoint", SRC_HF

@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from backends._hosting.engine_proxy import PipeEngineProxy
+from backends._hosting.worker_server import serve
 
 
 class CumulativeText:
@@ -67,8 +68,6 @@ class TransformersProxy(PipeEngineProxy):
 
 
 def main() -> None:
-    from backends._hosting.worker_server import serve
-
     serve(lambda args: TransformersProxy(args.model, args.options))
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -96,8 +97,6 @@ def _probe_import(python: str, timeout_s: float = 300) -> tuple[bool, str]:
 
 
 def _nvidia_smi() -> str:
-    import shutil
-
     exe = shutil.which("nvidia-smi")
     if not exe:
         return "nvidia-smi: not found on PATH (no NVIDIA driver)"

@@ -24,6 +24,8 @@ from __future__ import annotations
 import atexit
 from typing import Any
 
+from backends._hosting.worker_server import serve
+
 # LLM(...) keyword arguments taken from the options when set.
 LLM_KEYS = ("max_batch_size", "max_num_tokens", "max_seq_len", "trust_remote_code")
 
@@ -139,8 +141,6 @@ def _device() -> str:
 
 
 def main() -> None:
-    from backends._hosting.worker_server import serve
-
     serve(lambda args: TrtllmEngine(args.model, args.options))
 
 

@@ -8,14 +8,15 @@ for the names in ``$BAKEOFF_RANK_ENV_KEYS`` (values hashed: they may be secrets)
 ``sitecustomize`` it shadows, if any. Standard library only; never raises.
 """
 
+import hashlib
+import importlib.machinery
+import importlib.util
+import json
 import os
 import sys
 
 
 def _report() -> None:
-    import hashlib
-    import json
-
     folder, keys = os.environ.get("BAKEOFF_RANK_ENV_DIR"), os.environ.get("BAKEOFF_RANK_ENV_KEYS", "")
     if not folder:
         return
@@ -31,9 +32,6 @@ def _report() -> None:
 
 def _chain() -> None:
     """The next ``sitecustomize`` on the path, as Python would have run it without this one."""
-    import importlib.machinery
-    import importlib.util
-
     here = os.path.dirname(os.path.abspath(__file__))
     rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
