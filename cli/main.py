@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -17,6 +20,9 @@ from bakeoff.api.errors import UserError, one_line
 from cli.gating import EXIT_BAD_INPUT, EXIT_INTERRUPTED, GATE_STATUSES
 from bakeoff.host.procs import sigterm_as_interrupt
 from bakeoff.host.redact import redact
+from cli.jobs.args import add_jobs_parser
+from cli.tools import add_tool_parsers
+import backends
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKOUT = (REPO / "pyproject.toml").is_file()  # else an installed wheel: REPO is site-packages
@@ -46,9 +52,8 @@ class Parser(argparse.ArgumentParser):
 def _report_dest(args) -> Path:
     """``artifacts/reports/NAME`` for ``report`` / ``compare``, checked writable (nothing is
     created: the runs are read and checked first, then the report folder is made)."""
-    from bakeoff.host.artifacts import check_creatable
-
-    from bakeoff.host.artifacts import plain_name
+    # lazy: keeps `bakeoff --help` fast: this module is on its path (bakeoff.host.artifacts 10 ms)
+    from bakeoff.host.artifacts import check_creatable, plain_name
 
     name = plain_name(args.name, "--name")
     if not args.artifacts.strip():
@@ -68,6 +73,7 @@ def _io_as_user_error(what: str):
 
 
 def cmd_report(args) -> int:
+    # lazy: keeps `bakeoff --help` fast: this module is on its path (bakeoff.reporting.report 40 ms); tests patch report.write_report
     from bakeoff.reporting.report import write_report
 
     paths = [Path(p) for p in args.runs] or [Path(args.artifacts) / "runs"]
@@ -78,6 +84,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    # lazy: keeps `bakeoff --help` fast: this module is on its path (bakeoff.reporting.compare 0.2 s)
     from bakeoff.reporting.compare import write_compare
 
     if args.baseline is not None and not args.baseline.strip():
@@ -90,6 +97,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_fixture(args) -> int:
+    # lazy: keeps `bakeoff --help` fast: this module is on its path (bakeoff.models.fixtures 60 ms)
     from bakeoff.models import fixtures
 
     if args.action == "list":
@@ -106,6 +114,7 @@ def cmd_fixture(args) -> int:
     for name in args.name:
         if name.removeprefix("fixture:") not in fixtures.names():
             raise UserError(f"unknown fixture {name!r}; choose one of: {', '.join(fixtures.names())}")
+    # lazy: keeps `bakeoff --help` fast: this module is on its path (bakeoff.host.artifacts 10 ms)
     from bakeoff.host.artifacts import check_creatable
 
     if args.force or not all(fixtures.is_built(n.removeprefix("fixture:")) for n in args.name):
@@ -116,6 +125,7 @@ def cmd_fixture(args) -> int:
 
 
 def cmd_envs(args) -> int:
+    # lazy: keeps `bakeoff --help` fast: this module is on its path (bakeoff.host.envs 20 ms)
     from bakeoff.host import envs
 
     root = envs.cache_root() / "envs"
@@ -130,10 +140,6 @@ def cmd_envs(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The ``bakeoff`` parser. Light: the subcommands' handlers are named ``"module:function"``
     where importing them costs (``jobs``, ``quantize``, ``calibrate``) and imported when chosen."""
-    from cli.jobs.args import add_jobs_parser
-    from cli.tools import add_tool_parsers
-    import backends
-
     ap = Parser(prog="bakeoff", description="Qualify or disqualify LLM inference backends for a model, "
                 "with captured evidence, and measure the ones that qualify.")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
@@ -237,9 +243,6 @@ def _check_text(argv: list[str]) -> None:
 def path_problem(exc: BaseException) -> str | None:
     """One line for a path the user gave that the system cannot use (pathlib's symlink loop and
     unknown ``~user``, a name too long, a loop of links), or None for any other error."""
-    import errno
-    import re
-
     text = str(exc)
     if isinstance(exc, RuntimeError):
         m = re.match(r"Symlink loop from '(.*)'", text)
@@ -258,8 +261,6 @@ def path_problem(exc: BaseException) -> str | None:
 def _stdout_to_devnull() -> None:
     """After a closed pipe on stdout, what is still buffered goes nowhere (Python's own advice for
     SIGPIPE: otherwise the interpreter's final flush prints a traceback)."""
-    import os
-
     with contextlib.suppress(OSError, ValueError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 

@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import IO
 
 from cli.phases import PhaseBoard, Throttle
-from bakeoff.host.artifacts import SWEEP_POINTS_LOG, read_json
+from bakeoff.host.artifacts import SWEEP_POINTS_LOG, atomic_write_text, read_json
 from bakeoff.host.procs import child_preexec
+from bakeoff.reporting.report import load_run, reason_lines
 
 STYLE = {"pass": "green", "fail": "bold red", "error": "bold red", "skip": "yellow", "info": "cyan"}
 SWEEP_CHECK = "throughput.sweep"
@@ -214,8 +215,6 @@ class Progress:
         text = log.read_text(errors="replace") if log.is_file() else ""
         log.unlink(missing_ok=True)
         if run_dir is not None and run_dir.is_dir():
-            from bakeoff.host.artifacts import atomic_write_text
-
             atomic_write_text(run_dir / "pytest.log", text)
         elif text.strip():
             print("\n".join(text.splitlines()[-20:]), file=sys.stderr)
@@ -274,8 +273,6 @@ def verdict_rows(runs: list[Path]) -> list[tuple[str, str, str, str, str, str]]:
     """``(backend, model, status, reasons, run directory name, options)`` per run, as the verdict table
     shows them: the reasons recomputed from the run's checks (every status but ``qualified`` has one),
     one short line each (the report holds them whole); the options the run was given (``k=v, ...``)."""
-    from bakeoff.reporting.report import load_run, reason_lines
-
     rows = []
     for p in runs:
         r = load_run(p)

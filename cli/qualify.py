@@ -15,6 +15,8 @@ from pathlib import Path
 
 from bakeoff.api.errors import UserError
 from cli.gating import EXIT_NO_RUN, gate, parse_fail_on
+from evaluations.inputs import Request, check_request, resume_request
+import backends
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKOUT = (REPO / "pyproject.toml").is_file()  # else an installed wheel: REPO is site-packages
@@ -45,8 +47,6 @@ def _pytest_cmd(*opts: str) -> tuple[list[str], str]:
 
 def _request(args):
     """``bakeoff qualify``'s flags as an :class:`evaluations.inputs.Request` (None: not given)."""
-    from evaluations.inputs import Request
-
     return Request(entry="qualify", backends=None if args.backends is None else args.backends.split(","), model=args.model,
                    backend_opt=args.backend_opt, matrix=args.matrix, profile=args.profile, artifacts=args.artifacts,
                    report=args.report, reference_model=args.reference_model, reference_opt=args.reference_opt,
@@ -56,8 +56,6 @@ def _request(args):
 def cmd_qualify(args) -> int:
     """Check everything (:func:`evaluations.inputs.check_request`, the function ``pytest
     evaluations/`` calls too), then run each backend x matrix cell and write the report."""
-    from evaluations.inputs import check_request
-
     fail_on = parse_fail_on(args.fail_on)
     if args.resume is not None:
         return _resume(_request(args), fail_on)
@@ -68,7 +66,7 @@ def cmd_qualify(args) -> int:
 def _qualify(c, quiet: bool, fail_on: frozenset[str]) -> int:
     """The checked request ``c`` (:class:`evaluations.inputs.Checked`): environments and fixture,
     one evaluation per run, the report."""
-    import backends
+    # lazy: bakeoff qualify answers bad input before these load (pydantic 0.1 s, the model resolvers 60 ms, the environments 20 ms); tests patch cli.progress.print_verdicts and bakeoff.reporting.report.write_report (read at call time)
     from cli import steps
     from cli.progress import Progress, choose_mode
     from cli.progress import print_verdicts as _print_summary
@@ -125,6 +123,7 @@ def _one_run(c, run, artifacts: Path, progress, runs: list[Path], cell_runs: dic
              shared_env: dict[str, str]) -> None:
     """One backend x matrix cell: its pytest subprocess (with ``shared_env``, what the command's runs
     share); appends to ``runs`` or ``missing``."""
+    # lazy: bakeoff qualify answers bad input before these load (pydantic 0.1 s, the model resolvers 60 ms, the environments 20 ms)
     from bakeoff.analysis.matrix import baseline_cell
     from bakeoff.api.options import format_kv
 
@@ -175,11 +174,10 @@ def _resume(req, fail_on: frozenset[str]) -> int:
     """``bakeoff qualify --resume RUN_DIR``: finish a cut-off run (completed checks are kept),
     then re-write the report. The run's own backend, model and options apply: the resumed
     request is checked here as the evaluation will check it, before it starts."""
+    # lazy: tests patch cli.progress.print_verdicts and bakeoff.reporting.report.write_report (read at call time); bakeoff qualify answers bad input before these load (pydantic 0.1 s, the model resolvers 60 ms, the environments 20 ms)
     from cli.progress import print_verdicts as _print_summary
     from bakeoff.host.artifacts import check_creatable
     from bakeoff.reporting.report import write_report
-    from evaluations.inputs import check_request, resume_request
-
     run_req, _meta, _verdict = resume_request(req)
     c = check_request(run_req)
     run_dir = Path(run_req.resume).resolve()

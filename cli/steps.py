@@ -32,6 +32,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple
 
 from cli.phases import fmt_s
 from bakeoff.host.artifacts import read_json
+from bakeoff.models.resolve import resolve
 
 # Installs at once. Kept at two, not measured again for issue 30: on the 2-core AVX-512 host
 # (docs/getting-started.md, 2026-12-03) four environments took 105 s two at a time against 111 s for the same four
@@ -57,6 +58,7 @@ class EnvPrewarm:
     def __init__(self, specs: list, log: Callable[[str], None] = print, parallel: int = PARALLEL_INSTALLS,
                  board=None, ensure: Callable | None = None):
         if ensure is None:
+            # lazy: tests patch bakeoff.host.envs.ensure (read at call time)
             from bakeoff.host.envs import ensure
         self._ensure = ensure
         seen: dict[str, object] = {}
@@ -190,8 +192,6 @@ def prepare(model: str, specs: list, board, clock: "StepClock") -> tuple:
     """Start making the environments of ``specs`` in the background, then resolve ``model`` (a
     fixture is copied from its shipped weights, or trained) while they are made, both shown on
     ``board``; returns the resolved model and the :class:`EnvPrewarm` (still making them)."""
-    from bakeoff.models.resolve import resolve
-
     prewarm = EnvPrewarm(specs, board=board)
     t_fixture = time.monotonic()
     resolved = resolve(model, log=board.fixture_log)

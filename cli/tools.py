@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
+import time
 from pathlib import Path
 
 from bakeoff.api.errors import EngineFailure, UserError
@@ -15,6 +16,7 @@ MAX_NUM_SAMPLES = 100_000  # calibration texts for AWQ: llm-compressor's recipes
 
 def cmd_quantize(args) -> int:
     """Quantize a checkpoint (``bakeoff quantize awq --model M --out DIR``)."""
+    # lazy: keeps `bakeoff --help` fast: this module is on its path (adapters.awq_int4 0.1 s: pydantic); tests patch adapters.awq_int4.quantize_awq
     from adapters.awq_int4 import quantize_awq
     from bakeoff.models.resolve import resolve
 
@@ -48,6 +50,7 @@ def _quantize_out(args) -> Path:
     if args.dataset is not None and not Path(args.dataset).is_file():
         raise UserError(f"--dataset {args.dataset} is not a file; pass a .jsonl with a text field, or one text per line")
     if args.dataset is not None:  # read now by the adapter's own reader, not minutes later in its environment
+        # lazy: keeps `bakeoff --help` fast: this module is on its path (adapters.awq_int4 0.1 s)
         from adapters.awq_int4.quantize import load_texts
 
         try:
@@ -77,6 +80,7 @@ def _quantize_source(args, out: Path) -> None:
     Raises:
         UserError: the output folder cannot be made, or the checkpoint is not a local, unquantized one.
     """
+    # lazy: keeps `bakeoff --help` fast: this module is on its path (bakeoff.analysis.preflight 0.1 s, resolve 70 ms)
     from bakeoff.analysis.preflight import describe_quantization
     from bakeoff.host.artifacts import check_creatable
     from bakeoff.models.resolve import check as check_model
@@ -94,6 +98,7 @@ def _quantize_source(args, out: Path) -> None:
         source = resolve(args.model, build=False)
         if not source.local:
             raise UserError(f"quantize needs a local checkpoint folder; {args.model} is not one (download it first)")
+        # lazy: keeps `bakeoff --help` fast: this module is on its path (bakeoff.host.artifacts 10 ms)
         from bakeoff.host.artifacts import read_json
 
         try:  # llm-compressor reads it minutes later, after its environment is made: read it now
@@ -153,6 +158,7 @@ def _check_out(out: str | None) -> Path | None:
     Raises:
         UserError: empty, a folder, or a folder that is missing or not writable.
     """
+    # lazy: keeps `bakeoff --help` fast: this module is on its path (bakeoff.host.artifacts 10 ms)
     from bakeoff.host.artifacts import check_creatable
 
     if out is None:
@@ -173,9 +179,6 @@ def cmd_calibrate(args) -> int:
     JSON result; exit 0 when every level is within budget, else 1. Every value is checked first
     (bounded, finite; ``--out`` writable) so that nothing is measured for a result that cannot
     be written or a level that would not end."""
-    import math
-    import time
-
     levels = _levels(args.concurrency)
     for flag, (low, high) in CALIBRATE_LIMITS.items():
         v = getattr(args, flag[2:].replace("-", "_"))
@@ -191,6 +194,7 @@ def cmd_calibrate(args) -> int:
         raise UserError(f"each level would stream for {level_s:,.0f} s (--requests-per-session x (--ttft-ms + --itl-ms x "
                         f"(--output-tokens - 1))), more than {MAX_LEVEL_S:.0f} s; lower --itl-ms or --output-tokens")
     out = _check_out(args.out)
+    # lazy: keeps `bakeoff --help` fast: this module is on its path (bakeoff.host.artifacts 10 ms)
     from bakeoff.host.artifacts import atomic_write_text
     from bakeoff.loadgen.calibrate import calibrate_sweep
 

@@ -14,6 +14,7 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bakeoff.models.fixtures.corpus import KV_KEYS, kv_haystack, kv_pair, kv_prompt, kv_value
@@ -93,8 +94,6 @@ def client_token_counter(settings, engine) -> tuple[Any, str]:
 
 def is_fixture(settings) -> bool:
     """A bakeoff fixture: named ``fixture:NAME``, or a folder its builder wrote (``fixture.json``)."""
-    from pathlib import Path
-
     return settings.model.fixture is not None or (settings.model.local and (Path(settings.model.path) / "fixture.json").is_file())
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -15,14 +16,13 @@ from bakeoff.api.errors import EngineFailure, UserError, one_line
 from bakeoff.host.fingerprint import fingerprint
 from bakeoff.host.run import CheckFailed, CheckSkipped, RunContext
 from bakeoff.api.specs import BackendConfig
-from bakeoff.api.verdict import Verdict
+from bakeoff.api.verdict import Check, Verdict
 from evaluations.inputs import check_request, resume_request
 from evaluations.session import (KEY_ENGINE, KEY_INTERRUPTED, KEY_RUN, KEY_SETTINGS, KEY_TELEMETRY, MODULE_ORDER,
                                  RELEVANT_PACKAGES, Settings, add_options, load_resume, request_from, settings_from)
 from backends import preflight
 from evaluations import patching
 from bakeoff.analysis.cuda_errors import classify
-from bakeoff.api.verdict import Check
 from bakeoff.host import procs
 from bakeoff.host.envs import freeze
 from evaluations.gpu_telemetry import record_telemetry, start_telemetry
@@ -99,6 +99,7 @@ def _fixture_facts(model) -> dict | None:
     """A fixture's provenance for the fingerprint (shipped or trained here, its fixture hash)."""
     if not model.fixture:
         return None
+    # lazy: the pytest plugin loads in every pytest session of this venv (its pytest11 entry point); kept light (bakeoff.models.fixtures 60 ms)
     from bakeoff.models.fixtures import provenance
 
     return provenance(model.path)
@@ -108,6 +109,7 @@ def _packaged_facts(model) -> dict | None:
     """A packaged model's provenance for the fingerprint (package, version, sha256s, converter)."""
     if not model.packaged:
         return None
+    # lazy: the pytest plugin loads in every pytest session of this venv (its pytest11 entry point); kept light (bakeoff.models.packaged 65 ms)
     from bakeoff.models.packaged import provenance
 
     return provenance(model.path)
@@ -259,8 +261,6 @@ def _start_failure(exc: Exception, state: dict, backend, name: str) -> EngineFai
     :class:`EngineFailure` is a ``load-failure`` with its traceback), the engine's log tail in its
     evidence; the backend is stopped and ``state["error"]`` says why, for the checks after it."""
     if not isinstance(exc, EngineFailure):
-        import traceback
-
         exc = EngineFailure("load-failure", f"{type(exc).__name__} while starting {name}: {exc}",
                             {"traceback.txt": traceback.format_exc()})
     state["error"] = f"{exc.failure_class}: {exc.message}"
@@ -305,6 +305,7 @@ def engine(engine_state):
 def prompt_calibration(engine, settings):
     """Tokens per haystack unit and the engine's prefill rate, measured once for the long-context
     checks (:func:`evaluations.measuring.calibrate`; their lengths: ``evaluations/sizing.py``)."""
+    # lazy: the pytest plugin loads in every pytest session of this venv (its pytest11 entry point); kept light (evaluations.measuring: the load generator, numpy)
     from evaluations.measuring import calibrate, is_fixture
 
     return calibrate(engine, is_fixture(settings))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 from pathlib import Path
 from typing import Callable
@@ -61,8 +62,6 @@ def inspect_ir(python: Path, ir_dir: Path, timeout_s: float = 600) -> dict:
 
 
 def _run(cmd: list[str], timeout_s: float) -> str:
-    import subprocess
-
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=envs.child_env())
     except subprocess.TimeoutExpired as exc:

@@ -14,6 +14,7 @@ ends ``unavailable`` with the nvidia-smi output as evidence, before installing a
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -72,8 +73,6 @@ class ModeloptResult(Spec):
 
 
 def _no_gpu_evidence() -> str:
-    import shutil
-
     exe = shutil.which("nvidia-smi")
     if not exe:
         return "nvidia-smi: not found on PATH (no NVIDIA driver)"

@@ -24,6 +24,7 @@ import sys
 import time
 
 from adapters._calibration import calibration_parser
+from adapters.awq_int4.quantize import load_texts
 
 QFORMATS = {"int4_awq": "INT4_AWQ_CFG", "fp8": "FP8_DEFAULT_CFG", "nvfp4": "NVFP4_DEFAULT_CFG"}
 
@@ -40,8 +41,6 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
     from modelopt.torch.export import export_hf_checkpoint
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from adapters.awq_int4.quantize import load_texts
 
     if not torch.cuda.is_available():
         raise SystemExit("ModelOpt PTQ for TensorRT-LLM runs on an NVIDIA GPU; torch sees none")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bakeoff.api.errors import UserError
+from bakeoff.host.artifacts import check_creatable
 
 _HUB_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._\-]{0,94}[A-Za-z0-9])?"
 HUB_ID = re.compile(rf"{_HUB_PART}/{_HUB_PART}")  # huggingface_hub's validate_repo_id, ASCII, with an org
@@ -83,6 +84,7 @@ def _fixture_name(spec: str) -> str:
     Raises:
         UserError: not a fixture bakeoff knows.
     """
+    # lazy: keeps this module light for its hub-id and path checks (cli.jobs, evaluations.inputs): the fixture and packaged registries cost 60 ms
     from bakeoff.models import fixtures
 
     name = spec.split(":", 1)[1]
@@ -94,6 +96,7 @@ def _fixture_name(spec: str) -> str:
 def packaged_name(spec: str) -> str | None:
     """The packaged model ``spec`` names (:func:`bakeoff.models.packaged.names`), or None; a folder
     of that name that exists here is a path instead (``./NAME`` says so plainly)."""
+    # lazy: keeps this module light for its hub-id and path checks (cli.jobs, evaluations.inputs): the fixture and packaged registries cost 60 ms
     from bakeoff.models import packaged
 
     if packaged.get(spec) is None:
@@ -105,6 +108,7 @@ def packaged_name(spec: str) -> str | None:
 
 
 def _packaged_names() -> list[str]:
+    # lazy: keeps this module light for its hub-id and path checks (cli.jobs, evaluations.inputs): the fixture and packaged registries cost 60 ms
     from bakeoff.models import packaged
 
     return packaged.names()
@@ -126,12 +130,14 @@ def resolve(spec: str, build: bool = True, log=print) -> ResolvedModel:
     """
     name = packaged_name(spec)
     if name is not None:
+        # lazy: keeps this module light for its hub-id and path checks (cli.jobs, evaluations.inputs): the fixture and packaged registries cost 60 ms
         from bakeoff.models import packaged
 
         if not packaged.is_built(name) and not build:
             raise UserError(f"{name} is not fetched yet; run: bakeoff qualify --model {name} (fetched on first use)")
         return ResolvedModel(label=spec, path=str(packaged.build(name, log=log)), local=True, packaged=name)
     if spec.startswith("fixture:"):
+        # lazy: keeps this module light for its hub-id and path checks (cli.jobs, evaluations.inputs): the fixture and packaged registries cost 60 ms
         from bakeoff.models import fixtures
 
         name = _fixture_name(spec)
@@ -178,6 +184,7 @@ def check(spec: str) -> None:
     """
     name = packaged_name(spec)
     if name is not None:
+        # lazy: keeps this module light for its hub-id and path checks (cli.jobs, evaluations.inputs): the fixture and packaged registries cost 60 ms
         from bakeoff.models import packaged
 
         packaged.check(name)
@@ -185,9 +192,8 @@ def check(spec: str) -> None:
     if not spec.startswith("fixture:"):
         resolve(spec, build=False)  # no side effects for paths and hub ids
         return
+    # lazy: keeps this module light for its hub-id and path checks (cli.jobs, evaluations.inputs): the fixture and packaged registries cost 60 ms
     from bakeoff.models import fixtures
-    from bakeoff.host.artifacts import check_creatable
-
     name = _fixture_name(spec)
     if not fixtures.is_built(name):  # is_built refuses a BAKEOFF_CACHE that is a file
         check_creatable(fixtures.cache_root(), "fixture cache",

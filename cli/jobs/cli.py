@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,9 @@ from bakeoff.api.errors import UserError, one_line
 from cli.jobs import render, submit
 from cli.jobs.specs import ExportTask, JobRequest, JobTask, PushTarget, QualifyTask
 from bakeoff.host.redact import redact
+from bakeoff.models.resolve import is_hub_id
+import backends
+from evaluations.inputs import Request, check_options
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,8 +54,6 @@ def _no_userinfo(url: str | None) -> str | None:
     """``url`` without the ``user:password@`` part (a token in an --endpoint is never printed)."""
     if not url:
         return url
-    import re
-
     return re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@", r"\1***@", url)
 
 
@@ -75,6 +77,7 @@ def _check_model(flag: str, spec: str | None, dry_run: bool) -> None:
     if spec is None:
         return
     if spec.startswith("fixture:"):
+        # lazy: only a fixture model needs the fixture registry (60 ms: the builders, the fingerprint)
         from bakeoff.models import fixtures
 
         name = spec.split(":", 1)[1]
@@ -82,8 +85,6 @@ def _check_model(flag: str, spec: str | None, dry_run: bool) -> None:
             raise UserError(f"{flag}: unknown fixture {name!r}; choose one of: "
                             f"{', '.join('fixture:' + n for n in fixtures.names())}")
         return
-    from bakeoff.models.resolve import is_hub_id
-
     local = dry_run and Path(spec).expanduser().is_dir()
     if not local and not is_hub_id(spec):
         raise UserError(f"{flag} {spec!r} is not a Hub id (org/name: letters, digits, . _ -) nor fixture:NAME"
@@ -141,9 +142,6 @@ def _export_task(args, tag: str, push: PushTarget) -> JobTask:
 def _qualify_task(args, tag: str, push: PushTarget) -> JobTask:
     """The job's ``bakeoff qualify``: backends and options checked by the function ``bakeoff
     qualify`` checks them with (:func:`evaluations.inputs.check_options`), before anything is rendered."""
-    import backends
-    from evaluations.inputs import Request, check_options
-
     names = [b.strip() for b in args.backends.split(",") if b.strip()]
     if not names:
         raise UserError("--backends names no backend")

@@ -19,6 +19,7 @@ from bakeoff import __version__
 from bakeoff.api.errors import UserError
 from cli.jobs.specs import JobTask
 from bakeoff.host.redact import redact
+import adapters
 
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 TORCH_INDEXES = ("auto", "pytorch-cpu", "pypi")
@@ -32,8 +33,6 @@ def engine_requirements(task: JobTask) -> list[str]:
     ``reference`` extra and let bakeoff create each engine's environment as on any host.
     """
     if task.kind == "export" and task.export:
-        import adapters
-
         cls = adapters.resolve(task.export.pipeline)
         # a package the adapter's environment removes after install (openvino: the index's CUDA
         # torchvision beside a CPU torch) is named here so that it comes from torch's own index

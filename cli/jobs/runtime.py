@@ -29,6 +29,9 @@ from bakeoff.host.artifacts import atomic_write_json, atomic_write_text
 from bakeoff.api.errors import EngineFailure, UserError
 from cli.jobs.specs import JobTask, PushTarget
 from bakeoff.host.redact import redact
+from bakeoff.models.resolve import resolve
+import adapters
+from bakeoff.host.fingerprint import cpu_model, gpus
 
 JOB_FILE = "bakeoff-job.json"
 
@@ -39,8 +42,6 @@ def _log(msg: str) -> None:
 
 def _local_model(model: str, work: Path) -> str:
     """A local checkpoint folder for ``model`` (fixture build, Hub download, or the path)."""
-    from bakeoff.models.resolve import resolve
-
     resolved = resolve(model, log=_log)
     if resolved.local:
         return resolved.path
@@ -53,8 +54,6 @@ def _local_model(model: str, work: Path) -> str:
 def _export(task: JobTask, out: Path, work: Path) -> dict[str, Any]:
     """The task's adapter (``adapters.REGISTRY``) on the job's checkpoint, written into ``out``."""
     assert task.export is not None
-    import adapters
-
     adapter = adapters.resolve(task.export.pipeline)(task.export.options)
     return {"export": adapter.run(_local_model(task.model, work), out, log=_log)}
 
@@ -99,8 +98,6 @@ def push(folder: Path, target: PushTarget, path_in_repo: str = "", message: str 
 
 
 def _host() -> dict[str, Any]:
-    from bakeoff.host.fingerprint import cpu_model, gpus
-
     return {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "gpus": gpus(), "python": sys.version.split()[0],
             "job_id": os.environ.get("JOB_ID"), "bakeoff": __version__}
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from bakeoff.api.errors import UserError
 
 import adapters
+from bakeoff.models.resolve import is_hub_id
 
 PIPELINES = tuple(adapters.names())  # the adapters registry: a job exports with any of them
 TIMEOUT = re.compile(r"^\d+(\.\d+)?[smhd]?$")
@@ -61,8 +62,6 @@ class PushTarget(_Spec):
         for prefix, kind in (("datasets/", "dataset"), ("models/", "model")):
             if text.startswith(prefix):
                 text, repo_type = text[len(prefix):], kind
-        from bakeoff.models.resolve import is_hub_id
-
         if not is_hub_id(text):
             raise UserError(f"--push-to {text!r}: name a Hub repository (org/name or datasets/org/name), "
                             "a local folder file:///abs/path, or none")
