@@ -23,7 +23,6 @@ DEBT = {
     "bakeoff/analysis/roofline.py::shape_from_config": 38,
     "bakeoff/analysis/sanity.py::compare_tie_aware": 40,
     "bakeoff/loadgen/accounting.py::account": 66,
-    "bakeoff/loadgen/client.py::OpenAIClient.stream": 67,
     "bakeoff/loadgen/synth_protocol.py::build_events": 32,
 }
 

@@ -187,7 +187,8 @@ def test_greedy_rule_counts_only_steps_with_alternatives_and_tolerates_rounding(
 
 
 def test_cached_prompt_tokens_from_openai_usage_or_llama_timings_never_from_junk():
-    from bakeoff.loadgen.client import OpenAIClient, cached_prompt_tokens
+    from bakeoff.loadgen.client import OpenAIClient
+    from bakeoff.loadgen.stream_events import cached_prompt_tokens
 
     assert cached_prompt_tokens({"usage": {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 8}}}) == 8
     assert cached_prompt_tokens({"choices": [], "timings": {"cache_n": 511, "prompt_n": 2}}) == 511

@@ -24,11 +24,12 @@ from urllib.parse import urlsplit
 
 from bakeoff.api.errors import EngineFailure
 from bakeoff.loadgen.http import Pool, TransportError
-from bakeoff.loadgen.logprobs import ids_from_logprobs, parse_logprobs
 from bakeoff.loadgen.progress import Progress, ProgressWatch, timeout_failure
 from bakeoff.loadgen.side_http import redirect_sentence
 from bakeoff.loadgen.sse import SSEParser
-from bakeoff.api.specs import GenerationRequest, TokenEvent, Usage
+from bakeoff.loadgen.stream_checks import STREAM_EVENT_SLACK, check_event_stream, end_failure, finish, over_bounds
+from bakeoff.loadgen.stream_events import STOP, TOKENS, openai_events, parse_messages
+from bakeoff.api.specs import GenerationRequest, TokenEvent
 
 Api = Literal["completions", "chat", "messages"]
 # run_request puts a two-item list here; stream() stores in [0] the time its request bytes were
@@ -46,11 +47,7 @@ DEADLINE_FACTOR = 5.0  # default deadline of a request the engine computes witho
 STREAM_BASE_BYTES = 1 << 20  # headers' worth, an error body, usage: 1 MiB
 STREAM_BYTES_PER_TOKEN = 64 << 10  # a token event with 20 top logprobs is ~2 KB: 64 KiB is 30x that
 STREAM_SECONDS_PER_TOKEN = 2.0  # the slowest stream bakeoff waits out: 0.5 tok/s, past the read timeouts
-# token events a stream of max_tokens may carry: one a token, plus a role event, an empty first
-# event, a finish event and usage (OpenAI-compatible servers send at most these few extra). Past
-# it the server is not stopping at max_tokens: cut at once, not at the byte or time bound (an
-# endless stream of small events took ~40 s a request to reach those: 10 min for 240 probes).
-STREAM_EVENT_SLACK = 16
+# and its events, at most max_tokens + STREAM_EVENT_SLACK (bakeoff.loadgen.stream_checks)
 
 
 # Temperature 0 means the argmax of the model's own logits, but servers change those logits before it with
@@ -69,9 +66,6 @@ NEUTRAL_ANY = {**NEUTRAL_VLLM, **NEUTRAL_LLAMACPP}  # a server of unknown dialec
 # cap every output or change sampling behind the verdict's back (issue 36's census: 5.21, 5.22)
 REQUEST_KEYS = ("model", "prompt", "messages", "max_tokens", "max_completion_tokens", "stream", "stream_options",
                 "temperature", "top_p", "seed", "ignore_eos", "stop", "stop_sequences", "logprobs", "top_logprobs", "n")
-
-DRAIN_MAX_S, DRAIN_MAX_BYTES = 10.0, 16 << 20  # what is read after [DONE] to keep a connection, at most
-
 
 def stream_bounds(max_tokens: int, read_timeout_s: float) -> tuple[int, float]:
     """``(bytes, seconds)`` a stream of ``max_tokens`` may take: :data:`STREAM_BASE_BYTES` +
@@ -273,38 +267,9 @@ class OpenAIClient:
         try:
             resp = await self._pool().request("POST", self.base_url + path, headers, payload,
                                               self.read_timeout_s, sent, patience)
-            if holder is not None and len(holder) > 1:
-                holder[1] = {k: v for k, v in resp.headers.items() if k in TRANSPORT_HEADERS}
-            if 300 <= resp.status < 400:  # the load generator follows none: named, not parsed as a stream
-                raise EngineFailure("config-rejected", f"{redirect_sentence(resp.status, resp.headers.get('location'))} "
-                                                       f"from {path}")
-            if resp.status >= 400:
-                text = (await resp.read_all(self.read_timeout_s)).decode("utf-8", "replace")[:2000]
-                raise self._refused(resp.status, path, text, headers, req)
-            ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
-            if ctype == "application/json":  # one JSON body where an event stream was asked for
-                head = b""
-                async for _, piece in resp.chunks(self.read_timeout_s):
-                    head += piece
-                    if len(head) >= 8192:  # enough to show; the rest is not read
-                        break
-                resp.release()
-                text = head.decode("utf-8", "replace")[:2000]
-                raise EngineFailure("protocol-violation", f"{path} answered one JSON body (Content-Type application/json), "
-                                    f"not an event stream: the server ignored stream=true; first bytes: "
-                                    f"{text.strip()[:200]!r}", {"response.txt": text})
-            coding = resp.headers.get("content-encoding", "identity").strip().lower()
-            if coding not in ("identity", "", "gzip", "x-gzip", "deflate"):  # http.py inflates gzip/deflate
-                raise EngineFailure("transport-distortion", f"the event stream arrived Content-Encoding: {coding} "
-                                    "although the client asked for identity: a hop between client and server "
-                                    "compressed it; measure without that hop or turn its compression off")
-            if ctype and ctype != "text/event-stream":  # what an SSE client (a browser's EventSource) requires
-                resp.release()
-                raise EngineFailure("protocol-violation", f"{path} answered stream=true with Content-Type {ctype}, not "
-                                    "text/event-stream: an event-stream client may refuse it (a server or a hop between "
-                                    "mislabels the stream)")
+            await self._check_answer(resp, path, headers, req, holder)
             feed = SSEParser().feed  # comments (": keep-alive") and events without data never come out
-            api_is_messages, is_chat = self.api == "messages", self.api == "chat"
+            tokens = TOKENS[self.api]  # one call an event: stream_events reads the common chunk inline
             max_bytes, max_s = stream_bounds(req.max_tokens, self.read_timeout_s)
             end_ns = t_send + int(max_s * 1e9)
             max_events = max(1, int(req.max_tokens or 1)) + STREAM_EVENT_SLACK
@@ -313,16 +278,12 @@ class OpenAIClient:
                 if watch is not None:
                     watch.touch()  # a float comparison, a sample in the background every quarter timeout
                 if resp.nbytes > max_bytes or t > end_ns:
-                    resp.release()  # closes the connection: nothing more is read of it
-                    over = _over_bounds(path, resp.nbytes, (t - t_send) / 1e9, max_bytes, max_s, req.max_tokens)
-                    if t > end_ns:
-                        self.overran = self.overran or over
-                    raise over
+                    raise self._cut(resp, path, t, t_send, end_ns, max_bytes, max_s, req.max_tokens)
                 for t, data, name, _ in feed(t, piece):
                     n_events += 1
                     if n_events > max_events:
                         resp.release()
-                        raise _over_bounds(path, resp.nbytes, (t - t_send) / 1e9, max_bytes, max_s, req.max_tokens,
+                        raise over_bounds(path, resp.nbytes, (t - t_send) / 1e9, max_bytes, max_s, req.max_tokens,
                                            n_events)
                     if data == "[DONE]":  # the end: nothing after it is read, in this read or a later one
                         done = True
@@ -332,120 +293,76 @@ class OpenAIClient:
                     except ValueError:
                         malformed.append(data[:200])
                         continue
-                    if api_is_messages:
-                        if "choices" in obj and "type" not in obj:  # an OpenAI chunk on /v1/messages
-                            resp.release()
-                            raise EngineFailure("protocol-violation", f"{path} answered with OpenAI chat-completion "
-                                                "chunks (\"choices\"), not Messages events: the server speaks the OpenAI "
-                                                "API there; attach with api=chat or api=completions")
-                        for ev in _parse_messages(obj, name, t):
-                            if ev is _STOP:
-                                done = True
-                            else:
-                                yield ev
-                        if done:
-                            break
-                        continue
-                    choices = obj.get("choices")
-                    if choices and len(choices) == 1 and not obj.get("usage") and "timings" not in obj:  # the common case
-                        ch = choices[0]
-                        ids = ch.get("token_ids")
-                        fr = ch.get("finish_reason")
-                        lps = ch.get("logprobs")
-                        if lps:
-                            lps = parse_logprobs(lps)
-                            if ids is None:
-                                ids = ids_from_logprobs(lps)
-                        if is_chat:
-                            delta = ch.get("delta") or {}
-                            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-                            if reasoning:
-                                yield TokenEvent(t, reasoning, ids, "reasoning")
-                                ids = None
-                            text = delta.get("content") or ""
-                            step = fr is not None or (not reasoning and delta.get("content") is not None
-                                                      and "role" not in delta)
+                    for ev in tokens(obj, name, t, resp):
+                        if ev is STOP:  # message_stop: the end of a Messages stream
+                            done = True
                         else:
-                            text = ch.get("text") or ""
-                            step = "text" in ch
-                        if text or ids or fr or lps or step:
-                            yield TokenEvent(t, text, ids, "text", fr, None, lps or None, step)
-                        continue
-                    for ev in self._parse(obj, name, t):
-                        yield ev
+                            yield ev
+                    if done:
+                        break
                 if done:
                     break
         except TransportError as exc:
-            elapsed = (time.monotonic_ns() - t_send) / 1e9
-            nbytes = resp.nbytes if resp is not None else exc.nbytes
-            if exc.kind == "timeout":
-                hang = self._hang(f"POST {path}", nbytes, t_send, patience)
-                if hang.failure_class == "hang":  # slow is not hung: later requests still go
-                    self.hung = self.hung or hang
-                raise hang from None
-            if exc.kind == "connect":
-                raise EngineFailure("runtime-crash", str(exc)) from None
-            if exc.kind == "cut" and not await self._answers():
-                raise EngineFailure("runtime-crash", f"the server went away: stream cut after {nbytes} bytes and "
-                                    f"{elapsed:.3f} s, and {self.base_url} refuses connections now") from None
-            if exc.kind == "malformed":
-                raise EngineFailure("protocol-violation", f"POST {path}: {exc}") from None
-            if exc.kind == "undecodable":
-                raise EngineFailure("transport-distortion", f"{exc} (a hop compressed the stream; measure without it)") from None
-            raise EngineFailure("transport-distortion",
-                                f"stream cut after {nbytes} bytes and {elapsed:.3f} s: {exc}",
-                                {"cut.json": json.dumps({"bytes": nbytes, "elapsed_s": elapsed})}) from None
+            raise await self._transport_failure(exc, resp, path, t_send, patience) from None
         finally:
             if resp is not None:
-                _finish(resp, self.read_timeout_s)
+                finish(resp, self.read_timeout_s)
+        failure = end_failure(malformed, done, resp.nbytes, (time.monotonic_ns() - t_send) / 1e9)
+        if failure is not None:
+            raise failure
+
+    async def _check_answer(self, resp, path: str, headers: dict[str, str], req: GenerationRequest, holder) -> None:
+        """The answer's head before its events: the transport headers kept in ``holder``; a redirect
+        (``config-rejected``), an HTTP error (:meth:`_refused`) or no event stream
+        (:func:`~bakeoff.loadgen.stream_checks.check_event_stream`) raised."""
+        if holder is not None and len(holder) > 1:
+            holder[1] = {k: v for k, v in resp.headers.items() if k in TRANSPORT_HEADERS}
+        if 300 <= resp.status < 400:  # the load generator follows none: named, not parsed as a stream
+            raise EngineFailure("config-rejected", f"{redirect_sentence(resp.status, resp.headers.get('location'))} "
+                                                   f"from {path}")
+        if resp.status >= 400:
+            text = (await resp.read_all(self.read_timeout_s)).decode("utf-8", "replace")[:2000]
+            raise self._refused(resp.status, path, text, headers, req)
+        await check_event_stream(resp, path, self.read_timeout_s)
+
+    def _cut(self, resp, path: str, t: int, t_send: int, end_ns: int, max_bytes: int, max_s: float,
+             max_tokens: int) -> EngineFailure:
+        """A stream past its byte or time bound, closed (nothing more is read); one past time kept as ``overran``."""
+        resp.release()
+        over = over_bounds(path, resp.nbytes, (t - t_send) / 1e9, max_bytes, max_s, max_tokens)
+        if t > end_ns:
+            self.overran = self.overran or over
+        return over
+
+    async def _transport_failure(self, exc: TransportError, resp, path: str, t_send: int, patience) -> EngineFailure:
+        """A stream's transport error as its failure: a read timeout ``hang`` (kept as ``hung``) or ``slo-miss``, no
+        connection or a cut from a server gone ``runtime-crash``, malformed HTTP ``protocol-violation``, else
+        ``transport-distortion``."""
         elapsed = (time.monotonic_ns() - t_send) / 1e9
-        if malformed:
-            raise EngineFailure("transport-distortion", f"{len(malformed)} malformed JSON SSE event(s) in "
-                                f"{resp.nbytes} bytes: {malformed[0][:120]!r}", {"events.txt": "\n".join(malformed)})
-        if not done:
-            raise EngineFailure("transport-distortion", f"stream ended without [DONE] after {resp.nbytes} bytes "
-                                f"and {elapsed:.3f} s", {"cut.json": json.dumps({"bytes": resp.nbytes,
-                                                                                 "elapsed_s": elapsed})})
+        nbytes = resp.nbytes if resp is not None else exc.nbytes
+        if exc.kind == "timeout":
+            hang = self._hang(f"POST {path}", nbytes, t_send, patience)
+            if hang.failure_class == "hang":  # slow is not hung: later requests still go
+                self.hung = self.hung or hang
+            return hang
+        if exc.kind == "connect":
+            return EngineFailure("runtime-crash", str(exc))
+        if exc.kind == "cut" and not await self._answers():
+            return EngineFailure("runtime-crash", f"the server went away: stream cut after {nbytes} bytes and "
+                                 f"{elapsed:.3f} s, and {self.base_url} refuses connections now")
+        if exc.kind == "malformed":
+            return EngineFailure("protocol-violation", f"POST {path}: {exc}")
+        if exc.kind == "undecodable":
+            return EngineFailure("transport-distortion", f"{exc} (a hop compressed the stream; measure without it)")
+        return EngineFailure("transport-distortion", f"stream cut after {nbytes} bytes and {elapsed:.3f} s: {exc}",
+                             {"cut.json": json.dumps({"bytes": nbytes, "elapsed_s": elapsed})})
 
     def _parse(self, obj: dict, event_name: str | None, t: int):
+        """The token events of one event's JSON in this client's API (:mod:`bakeoff.loadgen.stream_events`)."""
         if self.api == "messages":
-            yield from _parse_messages(obj, event_name, t)
+            yield from parse_messages(obj, event_name, t)
             return
-        if "error" in obj and not obj.get("choices"):
-            err = obj["error"] if isinstance(obj["error"], dict) else {"message": obj["error"]}
-            raise EngineFailure("runtime-crash", f"server error event: {err.get('message')}")
-        usage = obj.get("usage")
-        for ch in obj.get("choices") or []:
-            yield from _choice_events(ch, self.api == "chat", t)
-        cached = cached_prompt_tokens(obj)
-        if usage or cached is not None:
-            usage = usage if isinstance(usage, dict) else {}
-            yield TokenEvent(t_ns=t, usage=Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"), cached))
-
-
-def _choice_events(ch: dict, chat: bool, t: int):
-    """The token events of one choice of a completions or chat event: a chat delta's reasoning (its
-    own event, which carries the ids), then its content or the completion's text, with token ids
-    (from ``token_ids``, else from the logprobs' ``token_id:N`` names), logprobs and finish reason.
-    ``step``: the event is one engine step (a text field, a content delta, or the end)."""
-    ids = ch.get("token_ids")
-    if chat:
-        delta = ch.get("delta") or {}
-        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-        if reasoning:
-            yield TokenEvent(t_ns=t, text=reasoning, kind="reasoning", token_ids=ids)
-            ids = None
-        text = delta.get("content") or ""
-        step = ch.get("finish_reason") is not None or (not reasoning and delta.get("content") is not None
-                                                       and "role" not in delta)
-    else:
-        text = ch.get("text") or ""
-        step = "text" in ch
-    lps = parse_logprobs(ch["logprobs"]) if ch.get("logprobs") else None
-    ids = ids if ids is not None else ids_from_logprobs(lps)
-    if text or ids or ch.get("finish_reason") or lps or step:
-        yield TokenEvent(t_ns=t, text=text, token_ids=ids, finish_reason=ch.get("finish_reason"),
-                         logprobs=lps or None, step=step)
+        yield from openai_events(obj, t, self.api == "chat")
 
 
 REQUEST_ID_NAMESPACE = uuid.UUID("6f1c1a52-3b0e-5d2e-9a57-6b616b656f66")
@@ -458,81 +375,6 @@ def wire_request_id(request_id: str) -> str:
         return str(uuid.UUID(request_id))
     except ValueError:
         return str(uuid.uuid5(REQUEST_ID_NAMESPACE, request_id))
-
-
-def cached_prompt_tokens(obj: dict) -> int | None:
-    """Prompt tokens an event says the server took from its prefix cache (:class:`Usage`), or None
-    where it says nothing (or something that is not a count)."""
-    details = (obj.get("usage") or {}).get("prompt_tokens_details") if isinstance(obj.get("usage"), dict) else None
-    timings = obj.get("timings")
-    for value in ((details or {}).get("cached_tokens") if isinstance(details, dict) else None,
-                  timings.get("cache_n") if isinstance(timings, dict) else None):
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
-    return None
-
-
-def _over_bounds(path: str, nbytes: int, elapsed_s: float, max_bytes: int, max_s: float, max_tokens: int,
-                 events: int | None = None) -> EngineFailure:
-    """A stream past :func:`stream_bounds` or :data:`STREAM_EVENT_SLACK`: ``protocol-violation`` with the figures."""
-    if events is not None:
-        what = (f"{events:,} events, past the {max_tokens + STREAM_EVENT_SLACK:,} a stream of max_tokens {max_tokens} "
-                "may carry: the server does not stop at max_tokens")
-    elif nbytes > max_bytes:
-        what = f"{nbytes:,} bytes, past the {max_bytes:,} a stream of max_tokens {max_tokens} may take"
-    else:
-        what = f"still streaming after {elapsed_s:.0f} s, past the {max_s:.0f} s a stream of max_tokens {max_tokens} may take"
-    return EngineFailure("protocol-violation", f"POST {path}: {what}; cut there (bakeoff's bound, client.stream_bounds)",
-                         {"bounds.json": json.dumps({"bytes": nbytes, "elapsed_s": round(elapsed_s, 3), "events": events,
-                                                     "max_bytes": max_bytes, "max_s": max_s, "max_tokens": max_tokens})})
-
-
-def _finish(resp, timeout_s: float) -> None:
-    """Release the connection; drain a body still open after ``[DONE]`` in the background."""
-    if resp.complete or resp.conn is None or resp.conn.eof:
-        resp.release()
-        return
-
-    async def drain() -> None:  # bounded: a server that goes on sending after the end is cut off
-        end = time.monotonic() + DRAIN_MAX_S
-        try:
-            async for _ in resp.chunks(min(timeout_s, 5.0)):
-                if resp.nbytes > DRAIN_MAX_BYTES or time.monotonic() > end:
-                    break
-        except (TransportError, asyncio.CancelledError):
-            pass
-        resp.release()
-
-    try:
-        asyncio.get_running_loop().create_task(drain())
-    except RuntimeError:
-        resp.release()
-
-
-_STOP = object()
-
-
-def _parse_messages(obj: dict, event_name: str | None, t: int):
-    kind = obj.get("type") or event_name
-    if kind == "content_block_delta":
-        delta = obj.get("delta") or {}
-        if delta.get("type") == "thinking_delta":
-            yield TokenEvent(t_ns=t, text=delta.get("thinking", ""), kind="reasoning")
-        elif delta.get("type") == "text_delta":
-            yield TokenEvent(t_ns=t, text=delta.get("text", ""))
-    elif kind == "message_start":
-        u = (obj.get("message") or {}).get("usage") or {}
-        if u.get("input_tokens") is not None:
-            yield TokenEvent(t_ns=t, usage=Usage(u.get("input_tokens"), None))
-    elif kind == "message_delta":
-        u = obj.get("usage") or {}
-        fr = (obj.get("delta") or {}).get("stop_reason")
-        yield TokenEvent(t_ns=t, finish_reason=fr, usage=Usage(u.get("input_tokens"), u.get("output_tokens")))
-    elif kind == "message_stop":
-        yield _STOP
-    elif kind == "error":
-        err = obj.get("error") or {}
-        raise EngineFailure("runtime-crash", f"server error event: {err.get('type')}: {err.get('message')}")
 
 
 def _messages_as_prompt(messages: list[dict[str, str]] | None) -> str:
