@@ -179,12 +179,8 @@ def account(rec: RequestRecord, evs: list, usage_p: int | None, usage_c: int | N
     """
     if evs and finish_only(evs[-1]):
         evs = evs[:-1]
-    claimed, impossible = usage_c, impossible_count(usage_c, max_tokens)
-    if impossible:
-        usage_c = None
-    most_p = len(prompt.encode("utf-8")) + PROMPT_SPECIAL_TOKENS if prompt is not None else None
-    if impossible_count(usage_p, most_p, "the prompt's UTF-8 bytes plus special tokens"):
-        usage_p = None  # never a figure (census: 10**18 prompt tokens printed as the needles' lengths)
+    claimed = usage_c
+    usage_c, usage_p, impossible = _believable_usage(usage_c, usage_p, prompt, max_tokens)
     rec.usage_output_tokens, rec.input_tokens, rec.content_events = usage_c, usage_p, len(evs)
     have_ids = bool(evs) and all(ev.token_ids is not None for ev in evs)
     rec.client_input_tokens, disputed = prompt_dispute(prompt, usage_p, count_tokens) if not have_ids else (None, None)
@@ -192,63 +188,114 @@ def account(rec: RequestRecord, evs: list, usage_p: int | None, usage_c: int | N
     # with token ids the count is exact: no re-tokenization, which ran on the event loop at each request's end
     # (~20 us per token: 10 ms for a 512-token request, while other streams' bytes waited to be stamped)
     if count_tokens is not None and evs and not have_ids:
-        each = getattr(count_tokens, "each", None)
-        texts = [ev.text.replace("\ufffd", "") for ev in evs]
-        counts = each(texts) if each else [count_tokens(t) for t in texts]
-        ks_text = [max(1, k) for k in counts]
+        ks_text = _tokenizer_counts(evs, count_tokens)
         rec.text_output_tokens = sum(ks_text)
-    ok = rec.status == "ok"
+    if have_ids:
+        ks = _count_token_ids(rec, evs, usage_c)
+    else:
+        ks = _count_client_side(rec, evs, usage_c, ks_text, disputed)
+    if impossible:  # the claim is kept as evidence (a string when it was not a number)
+        basis = "token-ids" if have_ids else ("client-tokenizer" if ks_text else "client-events")
+        _usage_impossible(rec, claimed, impossible, basis)
+    rec.accounting_mismatch = rec.status == "ok" and rec.accounting == "disagree"
+    _token_times(rec, evs, ks)
+
+
+def _believable_usage(usage_c, usage_p, prompt: str | None, max_tokens: int | None):
+    """``(usage_c, usage_p, why usage_c is impossible or None)``: a server count that cannot be true
+    (:func:`impossible_count`) made None, never a figure."""
+    impossible = impossible_count(usage_c, max_tokens)
+    if impossible:
+        usage_c = None
+    most_p = len(prompt.encode("utf-8")) + PROMPT_SPECIAL_TOKENS if prompt is not None else None
+    if impossible_count(usage_p, most_p, "the prompt's UTF-8 bytes plus special tokens"):
+        usage_p = None  # never a figure (census: 10**18 prompt tokens printed as the needles' lengths)
+    return usage_c, usage_p, impossible
+
+
+def _tokenizer_counts(evs: list, count_tokens) -> list[int]:
+    """The client tokenizer's count of each event's text, at least 1 an event, U+FFFD not re-tokenized."""
+    each = getattr(count_tokens, "each", None)
+    texts = [ev.text.replace("\ufffd", "") for ev in evs]
+    counts = each(texts) if each else [count_tokens(t) for t in texts]
+    return [max(1, k) for k in counts]
+
+
+def _count_token_ids(rec: RequestRecord, evs: list, usage_c: int | None) -> list[int]:
+    """The exact count from streamed token ids against usage; the per-event counts."""
+    ks = [len(ev.token_ids) for ev in evs]
+    rec.client_output_tokens = sum(ks)
+    rec.output_token_ids = [i for ev in evs for i in ev.token_ids]
+    agree = usage_c is None or usage_c == rec.client_output_tokens
+    rec.accounting = "agree" if usage_c is not None and agree else ("no-usage" if usage_c is None else "disagree")
+    rec.output_tokens, rec.output_tokens_source = rec.client_output_tokens, "token-ids"
+    return ks
+
+
+def _count_client_side(rec: RequestRecord, evs: list, usage_c: int | None, ks_text: list[int] | None,
+                       disputed: str | None) -> list[int]:
+    """Without token ids: the client's count (logprob entries, tokenizer or events) against usage, in
+    the module docstring's order; the per-event counts the token times use."""
     # one logprob entry per token the server sampled, where every event carries them (issue 37's
     # servers, vLLM asked for logprobs): an exact count of a merged event's tokens, EOS steps included
-    lp_ks = [len(ev.logprobs) for ev in evs] if evs and not have_ids and all(ev.logprobs for ev in evs) else None
-    if have_ids:
-        ks = [len(ev.token_ids) for ev in evs]
-        rec.client_output_tokens = sum(ks)
-        rec.output_token_ids = [i for ev in evs for i in ev.token_ids]
-        agree = usage_c is None or usage_c == rec.client_output_tokens
-        rec.accounting = "agree" if usage_c is not None and agree else ("no-usage" if usage_c is None else "disagree")
-        rec.output_tokens, rec.output_tokens_source = rec.client_output_tokens, "token-ids"
+    lp_ks = [len(ev.logprobs) for ev in evs] if evs and all(ev.logprobs for ev in evs) else None
+    ks = ks_text or [1] * len(evs)
+    rec.client_output_tokens = sum(ks)
+    basis = "client-tokenizer" if ks_text else "client-events"
+    if lp_ks is not None and usage_c is not None and usage_c == sum(lp_ks):
+        rec.accounting = "agree"
+        rec.output_tokens, rec.output_tokens_source = usage_c, "server-usage (agrees with client-logprobs)"
+        return lp_ks
+    if disputed is not None and basis == "client-tokenizer":
+        rec.accounting = "disputed"
+        rec.output_tokens, rec.output_tokens_source = ((usage_c, f"server-usage (disputed: {disputed})")
+                                                       if usage_c is not None else
+                                                       (rec.client_output_tokens, f"{basis} (disputed: {disputed})"))
+    elif usage_c is None:
+        rec.accounting = "no-usage"
+        rec.output_tokens, rec.output_tokens_source = rec.client_output_tokens, basis
     else:
-        ks = ks_text or [1] * len(evs)
-        rec.client_output_tokens = sum(ks)
-        basis = "client-tokenizer" if ks_text else "client-events"
-        if lp_ks is not None and usage_c is not None and usage_c == sum(lp_ks):
-            rec.accounting, ks = "agree", lp_ks
-            rec.output_tokens, rec.output_tokens_source = usage_c, "server-usage (agrees with client-logprobs)"
-        elif disputed is not None and basis == "client-tokenizer":
-            rec.accounting = "disputed"
-            rec.output_tokens, rec.output_tokens_source = ((usage_c, f"server-usage (disputed: {disputed})")
-                                                           if usage_c is not None else
-                                                           (rec.client_output_tokens, f"{basis} (disputed: {disputed})"))
-        elif usage_c is None:
-            rec.accounting = "no-usage"
-            rec.output_tokens, rec.output_tokens_source = rec.client_output_tokens, basis
-        elif abs(usage_c - rec.client_output_tokens) <= tolerance(ks):
-            rec.accounting = "agree"
-            rec.output_tokens, rec.output_tokens_source = usage_c, f"server-usage (agrees with {basis})"
-        elif basis == "client-tokenizer" and usage_c == len(evs) and all(len(ev.logprobs or [None]) == 1 for ev in evs):
-            # one token an event, as many as usage says: the stream settles it, and the client's
-            # tokenizer, far off on the output it counts, is not the server's (issue 38: its 86
-            # against usage 32 on a 32-event stream once made the figures 2.7x too high)
-            rec.accounting = "agree"
-            rec.output_tokens, rec.output_tokens_source = usage_c, (
-                f"server-usage (agrees with client-events; the client's tokenizer counts {rec.client_output_tokens}: "
-                "not the server's tokenizer)")
-            ks = [1] * len(evs)
-        elif basis == "client-events" and usage_c > rec.client_output_tokens:
-            rec.accounting = "unverified"  # events may carry several tokens: only a tokenizer can tell
-            rec.output_tokens, rec.output_tokens_source = usage_c, "server-usage (unverified)"
-            if ok and evs:
-                ks = _spread(usage_c, len(evs))
-        else:
-            rec.accounting = "disagree"
-            rec.output_tokens, rec.output_tokens_source = rec.client_output_tokens, f"{basis} (server usage disagrees)"
-    if impossible:  # the claim is kept as evidence (a string when it was not a number)
-        rec.usage_output_tokens = claimed if isinstance(claimed, int) and not isinstance(claimed, bool) else str(claimed)[:40]
+        ks = _usage_against_count(rec, evs, usage_c, ks, basis)
+    return ks
+
+
+def _usage_against_count(rec: RequestRecord, evs: list, usage_c: int, ks: list[int], basis: str) -> list[int]:
+    """Usage against the client's tokenizer or event count (``basis``): agree within :func:`tolerance`,
+    agree one token an event, unverified above an event count, else disagree; the per-event counts."""
+    if abs(usage_c - rec.client_output_tokens) <= tolerance(ks):
+        rec.accounting = "agree"
+        rec.output_tokens, rec.output_tokens_source = usage_c, f"server-usage (agrees with {basis})"
+    elif basis == "client-tokenizer" and usage_c == len(evs) and all(len(ev.logprobs or [None]) == 1 for ev in evs):
+        # one token an event, as many as usage says: the stream settles it, and the client's
+        # tokenizer, far off on the output it counts, is not the server's (issue 38: its 86
+        # against usage 32 on a 32-event stream once made the figures 2.7x too high)
+        rec.accounting = "agree"
+        rec.output_tokens, rec.output_tokens_source = usage_c, (
+            f"server-usage (agrees with client-events; the client's tokenizer counts {rec.client_output_tokens}: "
+            "not the server's tokenizer)")
+        ks = [1] * len(evs)
+    elif basis == "client-events" and usage_c > rec.client_output_tokens:
+        rec.accounting = "unverified"  # events may carry several tokens: only a tokenizer can tell
+        rec.output_tokens, rec.output_tokens_source = usage_c, "server-usage (unverified)"
+        if rec.status == "ok" and evs:
+            ks = _spread(usage_c, len(evs))
+    else:
         rec.accounting = "disagree"
-        basis = "token-ids" if have_ids else ("client-tokenizer" if ks_text else "client-events")
-        rec.output_tokens, rec.output_tokens_source = rec.client_output_tokens, f"{basis} (server usage impossible: {impossible})"
-    rec.accounting_mismatch = ok and rec.accounting == "disagree"
+        rec.output_tokens, rec.output_tokens_source = rec.client_output_tokens, f"{basis} (server usage disagrees)"
+    return ks
+
+
+def _usage_impossible(rec: RequestRecord, claimed: Any, impossible: str, basis: str) -> None:
+    """An impossible usage: kept as evidence (a string when it was not a number), the accounting
+    ``disagree``, the figures the client's count."""
+    rec.usage_output_tokens = claimed if isinstance(claimed, int) and not isinstance(claimed, bool) else str(claimed)[:40]
+    rec.accounting = "disagree"
+    rec.output_tokens, rec.output_tokens_source = rec.client_output_tokens, f"{basis} (server usage impossible: {impossible})"
+
+
+def _token_times(rec: RequestRecord, evs: list, ks: list[int]) -> None:
+    """Per-token times (an event's time for each of its ``ks`` tokens), reasoning tokens, event times,
+    the output text and one logprob entry a token."""
     times: list[int] = []
     for ev, k in zip(evs, ks):
         times.extend([ev.t_ns] * k)
