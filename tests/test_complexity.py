@@ -22,7 +22,6 @@ DEBT = {
     "bakeoff/analysis/preflight.py::describe_quantization": 42,
     "bakeoff/analysis/roofline.py::shape_from_config": 38,
     "bakeoff/analysis/sanity.py::compare_tie_aware": 40,
-    "bakeoff/loadgen/synth_protocol.py::build_events": 32,
 }
 
 

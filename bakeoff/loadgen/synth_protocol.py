@@ -114,12 +114,9 @@ def build_events(api: str, req: dict, cfg, rid: str, rng: random.Random, t0: int
         ``(nominal_ns, framed_bytes, kind, n_tokens)`` in send order; ``kind`` is ``head``,
         ``meta``, ``ka`` (keep-alive comment), ``text``, ``reasoning``, ``usage`` or ``done``.
     """
-    n = cfg.output_tokens or int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
-    n_reason = min(cfg.reasoning_tokens, n) if api != "completions" else 0
+    n, n_reason = _output_tokens(api, req, cfg)
     t_head = t0 + int(cfg.slow_first_byte_ms * 1e6)
-    times = [t_head + cfg.ttft.sample_ns(rng)]
-    for _ in range(1, n):
-        times.append(times[-1] + cfg.itl.sample_ns(rng))
+    times = _due_times(cfg, n, t_head, rng)
     want_ids, want_usage = _wants(api, req, cfg)
     p_tokens = _prompt_tokens(api, req)
     model = req.get("model") or cfg.model
@@ -130,12 +127,7 @@ def build_events(api: str, req: dict, cfg, rid: str, rng: random.Random, t0: int
         rid.encode(), created, mj)
     chat_pre = b'data: {"id":"chatcmpl-%s","object":"chat.completion.chunk","created":%d,"model":%s,"choices":[{"index":0,' % (
         rid.encode(), created, mj)
-    if cfg.keepalive_ms:
-        step = int(cfg.keepalive_ms * 1e6)
-        k = t_head + step
-        while k < times[0]:
-            yield (k, _frame(b": keep-alive\n\n"), "ka", 0)
-            k += step
+    yield from _keepalives(cfg, t_head, times[0])
     block = -1
     for g in _chunks(n, n_reason, cfg.tokens_per_chunk):
         reasoning = g[0] < n_reason
@@ -151,12 +143,8 @@ def build_events(api: str, req: dict, cfg, rid: str, rng: random.Random, t0: int
         if api == "messages":
             want_block = 0 if reasoning else (1 if n_reason else 0)
             if want_block != block:
-                if block >= 0:
-                    yield (t, _data({"type": "content_block_stop", "index": block}, "content_block_stop"), "meta", 0)
+                yield from _block_change(t, block, want_block, reasoning)
                 block = want_block
-                cb = {"type": "thinking", "thinking": ""} if reasoning else {"type": "text", "text": ""}
-                yield (t, _data({"type": "content_block_start", "index": block, "content_block": cb},
-                                "content_block_start"), "meta", 0)
             dt = b'"thinking_delta","thinking":' if reasoning else b'"text_delta","text":'
             data = _frame(b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,"delta":{"type":%s%s}}\n\n'
                           % (block, dt, tj))
@@ -168,7 +156,48 @@ def build_events(api: str, req: dict, cfg, rid: str, rng: random.Random, t0: int
         if malformed:
             data = _frame(b'data: {"choices":[{"index":0,"text":"' + text.encode() + b'"\n\n')
         yield (t, data, kind, len(g))
-    t_end = times[-1]
+    yield from _tail(api, cfg, rid, model, created, times[-1], n, p_tokens, block, want_usage)
+
+
+def _output_tokens(api: str, req: dict, cfg) -> tuple[int, int]:
+    """``(tokens, reasoning tokens)`` of a response: the config's count, else the request's
+    ``max_tokens`` (16 without); reasoning only in chat and messages."""
+    n = cfg.output_tokens or int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
+    return n, (min(cfg.reasoning_tokens, n) if api != "completions" else 0)
+
+
+def _due_times(cfg, n: int, t_head: int, rng: random.Random) -> list[int]:
+    """Each token's due time: a TTFT sample after the head, then an ITL sample a token."""
+    times = [t_head + cfg.ttft.sample_ns(rng)]
+    for _ in range(1, n):
+        times.append(times[-1] + cfg.itl.sample_ns(rng))
+    return times
+
+
+def _keepalives(cfg, t_head: int, t_first: int):
+    """Keep-alive comments every ``keepalive_ms`` after the head while the first token is not due."""
+    if cfg.keepalive_ms:
+        step = int(cfg.keepalive_ms * 1e6)
+        k = t_head + step
+        while k < t_first:
+            yield (k, _frame(b": keep-alive\n\n"), "ka", 0)
+            k += step
+
+
+def _block_change(t: int, block: int, want_block: int, reasoning: bool):
+    """Messages: the content block open (if any) stopped, the next one (thinking or text) started."""
+    if block >= 0:
+        yield (t, _data({"type": "content_block_stop", "index": block}, "content_block_stop"), "meta", 0)
+    cb = {"type": "thinking", "thinking": ""} if reasoning else {"type": "text", "text": ""}
+    yield (t, _data({"type": "content_block_start", "index": want_block, "content_block": cb},
+                    "content_block_start"), "meta", 0)
+
+
+def _tail(api: str, cfg, rid: str, model: str, created: int, t_end: int, n: int, p_tokens: int, block: int,
+          want_usage: bool):
+    """The events after the last token: the usage (the config's factor and delta on the count; where
+    asked for, always a message_delta in messages), then the end (``[DONE]``, ``message_stop``) unless
+    the config leaves it out."""
     n_usage = round(n * cfg.usage_factor) + cfg.usage_delta
     usage = {"prompt_tokens": p_tokens, "completion_tokens": n_usage, "total_tokens": p_tokens + n_usage}
     if api == "messages":
