@@ -21,7 +21,6 @@ DEBT = {
     "bakeoff/analysis/matrix.py::kv_capacity_ratio": 34,
     "bakeoff/analysis/preflight.py::describe_quantization": 42,
     "bakeoff/analysis/roofline.py::shape_from_config": 38,
-    "bakeoff/analysis/sanity.py::compare_tie_aware": 40,
 }
 
 

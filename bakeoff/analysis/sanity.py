@@ -156,18 +156,13 @@ def compare_tie_aware(out: dict[str, Any], ref: dict[str, Any], top_k: int = TIE
         side's logprobs of both, as evidence; an undetermined row says why in
         ``undetermined_because``.
     """
-    a, b = out.get("token_ids"), ref.get("token_ids")
-    unit = "token"
-    if not a or not b:
-        a, b, unit = out.get("text", "") or "", ref.get("text", "") or "", "char"
+    a, b, unit = _compared_sequences(out, ref)
     n = min(len(a), len(b))
     first = next((i for i in range(n) if a[i] != b[i]), None)
     row: dict[str, Any] = {"id": out.get("id"), "unit": unit, "output": out.get("text"), "reference": ref.get("text"),
                            "first_divergence": first, "at_divergence": None}
     if first is None:
-        if len(a) == len(b) or (unit == "token" and abs(len(a) - len(b)) == 1 and out.get("text") == ref.get("text")):
-            # Engines differ in whether the final EOS id is streamed: one trailing id with
-            # identical text is the same output.
+        if _same_output(a, b, unit, out, ref):
             row["outcome"] = "exact"
             return row
         row["first_divergence"] = first = n  # one side stopped where the other went on
@@ -176,30 +171,61 @@ def compare_tie_aware(out: dict[str, Any], ref: dict[str, Any], top_k: int = TIE
         row["undetermined_because"] = "no token ids in the stream" if not out.get("token_ids") else \
             "no token ids in the reference's output"
         return row
-    la, lb = out.get("logprobs") or [], ref.get("logprobs") or []
-    ea = la[first] if first < len(la) else None
-    eb = lb[first] if first < len(lb) else None
-    ta, tb = a[first] if first < len(a) else None, b[first] if first < len(b) else None
+    _judge_divergence(row, a, b, out.get("logprobs") or [], ref.get("logprobs") or [], first, top_k)
+    return row
+
+
+def _compared_sequences(out: dict[str, Any], ref: dict[str, Any]) -> tuple[Any, Any, str]:
+    """``(output, reference, unit)``: both sides' token ids (``token``), else both texts (``char``)."""
+    a, b = out.get("token_ids"), ref.get("token_ids")
+    if not a or not b:
+        return out.get("text", "") or "", ref.get("text", "") or "", "char"
+    return a, b, "token"
+
+
+def _same_output(a, b, unit: str, out: dict[str, Any], ref: dict[str, Any]) -> bool:
+    """Sequences without a differing position that are the same output: the same length, or token ids
+    one apart with identical text (engines differ in whether the final EOS id is streamed)."""
+    return len(a) == len(b) or (unit == "token" and abs(len(a) - len(b)) == 1 and out.get("text") == ref.get("text"))
+
+
+def _item(seq: list, i: int):
+    """``seq[i]``, None past its end (a side that stopped)."""
+    return seq[i] if i < len(seq) else None
+
+
+def _shown_logprobs(entry, top_k: int) -> dict[str, float]:
+    """The ``top_k`` most likely tokens of one logprob entry with their logprobs (4 places), as evidence."""
+    return {str(t): round(v, 4) for t, v in sorted(top_map(entry).items(), key=lambda kv: -kv[1])[:top_k]}
+
+
+def _judge_divergence(row: dict[str, Any], a: list, b: list, la: list, lb: list, first: int, top_k: int) -> None:
+    """The tie rule at the first divergence of two token-id sequences: ``row``'s outcome (``tie``,
+    ``real`` or left ``undetermined`` with why) and its ``at_divergence`` evidence."""
+    ea, eb = _item(la, first), _item(lb, first)
+    ta, tb = _item(a, first), _item(b, first)
     top_a, top_b = _top(ea, top_k), _top(eb, top_k)
-    row["at_divergence"] = {
-        "output_token": ta, "reference_token": tb,
-        "output_logprobs": {str(t): round(v, 4) for t, v in sorted(top_map(ea).items(), key=lambda kv: -kv[1])[:top_k]},
-        "reference_logprobs": {str(t): round(v, 4) for t, v in sorted(top_map(eb).items(), key=lambda kv: -kv[1])[:top_k]},
-    }
+    row["at_divergence"] = {"output_token": ta, "reference_token": tb, "output_logprobs": _shown_logprobs(ea, top_k),
+                            "reference_logprobs": _shown_logprobs(eb, top_k)}
     if ta is None or tb is None or top_a is None or top_b is None:  # a side stopped, or gave no logprobs there
         row["undetermined_because"] = ("one side stopped where the other went on, without its stop token's logprobs"
                                        if ta is None or tb is None else "no logprobs at the divergence")
-        return row
+        return
     if not all(isinstance(t, type(ta)) for t in (tb, *top_a, *top_b)):
         row["undetermined_because"] = "logprobs keyed by token text on one side, by token id on the other"
-        return row
-    ma, mb = top_map(ea), top_map(eb)
+        return
+    row["outcome"] = _tie_or_real(row["at_divergence"], ta, tb, top_map(ea), top_map(eb), top_a, top_b)
+
+
+def _tie_or_real(evidence: dict[str, Any], ta, tb, ma: dict, mb: dict, top_a: set, top_b: set) -> str:
+    """``tie`` where each side's token is in the other's top k and leads it by at most
+    :data:`TIE_MAX_GAP_NATS` in its own distribution (``ma``, ``mb``), else ``real``; the two
+    gaps go into ``evidence``."""
     gap_a = ma[ta] - ma[tb] if ta in ma and tb in ma else None
     gap_b = mb[tb] - mb[ta] if ta in mb and tb in mb else None
-    row["at_divergence"].update({"output_gap_nats": gap_a, "reference_gap_nats": gap_b})
+    evidence.update({"output_gap_nats": gap_a, "reference_gap_nats": gap_b})
     near = gap_a is not None and gap_b is not None and gap_a <= TIE_MAX_GAP_NATS and gap_b <= TIE_MAX_GAP_NATS
-    row["outcome"] = "tie" if (tb in top_a and ta in top_b and near) else "real"
-    return row
+    return "tie" if (tb in top_a and ta in top_b and near) else "real"
 
 
 def agreement(outputs: list[dict[str, Any]], reference: list[dict[str, Any]], top_k: int = TIE_TOP_K) -> dict[str, Any]:
