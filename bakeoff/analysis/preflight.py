@@ -123,50 +123,79 @@ def describe_quantization(model_path: str | Path) -> dict[str, Any]:
         ``ignore`` (modules left unquantized), ``producer``, ``source`` (the file read) and
         ``raw`` (the config as found).
     """
-    cfg = read_config(model_path)
-    qc = cfg.get("quantization_config")
-    source = "config.json"
-    mo = _modelopt_file(model_path)
-    if not qc and mo:
-        qc, source = mo, "hf_quant_config.json"
+    qc, source = _quantization_config(model_path)
     if not isinstance(qc, dict) or not qc:
         return {"quantized": False}
+    method, producer = _method_and_producer(qc)
+    out: dict[str, Any] = {"quantized": method is not None, "method": method, "producer": producer,
+                           "format": qc.get("format"), "source": source, "raw": qc}
+    if method == "modelopt":
+        out.update(_modelopt_fields(qc))
+    elif method == "compressed-tensors":
+        out.update(_compressed_tensors_fields(qc))
+    else:
+        out.update(_quant_method_fields(qc, method))
+    return out
+
+
+def _quantization_config(model_path: str | Path) -> tuple[Any, str]:
+    """``(quantization config, the file it came from)``: config.json's ``quantization_config``, else
+    ModelOpt's ``hf_quant_config.json``."""
+    qc = read_config(model_path).get("quantization_config")
+    mo = _modelopt_file(model_path)
+    if not qc and mo:
+        return mo, "hf_quant_config.json"
+    return qc, "config.json"
+
+
+def _method_and_producer(qc: dict[str, Any]) -> tuple[str | None, str | None]:
+    """``(quant_method lower-cased, producer name)``; any ModelOpt config's method is ``modelopt``."""
     method = str(qc.get("quant_method") or "").lower() or None
     producer = (qc.get("producer") or {}).get("name") if isinstance(qc.get("producer"), dict) else None
     if producer == "modelopt" or (method or "").startswith("modelopt"):
         method = "modelopt"
-    out: dict[str, Any] = {"quantized": method is not None, "method": method, "producer": producer,
-                           "format": qc.get("format"), "source": source, "raw": qc}
-    if method == "modelopt":
-        inner = qc.get("quantization") if isinstance(qc.get("quantization"), dict) else qc
-        algo = str(inner.get("quant_algo") or "")
-        out.update(scheme=algo or None, group_size=inner.get("group_size"),
-                   ignore=list(inner.get("exclude_modules") or qc.get("ignore") or []),
-                   kv_cache=inner.get("kv_cache_quant_algo"))
-        out["bits"] = 4 if "4" in algo else (8 if "8" in algo else None)
-        out["weight_type"] = "float" if ("FP" in algo.upper()) else ("int" if algo else None)
-    elif method == "compressed-tensors":
-        groups = qc.get("config_groups") or {}
-        g = next(iter(groups.values()), {}) if groups else {}
-        w, a = g.get("weights") or {}, g.get("input_activations") or {}
-        out.update(bits=w.get("num_bits"), weight_type=w.get("type"), group_size=w.get("group_size"),
-                   symmetric=w.get("symmetric"), strategy=w.get("strategy"), activation_bits=a.get("num_bits"),
-                   activation_type=a.get("type"), activation_strategy=a.get("strategy"),
-                   ignore=list(qc.get("ignore") or []), n_config_groups=len(groups), targets=g.get("targets"),
-                   kv_cache=qc.get("kv_cache_scheme"))
-        out["scheme"] = _scheme(w.get("num_bits"), w.get("type"), a.get("num_bits"), a.get("type"),
-                                w.get("strategy"), w.get("group_size"))
-    else:
-        bits = qc.get("bits") or qc.get("w_bit") or qc.get("weight_bits")
-        is_fp8 = method in ("fp8", "fbgemm_fp8")
-        out.update(bits=8 if is_fp8 else bits, weight_type="float" if is_fp8 or method in ("mxfp4", "nvfp4") else "int",
-                   group_size=qc.get("group_size") or qc.get("q_group_size") or qc.get("weight_block_size"),
-                   symmetric=qc.get("sym") if "sym" in qc else (not qc["zero_point"] if "zero_point" in qc else None),
-                   version=qc.get("version"), activation_scheme=qc.get("activation_scheme"),
-                   ignore=list(qc.get("modules_to_not_convert") or qc.get("ignored_layers") or []))
-        out["scheme"] = "FP8" if is_fp8 else (method.upper() if method in ("mxfp4", "nvfp4") else
-                                             (f"W{bits}A16" if bits else None))
-    return out
+    return method, producer
+
+
+def _modelopt_fields(qc: dict[str, Any]) -> dict[str, Any]:
+    """A ModelOpt config's scheme (its ``quant_algo``), group size, exclusions, KV cache, bits and weight type."""
+    inner = qc.get("quantization") if isinstance(qc.get("quantization"), dict) else qc
+    algo = str(inner.get("quant_algo") or "")
+    return {"scheme": algo or None, "group_size": inner.get("group_size"),
+            "ignore": list(inner.get("exclude_modules") or qc.get("ignore") or []),
+            "kv_cache": inner.get("kv_cache_quant_algo"),
+            "bits": 4 if "4" in algo else (8 if "8" in algo else None),
+            "weight_type": "float" if ("FP" in algo.upper()) else ("int" if algo else None)}
+
+
+def _compressed_tensors_fields(qc: dict[str, Any]) -> dict[str, Any]:
+    """A compressed-tensors config's weights and input activations of its first config group, its
+    exclusions, KV cache and scheme (:func:`_scheme`)."""
+    groups = qc.get("config_groups") or {}
+    g = next(iter(groups.values()), {}) if groups else {}
+    w, a = g.get("weights") or {}, g.get("input_activations") or {}
+    return {"bits": w.get("num_bits"), "weight_type": w.get("type"), "group_size": w.get("group_size"),
+            "symmetric": w.get("symmetric"), "strategy": w.get("strategy"), "activation_bits": a.get("num_bits"),
+            "activation_type": a.get("type"), "activation_strategy": a.get("strategy"),
+            "ignore": list(qc.get("ignore") or []), "n_config_groups": len(groups), "targets": g.get("targets"),
+            "kv_cache": qc.get("kv_cache_scheme"),
+            "scheme": _scheme(w.get("num_bits"), w.get("type"), a.get("num_bits"), a.get("type"),
+                              w.get("strategy"), w.get("group_size"))}
+
+
+def _quant_method_fields(qc: dict[str, Any], method: str | None) -> dict[str, Any]:
+    """Any other config (AWQ, GPTQ, FP8, MXFP4, ...) by ``quant_method``: bits, weight type, group
+    size, symmetry, version, activation scheme, exclusions and scheme."""
+    bits = qc.get("bits") or qc.get("w_bit") or qc.get("weight_bits")
+    is_fp8 = method in ("fp8", "fbgemm_fp8")
+    return {"bits": 8 if is_fp8 else bits,
+            "weight_type": "float" if is_fp8 or method in ("mxfp4", "nvfp4") else "int",
+            "group_size": qc.get("group_size") or qc.get("q_group_size") or qc.get("weight_block_size"),
+            "symmetric": qc.get("sym") if "sym" in qc else (not qc["zero_point"] if "zero_point" in qc else None),
+            "version": qc.get("version"), "activation_scheme": qc.get("activation_scheme"),
+            "ignore": list(qc.get("modules_to_not_convert") or qc.get("ignored_layers") or []),
+            "scheme": "FP8" if is_fp8 else (method.upper() if method in ("mxfp4", "nvfp4") else
+                                            (f"W{bits}A16" if bits else None))}
 
 
 Rule = tuple[bool | None, str, str]  # accepted, reason, source
