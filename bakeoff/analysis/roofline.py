@@ -152,10 +152,30 @@ def shape_from_config(config: dict[str, Any], dtype: str | None = None) -> Model
     heads = c["num_attention_heads"]
     kv_heads = c.get("num_key_value_heads") or heads
     hd = c.get("head_dim") or h // heads
+    nbytes = _dtype_bytes(config, c, dtype)
+    attn = h * heads * hd * 2 + h * kv_heads * hd * 2  # q, o + k, v
+    dense, expert, n_exp, k = _layer_params(c, h, n_layers, attn)
+    lm_head = vocab * h
+    dense += lm_head + h
+    embed = 0 if c.get("tie_word_embeddings", config.get("tie_word_embeddings")) else vocab * h
+    attn_layers = _kv_cache_layers(c, n_layers)
+    return ModelShape(dense_params=dense, expert_params=expert, num_experts=n_exp if expert else 0,
+                      experts_per_token=k if expert else 0, total_params=dense + expert * (n_exp if expert else 0) + embed,
+                      active_params_per_token=dense + expert * (k if expert else 0),
+                      kv_bytes_per_token=2 * attn_layers * kv_heads * hd * nbytes, attn_layers=attn_layers,
+                      q_width=heads * hd, dtype_bytes=nbytes)
+
+
+def _dtype_bytes(config: dict[str, Any], c: dict[str, Any], dtype: str | None) -> int:
+    """Bytes a weight: of the dtype served, else the (text) config's, else bfloat16's; 2 for one unknown."""
     dt = dtype if dtype and dtype != "auto" else (c.get("torch_dtype") or c.get("dtype") or config.get("torch_dtype")
                                                   or config.get("dtype") or "bfloat16")
-    nbytes = DTYPE_BYTES.get(str(dt).replace("torch.", ""), 2)
-    attn = h * heads * hd * 2 + h * kv_heads * hd * 2  # q, o + k, v
+    return DTYPE_BYTES.get(str(dt).replace("torch.", ""), 2)
+
+
+def _moe_keys(c: dict[str, Any]) -> tuple:
+    """``(routed experts, experts a token, expert FFN width, MoE layer step, MLP-only layers, leading dense
+    layers, shared expert FFN width)`` of a config, read in that order (0 or None where it has none)."""
     n_exp = c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts") or 0
     k = c.get("num_experts_per_tok") or 0
     moe_ff = c.get("moe_intermediate_size") or c.get("intermediate_size")
@@ -163,6 +183,14 @@ def shape_from_config(config: dict[str, Any], dtype: str | None = None) -> Model
     mlp_only = set(c.get("mlp_only_layers") or [])
     first_dense = c.get("first_k_dense_replace") or 0
     shared = c.get("shared_expert_intermediate_size") or (c.get("n_shared_experts") or 0) * (moe_ff or 0)
+    return n_exp, k, moe_ff, step, mlp_only, first_dense, shared
+
+
+def _layer_params(c: dict[str, Any], h: int, n_layers: int, attn: int) -> tuple[int, int, int, int]:
+    """``(dense params, one routed expert's params summed over the MoE layers, routed experts, experts a
+    token)`` of the decoder layers: attention and norms in each, a router, shared expert and routed
+    experts in a MoE layer, a dense MLP in the others."""
+    n_exp, k, moe_ff, step, mlp_only, first_dense, shared = _moe_keys(c)
     dense = expert = 0
     for i in range(n_layers):
         dense += attn + 2 * h  # + two norms
@@ -172,16 +200,13 @@ def shape_from_config(config: dict[str, Any], dtype: str | None = None) -> Model
             expert += 3 * h * moe_ff
         else:
             dense += 3 * h * c["intermediate_size"]
-    lm_head = vocab * h
-    dense += lm_head + h
-    embed = 0 if c.get("tie_word_embeddings", config.get("tie_word_embeddings")) else vocab * h
+    return dense, expert, n_exp, k
+
+
+def _kv_cache_layers(c: dict[str, Any], n_layers: int) -> int:
+    """Layers with a KV cache: the full-attention ones of ``layer_types``, else all."""
     types = c.get("layer_types")
-    attn_layers = sum(1 for t in types if "full" in t or t == "attention") if types else n_layers
-    return ModelShape(dense_params=dense, expert_params=expert, num_experts=n_exp if expert else 0,
-                      experts_per_token=k if expert else 0, total_params=dense + expert * (n_exp if expert else 0) + embed,
-                      active_params_per_token=dense + expert * (k if expert else 0),
-                      kv_bytes_per_token=2 * attn_layers * kv_heads * hd * nbytes, attn_layers=attn_layers,
-                      q_width=heads * hd, dtype_bytes=nbytes)
+    return sum(1 for t in types if "full" in t or t == "attention") if types else n_layers
 
 
 def load_shape(model_path: str | Path, dtype: str | None = None) -> ModelShape | None:
