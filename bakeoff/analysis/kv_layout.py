@@ -178,3 +178,14 @@ def judge_ratio(measured: float, predicted: float | None, quantized: bool,
     if measured < predicted * (1 - tolerance):
         return "ineffective"
     return "above-prediction" if measured > predicted * (1 + tolerance) else "as-predicted"
+
+
+# what each judgement adds to the capacity check's sentence (bakeoff.analysis.matrix.kv_capacity_ratio)
+JUDGEMENT_CLAUSES = {
+    "ineffective": f" (below it by more than {RATIO_TOLERANCE:.0%}: the option did not give its bytes' worth)",
+    "above-prediction": f" (above it by more than {RATIO_TOLERANCE:.0%}: recorded, not failed)",
+    "as-predicted": f" (within {RATIO_TOLERANCE:.0%})",
+    "below-prediction-hybrid": (" (below it: recorded, not failed; a hybrid's linear-attention state pages share "
+                                "the pool and its blocks round, so the bytes do not bound its ratio; no gain at all "
+                                "would fail)"),
+}

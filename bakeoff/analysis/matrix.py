@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import Field
 
-from bakeoff.analysis.kv_layout import (INEFFECTIVE_BAND, KV_DTYPE_BYTES, RATIO_TOLERANCE, judge_ratio, kv_layout,
+from bakeoff.analysis.kv_layout import (INEFFECTIVE_BAND, JUDGEMENT_CLAUSES, KV_DTYPE_BYTES, judge_ratio, kv_layout,
                                        predicted_ratio)
 from bakeoff.api.errors import UserError
 from bakeoff.api.options import ENV_PREFIX, parse_value
@@ -326,49 +326,68 @@ def kv_capacity_ratio(options: dict[str, Any], info: dict[str, Any], run_id: str
     if config:
         out["kv_layout"] = kv_layout(config, mine, served)
     if baseline is None:
-        if mine == "auto":
-            return {**out, "role": "baseline", "ratio": 1.0,
-                    "text": "the baseline of KV cache dtypes (kv_cache_dtype auto): ratio 1.0 by definition"}
-        return {**out, "role": "no-baseline",
-                "text": f"kv_cache_dtype {mine}: no baseline run to compare with (bakeoff qualify --matrix "
-                        f"kv_cache_dtype=auto,{mine} passes one; by hand: --baseline-run DIR)"}
+        return _without_baseline(out, mine)
     b_info, b_notes = baseline["backend_info"], baseline["backend_info"].get("notes") or {}
     b_dtype = kv_dtype(baseline["options"])
     out.update({"role": "compared", "baseline_run": baseline["run_id"], "baseline_kv_cache_dtype": b_dtype})
     mine_b, base_b = kv_bytes(mine, notes.get("dtype")), kv_bytes(b_dtype, b_notes.get("dtype"))
-    out["predicted_ratio"] = round(base_b / mine_b, 3) if mine_b and base_b else None
-    if config and predicted_ratio(config, mine, b_dtype, served):
-        out["predicted_ratio"] = predicted_ratio(config, mine, b_dtype, served)
-        out["baseline_kv_bytes_per_token"] = kv_layout(config, b_dtype, served)["kv_bytes_per_token"]
-    others = {k for k in set(options) | set(baseline["options"])
-              if k != "kv_cache_dtype" and options.get(k) != baseline["options"].get(k)}
-    if baseline["backend"] != info.get("backend") or others:
-        out["differs_also_in"] = sorted(others) + (["backend"] if baseline["backend"] != info.get("backend") else [])
+    _predict_ratio(out, config, mine, b_dtype, served, mine_b, base_b)
+    _differences_besides(out, options, info, baseline)
     tok, b_tok = info.get("kv_cache_tokens"), b_info.get("kv_cache_tokens")
     if not tok or not b_tok:
         return {**out, "text": f"no KV ratio: baseline run {baseline['run_id']} stated "
                                f"{'no' if not b_tok else b_tok} KV tokens"}
     gib, b_gib = info.get("kv_cache_memory_gib"), b_info.get("kv_cache_memory_gib")
-    out["tokens_ratio"] = round(tok / b_tok, 4)
-    if gib and b_gib:
-        out["tokens_per_gib_ratio"] = round((tok / gib) / (b_tok / b_gib), 4)
-    out["judged_on"] = "KV tokens per GiB" if gib and b_gib else "KV tokens"
-    out["ratio"] = out.get("tokens_per_gib_ratio") or out["tokens_ratio"]
-    quantized = mine_b is not None and base_b is not None and mine_b < base_b
-    out["judgement"] = judge_ratio(out["ratio"], out["predicted_ratio"], quantized,
-                                   hybrid=bool((out.get("kv_layout") or {}).get("hybrid")))
-    out["ineffective"] = bool(quantized and abs(out["ratio"] - 1) < INEFFECTIVE_BAND) or out["judgement"] == "ineffective"
+    _judge_capacity(out, tok, b_tok, gib, b_gib, mine_b is not None and base_b is not None and mine_b < base_b)
     mem = lambda t, g: f"{t:,} tokens" + (f" in {g} GiB" if g else "")  # noqa: E731
     pred = f"{out['predicted_ratio']}x" if out["predicted_ratio"] else "no prediction (unknown bytes per element)"
     out["text"] = (f"kv_cache_dtype {mine} vs {b_dtype}: {out['ratio']:.2f}x the {out['judged_on']} of baseline run "
                    f"{baseline['run_id']} (baseline {mem(b_tok, b_gib)}; run {run_id} {mem(tok, gib)}; tokens "
                    f"{out['tokens_ratio']:.2f}x); the dtype's bytes predict {pred}"
-                   + {"ineffective": f" (below it by more than {RATIO_TOLERANCE:.0%}: the option did not give its bytes' worth)",
-                      "above-prediction": f" (above it by more than {RATIO_TOLERANCE:.0%}: recorded, not failed)",
-                      "as-predicted": f" (within {RATIO_TOLERANCE:.0%})",
-                      "below-prediction-hybrid": (" (below it: recorded, not failed; a hybrid's linear-attention state "
-                                                  "pages share the pool and its blocks round, so the bytes do not bound "
-                                                  "its ratio; no gain at all would fail)")}.get(out["judgement"], "")
+                   + JUDGEMENT_CLAUSES.get(out["judgement"], "")
                    + (f"; {out['kv_layout']['text']}" if out.get("kv_layout") else "")
                    + (f"; the runs also differ in {', '.join(out['differs_also_in'])}" if out.get("differs_also_in") else ""))
     return out
+
+
+def _without_baseline(out: dict[str, Any], mine: str) -> dict[str, Any]:
+    """A run with no baseline run: the baseline itself (``auto``, ratio 1.0), else ``no-baseline``."""
+    if mine == "auto":
+        return {**out, "role": "baseline", "ratio": 1.0,
+                "text": "the baseline of KV cache dtypes (kv_cache_dtype auto): ratio 1.0 by definition"}
+    return {**out, "role": "no-baseline",
+            "text": f"kv_cache_dtype {mine}: no baseline run to compare with (bakeoff qualify --matrix "
+                    f"kv_cache_dtype=auto,{mine} passes one; by hand: --baseline-run DIR)"}
+
+
+def _predict_ratio(out: dict[str, Any], config: dict[str, Any] | None, mine: str, b_dtype: str, served: str | None,
+                   mine_b: float | None, base_b: float | None) -> None:
+    """``predicted_ratio``: the dtypes' bytes, or with ``config`` the KV bytes per token over the layers
+    that hold a KV cache (and the baseline's bytes per token)."""
+    out["predicted_ratio"] = round(base_b / mine_b, 3) if mine_b and base_b else None
+    if config and predicted_ratio(config, mine, b_dtype, served):
+        out["predicted_ratio"] = predicted_ratio(config, mine, b_dtype, served)
+        out["baseline_kv_bytes_per_token"] = kv_layout(config, b_dtype, served)["kv_bytes_per_token"]
+
+
+def _differences_besides(out: dict[str, Any], options: dict[str, Any], info: dict[str, Any],
+                         baseline: dict[str, Any]) -> None:
+    """``differs_also_in``: the options (and the backend) the two runs differ in besides kv_cache_dtype."""
+    others = {k for k in set(options) | set(baseline["options"])
+              if k != "kv_cache_dtype" and options.get(k) != baseline["options"].get(k)}
+    if baseline["backend"] != info.get("backend") or others:
+        out["differs_also_in"] = sorted(others) + (["backend"] if baseline["backend"] != info.get("backend") else [])
+
+
+def _judge_capacity(out: dict[str, Any], tok: int, b_tok: int, gib: float | None, b_gib: float | None,
+                    quantized: bool) -> None:
+    """The ratios (KV tokens, per GiB where both runs state their memory), the one judged, its
+    judgement against the prediction (:func:`judge_ratio`) and ``ineffective``."""
+    out["tokens_ratio"] = round(tok / b_tok, 4)
+    if gib and b_gib:
+        out["tokens_per_gib_ratio"] = round((tok / gib) / (b_tok / b_gib), 4)
+    out["judged_on"] = "KV tokens per GiB" if gib and b_gib else "KV tokens"
+    out["ratio"] = out.get("tokens_per_gib_ratio") or out["tokens_ratio"]
+    out["judgement"] = judge_ratio(out["ratio"], out["predicted_ratio"], quantized,
+                                   hybrid=bool((out.get("kv_layout") or {}).get("hybrid")))
+    out["ineffective"] = bool(quantized and abs(out["ratio"] - 1) < INEFFECTIVE_BAND) or out["judgement"] == "ineffective"
