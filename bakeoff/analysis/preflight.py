@@ -41,6 +41,7 @@ from bakeoff.analysis.checkpoint_layout import config_beyond_weights, mtp_reques
 from bakeoff.api.errors import EngineFailure
 from bakeoff.api.specs import Spec
 from bakeoff.host.artifacts import read_json
+from bakeoff.host.envs import has_cuda
 
 # (accepted, reason, rule source[, failure class when refused: default config-rejected])
 Rule = tuple
@@ -252,8 +253,6 @@ def preflight(model_path: str | Path, backend: str, rule: Callable[..., Rule] | 
     if rule is None:
         return PreflightResult(**base, accepted=None, reason=f"no preflight rules for backend {backend!r}")
     if cuda is None:
-        from bakeoff.host.envs import has_cuda
-
         cuda = has_cuda()
     accepted, reason, source, *named = rule(q, arch, cuda, flags)
     fclass = (named[0] if named else "config-rejected") if accepted is False else None

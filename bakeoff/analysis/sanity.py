@@ -4,6 +4,7 @@ model-free degeneration detectors.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections import Counter
 from typing import Any
@@ -29,8 +30,6 @@ def probe_correct(output: str, expected: str, match: str = "prefix") -> bool:
     if not exp:
         return not out
     if match == "contains":
-        import re
-
         return re.search(r"(?<![0-9A-Za-z])" + re.escape(exp) + r"(?![0-9A-Za-z])", out) is not None
     return out.startswith(exp) and (len(out) == len(exp) or not out[len(exp)].isalnum())
 
