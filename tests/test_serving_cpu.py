@@ -92,3 +92,22 @@ def test_thread_cpu_is_read_in_nanoseconds_and_agrees_with_the_kernels_ticks():
         child.kill()
         child.wait()
     assert thread_cpu_ns(child.pid) is None
+
+
+def test_a_reading_that_fails_leaves_the_client_side_and_never_raises():
+    """A process group whose reading raises (a damaged /proc, a fake) costs the point its engine side only."""
+    from types import SimpleNamespace
+
+    from bakeoff.loadgen.serving_cpu import cpu_reading, us_per_token
+
+    class Broken:
+        pid = 1
+
+        def cpu_seconds_by_pid(self):
+            raise OSError("no /proc here")
+
+    got = cpu_reading(SimpleNamespace(proc=Broken(), bakeoff_worker=True))
+    assert set(got) == {"client"}
+    assert cpu_reading(object()).keys() == {"client"}  # loadgen drives anything with stream()
+    # an engine side that went away between the readings reads 0, never negative
+    assert us_per_token({"client": 1.0, "engine": 5.0}, {"client": 1.5, "engine": 2.0}, 1000)["engine"] == 0.0

@@ -47,8 +47,11 @@ def cpu_reading(backend) -> dict[str, float]:
     bakeoff's HTTP worker (the group's leader, where the backend hosts the engine behind one,
     ``Backend.bakeoff_worker``) and the engine's processes; only the client without a process group."""
     out = {"client": time.process_time()}
-    proc = getattr(backend, "proc", None)
-    by_pid = proc.cpu_seconds_by_pid() if proc is not None else {}
+    proc = getattr(backend, "proc", None)  # loadgen drives any object with stream(); Backend declares proc
+    try:
+        by_pid = proc.cpu_seconds_by_pid() if proc is not None else {}
+    except Exception:  # noqa: BLE001 - a reading is evidence, never a reason to crash a sweep
+        return out
     if not by_pid:
         return out
     worker_pid = proc.pid if getattr(backend, "bakeoff_worker", False) else None
@@ -58,10 +61,11 @@ def cpu_reading(backend) -> dict[str, float]:
 
 
 def us_per_token(before: dict[str, float], after: dict[str, float], tokens: int) -> dict[str, float] | None:
-    """CPU microseconds per output token of each side between two readings; None without tokens."""
+    """CPU microseconds per output token of each side between two readings (a side whose processes
+    changed meanwhile, e.g. an engine process that died, reads 0 at least); None without tokens."""
     if not tokens:
         return None
-    return {k: round((after[k] - before.get(k, 0.0)) / tokens * 1e6, 1) for k in after}
+    return {k: round(max(0.0, after[k] - before.get(k, after[k])) / tokens * 1e6, 1) for k in after}
 
 
 def serving_bound(cpu_us: dict[str, float] | None, device: str | None) -> bool:
