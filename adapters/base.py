@@ -10,6 +10,7 @@ returns a summary (duration, size, what the tool reported). A refusal or crash o
 from __future__ import annotations
 
 import abc
+import shutil
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
@@ -43,3 +44,13 @@ class Adapter(abc.ABC):
         Raises:
             EngineFailure: the tool refused or crashed (its class and message).
         """
+
+
+def copy_cached_export(output_dir: str | Path, out: Path) -> Path:
+    """Copy what an export's cache entry holds (the folder above its ``output_dir``: the model folder and
+    the export's metadata, as the exporting adapter caches them) into ``out``; returns that cache folder."""
+    src = Path(output_dir).parent
+    out.mkdir(parents=True, exist_ok=True)
+    for item in src.iterdir():
+        (shutil.copytree if item.is_dir() else shutil.copy2)(item, out / item.name)
+    return src

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from adapters.base import Adapter
+from adapters.base import Adapter, copy_cached_export
 from adapters.openvino_export.env import env_spec
 from adapters.openvino_export.build import export
 from adapters.openvino_export.specs import OpenVinoExportOptions
@@ -24,9 +23,6 @@ class OpenVinoExportAdapter(Adapter):
 
     def run(self, source: str | Path, out: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
         res = export(source, self.options, log=log)
-        src = Path(res.output_dir).parent
-        out.mkdir(parents=True, exist_ok=True)
-        for item in src.iterdir():
-            (shutil.copytree if item.is_dir() else shutil.copy2)(item, out / item.name)
+        src = copy_cached_export(res.output_dir, out)
         return {"cache_dir": str(src), "duration_s": res.duration_s, "output_bytes": res.output_bytes,
                 "compression": res.compression, "cached": res.cached}
