@@ -36,3 +36,18 @@ def test_a_job_installs_its_adapters_requirements():
     task = JobTask(kind="export", tag="t", model="fixture:tiny-qwen3", export=ExportTask(pipeline="awq-int4"),
                    push_to=PushTarget(kind="none"))
     assert engine_requirements(task) == [*adapters.resolve("awq-int4").requirements(), "huggingface_hub"]
+
+
+def test_a_cached_export_is_copied_whole_into_the_output_folder(tmp_path):
+    """adapters.base.copy_cached_export: the cache entry (the folder above the export's model folder) lands in
+    ``out``, folders and files, and the entry itself is returned and left as it was."""
+    from adapters.base import copy_cached_export
+
+    entry = tmp_path / "cache" / "abc123"
+    (entry / "model" / "sub").mkdir(parents=True)
+    (entry / "model" / "sub" / "w.bin").write_bytes(b"\x01\x02")
+    (entry / "export.json").write_text("{}")
+    out = tmp_path / "out" / "deep"
+    assert copy_cached_export(entry / "model", out) == entry
+    assert (out / "model" / "sub" / "w.bin").read_bytes() == b"\x01\x02" and (out / "export.json").read_text() == "{}"
+    assert (entry / "model" / "sub" / "w.bin").exists()
