@@ -88,7 +88,7 @@ def over_bounds(path: str, nbytes: int, elapsed_s: float, max_bytes: int, max_s:
                 events: int | None = None) -> EngineFailure:
     """A stream past :func:`~bakeoff.loadgen.client.stream_bounds` or :data:`STREAM_EVENT_SLACK`: ``protocol-violation`` with the figures."""
     if events is not None:
-        what = (f"{events:,} events, past the {max_tokens + STREAM_EVENT_SLACK:,} a stream of max_tokens {max_tokens} "
+        what = (f"{events:,} events, past the {max(1, int(max_tokens or 1)) + STREAM_EVENT_SLACK:,} a stream of max_tokens {max_tokens} "
                 "may carry: the server does not stop at max_tokens")
     elif nbytes > max_bytes:
         what = f"{nbytes:,} bytes, past the {max_bytes:,} a stream of max_tokens {max_tokens} may take"
