@@ -111,3 +111,58 @@ def test_a_reading_that_fails_leaves_the_client_side_and_never_raises():
     assert cpu_reading(object()).keys() == {"client"}  # loadgen drives anything with stream()
     # an engine side that went away between the readings reads 0, never negative
     assert us_per_token({"client": 1.0, "engine": 5.0}, {"client": 1.5, "engine": 2.0}, 1000)["engine"] == 0.0
+
+
+def test_the_readings_own_cost_is_not_the_clients():
+    """Reading the process group scans every process of the host (tens of ms at a few thousand processes):
+    that CPU is bakeoff measuring, not bakeoff serving, and must not land on the client side of the point
+    it measures (a 64-token point at 1,500 processes read ~560 us per token of 'client' from the scan)."""
+    import asyncio
+    import time as _time
+
+    from bakeoff.api.specs import GenerationRequest, TokenEvent, Usage
+    from bakeoff.loadgen.sweep import run_sweep
+
+    def burn(s: float) -> None:
+        t = _time.process_time()
+        while _time.process_time() - t < s:
+            pass
+
+    class FakeSlowScanGroup:
+        pid = 10**9  # not a live pid: the reading is all the fake's
+
+        def cpu_seconds_by_pid(self):
+            burn(0.05)  # what members() costs on a host with a few thousand processes
+            return {self.pid: 1.0, self.pid + 1: 2.0}
+
+    class FakeBackend:
+        proc = FakeSlowScanGroup()
+        bakeoff_worker = True
+
+        async def stream(self, r):
+            await asyncio.sleep(0.001)
+            yield TokenEvent(t_ns=_time.monotonic_ns(), text="a b c d", token_ids=[1, 2, 3, 4])
+            yield TokenEvent(t_ns=_time.monotonic_ns(), usage=Usage(3, 4), finish_reason="length")
+
+        async def aclose(self):
+            pass
+
+    make = lambda s, t: GenerationRequest(request_id=f"s{s}-t{t}", prompt="x", max_tokens=4)  # noqa: E731
+    out = run_sweep(FakeBackend(), make, [1], requests_per_session=4, warmup_requests=1)
+    cpu = out["points"][0]["cpu_us_per_output_token"]
+    # 16 tokens: one scan inside the point reads 50 ms / 16 = 3,125 us per token; the fake stream costs far less
+    assert cpu["client"] < 1500, cpu
+
+
+def test_pooled_repeats_never_read_a_missing_engine_side_as_zero():
+    """Repeats pooled where one repeat's reading lost the engine side (its process group unreadable):
+    the engine's CPU is not averaged with a 0 that was never measured (700 us read once would pool to
+    350 and mark a point the only reading says is not serving-bound)."""
+    from bakeoff.loadgen.throughput import _pooled_cpu
+
+    reps = [{"output_tokens": 100, "cpu_us_per_output_token": {"client": 40.0, "bakeoff_worker": 0.0, "engine": 700.0}},
+            {"output_tokens": 100, "cpu_us_per_output_token": {"client": 40.0}}]
+    for order in (reps, reps[::-1]):
+        pooled = _pooled_cpu(order)
+        assert pooled == {"client": 40.0}, pooled
+        assert serving_bound(pooled, "cpu") is False

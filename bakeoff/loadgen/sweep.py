@@ -323,11 +323,12 @@ def run_sweep(backend, make_request: Callable[[int, int], GenerationRequest], se
                                           if warm and warm[0].first_token_ns else None)
             out["warmup"] = w
             for n in session_counts:
-                cpu0 = cpu_reading(backend)
+                cpu0 = cpu_reading(backend, client_last=True)
                 recs, wall = await closed_loop(backend, make_request, n, requests_per_session, max_error_rate,
                                                count_tokens)
+                cpu1 = cpu_reading(backend)  # before summarize: its CPU is bakeoff's arithmetic, not serving
                 point = summarize(recs, wall, n)
-                point["cpu_us_per_output_token"] = us_per_token(cpu0, cpu_reading(backend), point["output_tokens"])
+                point["cpu_us_per_output_token"] = us_per_token(cpu0, cpu1, point["output_tokens"])
                 if calibrated_concurrency is not None:
                     point["valid"] = n <= calibrated_concurrency
                     if not point["valid"]:
