@@ -151,12 +151,14 @@ class SweepResult:
 
 
 def _pooled_cpu(reps: list[dict[str, Any]]) -> dict[str, float] | None:
-    """The repeats' CPU microseconds per output token, weighted by their tokens (None if any lacks them)."""
+    """The repeats' CPU microseconds per output token, weighted by their tokens (None if any lacks them);
+    a side only where every repeat read it (a side one repeat could not read is not a 0)."""
     cpus = [p.get("cpu_us_per_output_token") for p in reps]
     tokens = [p["output_tokens"] or 0 for p in reps]
     if not all(cpus) or not sum(tokens):
         return None
-    return {k: round(sum(c.get(k, 0.0) * n for c, n in zip(cpus, tokens)) / sum(tokens), 1) for k in cpus[0]}
+    sides = [k for k in cpus[0] if all(k in c for c in cpus)]
+    return {k: round(sum(c[k] * n for c, n in zip(cpus, tokens)) / sum(tokens), 1) for k in sides}
 
 
 def _gpu_window(sampler, t0_ns: int, t1_ns: int, tokens: int) -> dict[str, Any]:
