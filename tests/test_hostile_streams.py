@@ -151,3 +151,16 @@ def test_broken_chunked_framing_is_a_protocol_violation_not_an_engine_crash(host
 def test_the_bounds_come_from_the_request():
     assert stream_bounds(16, 120) == (STREAM_BASE_BYTES + 16 * STREAM_BYTES_PER_TOKEN, 5 * 120 + 16 * 2.0)
     assert stream_bounds(0, 1)[0] == STREAM_BASE_BYTES + STREAM_BYTES_PER_TOKEN  # never zero
+
+
+@pytest.mark.parametrize("data", [b"null", b"[1, 2]", b"5", b'"text"'])
+def test_a_json_event_that_is_not_an_object_is_malformed_not_a_client_crash(hostile, data):
+    """``data: null`` (or a list, a number, a string) parses as JSON but is no event of any API: the
+    stream's malformed events, named (fails before: AttributeError inside the client, recorded as the
+    engine's ``runtime-crash``)."""
+    def stream(sock):
+        sock.sendall(HEAD + _event("a") + b"data: " + data + b"\n\n" + _event(" b") + b"data: [DONE]\n\n")
+
+    failure, took, _ = _run(hostile(stream), 4, 5.0)
+    assert failure is not None and failure.failure_class == "transport-distortion", failure
+    assert "malformed JSON SSE event" in failure.message and data.decode() in failure.message

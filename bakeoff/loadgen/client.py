@@ -293,6 +293,9 @@ class OpenAIClient:
                     except ValueError:
                         malformed.append(data[:200])
                         continue
+                    if not isinstance(obj, dict):  # JSON, but no event of any API: `null`, `[1, 2]`, `5`
+                        malformed.append(data[:200])
+                        continue
                     for ev in tokens(obj, name, t, resp):
                         if ev is STOP:  # message_stop: the end of a Messages stream
                             done = True
