@@ -263,6 +263,14 @@ def test_static_batches_stream_each_row_as_alone_and_take_in_a_late_wave(model):
     starts = [f[1] for f in chan.frames if f[0] == "start"]
     assert starts == [1, 4]  # one start per request: the restart is invisible to the client
 
+    # cancels that come in the batch's first read, with their requests (the client left at once): the
+    # first request and a waiting one are dropped unrun, the others run as alone (a breaker's find: both
+    # ran to max_tokens before)
+    chan = _Chan(later=[(1, ("cancel", 1)), (1, ("cancel", 4))])
+    serve_static(eng, gen(1), chan, collections.deque([gen(2), gen(3, 5), gen(4)]))
+    assert {f[1] for f in chan.frames} == {2, 3}
+    assert chan.ids(2) == alone[2] and chan.ids(3) == alone[3][:5]
+
 
 @pytest.mark.slow
 @pytest.mark.engine("transformers")

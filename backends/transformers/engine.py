@@ -42,7 +42,7 @@ from typing import Any
 
 from backends.transformers.logprobs import top_logprobs
 from backends._hosting.engine_frames import Out, answer_tokenize
-from backends.transformers.static import GREEDY_KWARGS, batch_key, serve_static
+from backends.transformers.static import GREEDY_KWARGS, batch_key, cancelled_in, serve_static
 from backends._hosting.worker_pipe import start_child
 
 # With ``batching`` unset on CPU: a model whose decode step (one sequence) takes at least this many
@@ -321,6 +321,8 @@ class TransformersEngine:
                 waiting.extend(chan.wait())
             msg = waiting.popleft()
             kind, rid = msg[0], msg[1]
+            if kind == "gen" and cancelled_in(waiting, rid):
+                continue  # its cancel came with it: dropped, as a waiting request's cancel drops it
             if kind == "gen":
                 if self.static and batch_key(msg[2]) is not None:
                     serve_static(self, msg, chan, waiting)

@@ -70,15 +70,27 @@ def new_row(engine, msg: tuple, send) -> Row:
     return Row(msg[1], int(body.get("max_tokens") or 16), ids, out)
 
 
+def cancelled_in(waiting: collections.deque, rid) -> bool:
+    """Whether a cancel of request ``rid`` waits in ``waiting`` (removed if so): a cancel that came in the
+    same read as its request, or before it ran, drops the request (as a cancel of a waiting request does)."""
+    for msg in waiting:
+        if msg[0] == "cancel" and msg[1] == rid:
+            waiting.remove(msg)
+            return True
+    return False
+
+
 def take_compatible(key: tuple, waiting: collections.deque, room: int) -> list[tuple]:
-    """Up to ``room`` waiting gen commands with batch key ``key``, removed from ``waiting``."""
+    """Up to ``room`` waiting gen commands with batch key ``key``, removed from ``waiting`` (those
+    cancelled meanwhile dropped with their cancel)."""
     got = []
     for msg in list(waiting):
         if len(got) >= room:
             break
         if msg[0] == "gen" and batch_key(msg[2]) == key:
-            got.append(msg)
             waiting.remove(msg)
+            if not cancelled_in(waiting, msg[1]):
+                got.append(msg)
     return got
 
 
@@ -86,7 +98,8 @@ def serve_static(engine, first: tuple, chan, waiting: collections.deque) -> None
     """``first`` (a greedy gen command) and the compatible requests waiting, batch after restarted batch."""
     key = batch_key(first[2])
     waiting.extend(chan.poll())
-    msgs = [first] + take_compatible(key, waiting, engine.max_batch - 1)
+    lead = [] if cancelled_in(waiting, first[1]) else [first]
+    msgs = lead + take_compatible(key, waiting, engine.max_batch - len(lead))
     rows = [new_row(engine, m, chan.send) for m in msgs]
     engine.batched_requests += len(rows)  # each request once, however many restarts it rides through
     while rows:
