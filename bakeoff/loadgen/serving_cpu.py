@@ -60,8 +60,8 @@ def cpu_reading(backend, client_last: bool = False) -> dict[str, float]:
         out["client"] = time.process_time()
     if not by_pid:
         return out
-    worker_pid = proc.pid if getattr(backend, "bakeoff_worker", False) else None
-    out["bakeoff_worker"] = by_pid.pop(worker_pid, 0.0) if worker_pid is not None else 0.0
+    if getattr(backend, "bakeoff_worker", False):  # an engine's own server (vLLM's) is the engine's side
+        out["bakeoff_worker"] = by_pid.pop(proc.pid, 0.0)
     out["engine"] = sum(by_pid.values())
     return out
 
