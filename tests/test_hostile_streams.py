@@ -153,10 +153,10 @@ def test_the_bounds_come_from_the_request():
     assert stream_bounds(0, 1)[0] == STREAM_BASE_BYTES + STREAM_BYTES_PER_TOKEN  # never zero
 
 
-@pytest.mark.parametrize("data", [b"null", b"[1, 2]", b"5", b'"text"'])
+@pytest.mark.parametrize("data", [b"null", b"[1, 2]", b"5", b'"text"', b'{"choices": ["x"]}'])
 def test_a_json_event_that_is_not_an_object_is_malformed_not_a_client_crash(hostile, data):
-    """``data: null`` (or a list, a number, a string) parses as JSON but is no event of any API: the
-    stream's malformed events, named (fails before: AttributeError inside the client, recorded as the
+    """``data: null`` (or a list, a number, a string, a choice that is a string) parses as JSON but is no
+    event of any API: the stream's malformed events, named (fails before: AttributeError inside the client, recorded as the
     engine's ``runtime-crash``)."""
     def stream(sock):
         sock.sendall(HEAD + _event("a") + b"data: " + data + b"\n\n" + _event(" b") + b"data: [DONE]\n\n")

@@ -296,7 +296,12 @@ class OpenAIClient:
                     if not isinstance(obj, dict):  # JSON, but no event of any API: `null`, `[1, 2]`, `5`
                         malformed.append(data[:200])
                         continue
-                    for ev in tokens(obj, name, t, resp):
+                    try:  # an object of an event's shape gone wrong (a choice that is a string) is malformed too
+                        events = tuple(tokens(obj, name, t, resp))
+                    except (AttributeError, TypeError, KeyError, IndexError):
+                        malformed.append(data[:200])
+                        continue
+                    for ev in events:
                         if ev is STOP:  # message_stop: the end of a Messages stream
                             done = True
                         else:
