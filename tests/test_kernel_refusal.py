@@ -54,7 +54,7 @@ def test_serving_crash_with_the_kernels_words_becomes_incompatible_features():
 def test_prefix_cache_prompt_covers_a_stated_kv_block():
     """vLLM's hybrid allocator states 384-token blocks for the Qwen3.5 fixture (640 with fp8 KV)
     and caches whole blocks only: the prefix-cache prompt must fill one to be able to hit."""
-    from backends.vllm.backend import HYBRID_BLOCK_LINE
+    from backends.vllm.describe import HYBRID_BLOCK_LINE
     from evaluations.test_prefix_cache import BLOCK_MARGIN, prompt_target
 
     line = ("(Worker pid=1632) INFO 12-02 09:05:39 [interface.py:1096] Setting attention block size to 384 tokens "

