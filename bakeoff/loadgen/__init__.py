@@ -2,7 +2,7 @@
 
 Modules:
     http: asyncio-protocol HTTP/1.1 client; bytes are stamped (``time.monotonic_ns()``) in the
-        socket callback, before any parsing or task switch.
+        socket callback (its connection: ``http_conn``), before any parsing or task switch.
     client: ``OpenAIClient`` (completions, chat, Anthropic messages) over ``http``.
     sweep: ``run_request``, ``closed_loop``, ``open_loop`` (Poisson), ``run_sweep``.
     multiproc: ``closed_loop_mp`` / ``open_loop_mp``: one event loop per process, records merged.
