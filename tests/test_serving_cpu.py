@@ -36,8 +36,12 @@ def test_the_note_names_each_marked_point():
            {"sessions": 8, "serving_bound": True,
             "cpu_us_per_output_token": {"client": 9.0, "bakeoff_worker": 12.0, "engine": 44.0}}]
     note = serving_bound_note(pts)
-    assert note.startswith("serving-bound at 8 sessions (44 us of the engine's CPU per token, 21 of bakeoff's")
+    assert note.startswith("serving-bound at 8 sessions (CPU us per output token, engine/bakeoff's client+worker: 44/21)")
     assert serving_bound_note(pts[:1]) is None
+    # four marked points still leave room in a check's 500-character summary for its figures before the note
+    many = [{"sessions": n, "serving_bound": True,
+             "cpu_us_per_output_token": {"client": 49.3, "bakeoff_worker": 112.5, "engine": 156.3}} for n in (1, 2, 4, 8)]
+    assert len(serving_bound_note(many)) < 220 and "at 1, 2, 4, 8 sessions" in serving_bound_note(many)
 
 
 @pytest.mark.slow
@@ -166,3 +170,39 @@ def test_pooled_repeats_never_read_a_missing_engine_side_as_zero():
         pooled = _pooled_cpu(order)
         assert pooled == {"client": 40.0}, pooled
         assert serving_bound(pooled, "cpu") is False
+
+
+def test_the_report_names_the_serving_bound_points_and_reads_any_run_directory():
+    """report.md carries the note under the backend's sweep table; a run directory's points of any shape
+    (an old run without the keys, a hand-edited one) never crash it."""
+    from bakeoff.loadgen.serving_cpu import serving_bound_note
+
+    good = {"sessions": 8, "serving_bound": True, "cpu_us_per_output_token": {"client": 9.0, "engine": 44.0}}
+    assert "44/9" in serving_bound_note([good])
+    for bad in ({"sessions": 8, "serving_bound": True}, {"sessions": 8, "serving_bound": True, "cpu_us_per_output_token": 5},
+                {"sessions": 8, "serving_bound": "yes", "cpu_us_per_output_token": good["cpu_us_per_output_token"]},
+                {"sessions": 8, "serving_bound": True, "cpu_us_per_output_token": {"client": "x", "engine": 44.0}}):
+        assert serving_bound_note([bad]) is None, bad
+
+
+def test_report_md_carries_the_note_under_the_sweep(tmp_path):
+    """A run whose sweep marked points: report.md says so under that backend's sweep table; an old run
+    without the keys renders as before."""
+    import json
+
+    from bakeoff.reporting.report import write_report
+
+    def run(name: str, points: list) -> None:
+        d = tmp_path / "runs" / name
+        d.mkdir(parents=True)
+        d.joinpath("verdict.json").write_text(json.dumps({
+            "schema_version": 1, "run_id": name, "backend": name.split("_")[0], "model": "fixture:tiny-qwen3",
+            "options": {}, "status": "qualified", "reasons": [], "backend_info": {"device": "cpu"},
+            "checks": [{"name": "throughput.sweep", "status": "pass", "summary": "peak", "values": {"points": points}}]}))
+
+    base = {"requests": 4, "ok": 4, "errors": 0, "input_tokens": 40, "output_tokens": 256, "output_tokens_per_s": 9000.0}
+    run("ort-genai_a", [{**base, "sessions": 1, "serving_bound": True,
+                         "cpu_us_per_output_token": {"client": 18.0, "bakeoff_worker": 13.0, "engine": 104.0}}])
+    run("vllm_b", [{**base, "sessions": 1}])
+    text = write_report([tmp_path / "runs"], tmp_path / "report").read_text()
+    assert text.count("Serving-bound at 1 session (CPU us per output token, engine/bakeoff's client+worker: 104/31)") == 1

@@ -84,12 +84,20 @@ def serving_bound(cpu_us: dict[str, float] | None, device: str | None) -> bool:
 
 
 def serving_bound_note(points: list[dict[str, Any]]) -> str | None:
-    """One sentence naming the serving-bound points, or None when there are none."""
-    marked = [p for p in points if p.get("serving_bound")]
+    """One short sentence naming the serving-bound points (it ends a check's summary, which keeps 500
+    characters), or None when there are none."""
+    marked = [p for p in points if p.get("serving_bound") is True and _readable(p.get("cpu_us_per_output_token"))]
     if not marked:
         return None
-    each = ", ".join(f"{p['sessions']} session{'s' * (p['sessions'] != 1)} ({p['cpu_us_per_output_token']['engine']:.0f} us of the engine's "
-                     f"CPU per token, {p['cpu_us_per_output_token']['client'] + p['cpu_us_per_output_token'].get('bakeoff_worker', 0):.0f} "
-                     "of bakeoff's client and worker)" for p in marked)
-    return (f"serving-bound at {each}: the engine is fast enough per token that bakeoff's own serving path, on the "
-            "same cores, may hold its figure below what the engine does (docs/benchmarks/fidelity.md)")
+    cpu = [p["cpu_us_per_output_token"] for p in marked]
+    figures = ", ".join(f"{c['engine']:.0f}/{c['client'] + c.get('bakeoff_worker', 0.0):.0f}" for c in cpu)
+    sessions = ", ".join(str(p["sessions"]) for p in marked)
+    return (f"serving-bound at {sessions} session{'s' * (len(marked) > 1 or marked[0]['sessions'] != 1)} "
+            f"(CPU us per output token, engine/bakeoff's client+worker: {figures}): bakeoff's tok/s there may "
+            "understate the engine (docs/benchmarks/fidelity.md)")
+
+
+def _readable(cpu: Any) -> bool:
+    """A point's CPU sides as a sweep writes them (a run directory read back may hold anything)."""
+    return (isinstance(cpu, dict) and all(isinstance(cpu.get(k, 0.0), (int, float)) for k in ("client", "bakeoff_worker"))
+            and isinstance(cpu.get("engine"), (int, float)) and isinstance(cpu.get("client"), (int, float)))

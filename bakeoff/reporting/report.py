@@ -22,6 +22,7 @@ from bakeoff.host.artifacts import atomic_write_text, list_runs, read_json
 from bakeoff.api.errors import UserError
 from bakeoff.analysis.failures import LOG_PREFIX
 from bakeoff.api.verdict import Check, Verdict, decide
+from bakeoff.loadgen.serving_cpu import serving_bound_note
 
 TEMPLATE = """# bakeoff report
 
@@ -97,6 +98,8 @@ engine or host cannot run).
 **Figures distorted in transit: they are the hop's, not the engine's** (throughput.transport: {{ r.distorted }}).
 {% endif %}{% if r.disputed %}
 **Token counts disputed: the server's usage and the client's count disagree, so tokens/s and TPOT may be off** (throughput.accounting: {{ r.disputed }}).
+{% endif %}{% if r.serving_bound %}
+**{{ r.serving_bound[0] | upper }}{{ r.serving_bound[1:] }}.**
 {% endif %}
 
 | sessions | requests | tokens in / out per request | aggregate output tok/s | per-session tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | ITL p50 ms | errors | valid |
@@ -333,6 +336,7 @@ def load_run(path: Path) -> dict[str, Any]:
         "verdict": v,
         "distorted": clip(summary_text(tr) or "distorted", 300) if tr.get("status") == "fail" else None,
         "disputed": clip(summary_text(acc) or "disputed", 300) if acc.get("status") == "fail" else None,
+        "serving_bound": serving_bound_note([p for p in sweep.get("points") or [] if isinstance(p, dict)]),
     }
 
 
