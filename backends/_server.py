@@ -275,9 +275,13 @@ class ChildServerBackend(Backend):
             raise EngineFailure("load-failure", f"{self.name} is not started")
         if self.failed is not None:  # hung before: fail fast, do not wait the progress deadline again
             raise EngineFailure(self.failed.failure_class, f"engine hung earlier: {self.failed.message}")
+        events = self.client.stream(request)
         try:
-            async for ev in self.client.stream(request):
+            async for ev in events:
                 yield ev
+        except GeneratorExit:  # the consumer stopped reading: the client's stream closed now (the request cancelled)
+            await events.aclose()
+            raise
         except EngineFailure as exc:
             if self.proc is not None and exc.failure_class in ("transport-distortion", "runtime-crash"):
                 await self._settle()

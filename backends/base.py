@@ -65,6 +65,9 @@ class Backend(abc.ABC):
     # True: the HTTP server in front of the engine is bakeoff's own worker, the leader of ``proc``'s group
     # (its CPU per token is bakeoff's serving path, not the engine's: bakeoff/loadgen/serving_cpu.py)
     bakeoff_worker: ClassVar[bool] = False
+    # True: its server takes a request's ``cache_salt`` (vLLM: a prefix-cache namespace), so the same prompt
+    # can be served cold again after it was cached (prefix_cache.correctness's "cold again")
+    cache_salt: ClassVar[bool] = False
 
     @classmethod
     def env_specs(cls) -> list:
@@ -153,6 +156,19 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def stop(self) -> None:
         """Stop the engine and every process it started. Safe to call twice or after a crash."""
+
+    def speculation(self) -> dict[str, Any] | None:
+        """The speculative decoding this run configured: ``{"method", "draft", "self_draft"}`` (the draft
+        model's path, or None; ``self_draft``: the draft is the served model itself, so nearly every drafted
+        token must be accepted), or None when the run configures none (an attached server may still
+        speculate: its counters tell, ``evaluations/test_spec_decode.py``)."""
+        return None
+
+    def determinism_switch(self) -> str | None:
+        """The engine's batch-invariance switch as this run sets it (vLLM's ``VLLM_BATCH_INVARIANT=1``),
+        or None: with it on, a request's greedy output must not depend on its batch at all
+        (``served.batch_invariance`` then asks identical outputs, not ties)."""
+        return None
 
     def log_tail(self, lines: int = 80) -> str:
         """Last lines of the engine's log, for evidence ('' when there is none)."""

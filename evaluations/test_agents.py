@@ -10,7 +10,9 @@ engine's prefix-cache hit rate over the benchmark (``vllm:prefix_cache_hits_tota
 ``..._queries_total`` deltas) where the engine exposes it, else the sum of each response's cached
 prompt tokens over its prompt tokens where every response states them (llama-server's ``timings``).
 
-Report only: passes unless requests fail (their failure class). Sizes per profile are in
+Report only: passes unless requests fail (their failure class). Each turn asks the top-k logprobs of
+its tokens, so that ``served.twin`` can judge the turns against a twin run's turn by turn (a quantized
+KV cache fine on turn 1 and wrong by turn 4). Sizes per profile are in
 ``SIZES`` (quick: 2 agents x 4 turns x ~160-token tool results: a few seconds on 2 CPU cores with vLLM).
 """
 
@@ -23,6 +25,7 @@ import time
 import numpy as np
 import pytest
 
+from bakeoff.analysis.sanity import TIE_TOP_K, jsonable_logprobs
 from bakeoff.loadgen.sweep import run_request
 from bakeoff.api.specs import GenerationRequest
 from bakeoff.models.fixtures.corpus import KV_KEYS, kv_pair, kv_question, kv_value
@@ -64,13 +67,15 @@ def fit_turns(size: dict, max_len: int, prompt_calibration, settings):
     return scale
 
 
-def turn_row(a: int, t: int, rec) -> dict:
-    """One agent turn's record: status, token counts, cached prompt tokens, TTFT and decode rate."""
+def turn_row(a: int, t: int, rec, prompt: str = "") -> dict:
+    """One agent turn's record: status, token counts, cached prompt tokens, TTFT and decode rate, and
+    what it was sent and answered (ids and top-k logprobs: ``served.twin`` judges turns against a twin run)."""
     return {"agent": a, "turn": t, "status": rec.status, "error": rec.error,
             "error_class": rec.error_class, "prompt_tokens": rec.input_tokens,
             "output_tokens": rec.output_tokens, "cached_prompt_tokens": rec.cached_prompt_tokens,
             "ttft_ms": ttft_ms(rec),
-            "decode_tokens_per_s": decode_tokens_per_s(rec), "output": rec.output_text}
+            "decode_tokens_per_s": decode_tokens_per_s(rec), "output": rec.output_text,
+            "prompt": prompt, "token_ids": rec.output_token_ids, "logprobs": jsonable_logprobs(rec.output_logprobs)}
 
 
 def run_agents(engine, size: dict, n_units: int, fixture: bool, rows: list[dict]) -> float:
@@ -82,8 +87,8 @@ def run_agents(engine, size: dict, n_units: int, fixture: bool, rows: list[dict]
             prompt = transcript + question(a, t, fixture)
             rec = await run_request(engine, GenerationRequest(
                 request_id=f"agent{a}-turn{t}", prompt=prompt, max_tokens=size["max_tokens"], temperature=0.0,
-                ignore_eos=True), session=a)
-            rows.append(turn_row(a, t, rec))
+                ignore_eos=True, logprobs=TIE_TOP_K), session=a)
+            rows.append(turn_row(a, t, rec, prompt))
             if rec.status != "ok":
                 return
             transcript = prompt + rec.output_text

@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from bakeoff.analysis.kv_layout import kv_layout
-from bakeoff.analysis.matrix import kv_capacity_ratio, load_baseline
+from bakeoff.analysis.matrix import kv_capacity_ratio, kv_dtype, load_baseline
 from bakeoff.analysis.preflight import read_config
 from evaluations.measuring import serves_one_at_a_time
 
@@ -66,6 +66,8 @@ def _kv_ratio(c, run, info, pytestconfig, settings) -> tuple[dict, dict | None]:
     KV layout, recorded in values and evidence: ``(ratio, layout)``."""
     base_dir = pytestconfig.getoption("--baseline-run", None)
     baseline = load_baseline(Path(base_dir)) if base_dir else None
+    if baseline is not None and kv_dtype(baseline["options"]) == kv_dtype(run.verdict.options):
+        baseline = None  # a twin in another choice (speculation, chunked prefill): no KV dtype to compare
     config = read_config(settings.model.path) if settings.model.local else {}
     ratio = kv_capacity_ratio(run.verdict.options, info.model_dump(), run.verdict.run_id, baseline, config or None)
     layout = ratio.pop("kv_layout", None)

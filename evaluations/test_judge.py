@@ -7,8 +7,20 @@
   came with top-k logprobs, the mean KL divergence from the reference and the top-1
   agreement (report only).
 
+- ``served.nll_judge``: the same judge on what the engine served under load: the throughput sweep's
+  outputs at its highest point and the load of ``served.under_load``'s replay (at most
+  ``SERVED_JUDGED``, cut at their first end-of-sequence token: the sweep asks ``ignore_eos``) against
+  the reference's own greedy outputs of the same prompts; more than ``NLL_GAP_NATS`` above is
+  ``garbage-output`` naming the sessions in flight. A configuration that repeats or mangles tokens
+  under load (and reads faster for it) is caught here even where no logprobs tell ties apart.
+- ``spec_decode.lossless``: speculative decoding must not change greedy outputs. The outputs of
+  ``spec_decode.acceptance`` (every fresh start, 64 tokens each, cut at end-of-sequence) against the
+  reference's greedy outputs of the same prompts, by the served rule (:mod:`bakeoff.analysis.served`:
+  the one-sided tie rule on the reference's teacher-forced top-k, real divergences by an exact
+  binomial test); ``accuracy-regression`` naming the first difference.
+
 Runs last: the engine under test is stopped first, so the reference and the engine never
-hold the device at once. It reads what the sanity checks wrote, so it also judges a resumed
+hold the device at once; one reference serves the module's checks (:class:`Judge`). It reads what the sanity checks wrote, so it also judges a resumed
 run, and a run whose engine died after its sanity checks. The reference's answers are kept on
 disk (:mod:`evaluations.judging`): it starts only for a question no earlier run asked.
 """
@@ -29,7 +41,11 @@ from bakeoff.api.specs import GenerationRequest
 from evaluations.judging import ReferenceAnswers
 from evaluations.measuring import send
 from evaluations.reference import _model_stamp, is_reference_run, reference_config
-from evaluations.test_sanity import OPEN_ENDED_TOKENS
+from evaluations.test_sanity import OPEN_ENDED_TOKENS, as_served
+from evaluations.test_spec_decode import MAX_TOKENS as SPEC_MAX_TOKENS
+from evaluations.test_throughput import OUTPUTS
+from bakeoff.analysis.sanity import TIE_TOP_K
+from bakeoff.analysis.served import answer_span, compare_served, counts, eos_ids, first_difference, judge_real
 from evaluations.session import KEY_ENGINE
 
 
@@ -133,25 +149,74 @@ def _probe_outputs(run) -> list[dict]:
             if o.get("status") == "ok" and o.get("logprobs") and o.get("token_ids")]
 
 
-def _stop_engine(state: dict) -> None:
-    """Stop the engine under test, if it still runs, so the judge's reference gets its device."""
-    if state.get("backend") is not None:  # the engine is done: free its device for the judge
-        state["backend"].stop()
-        state["stopped"] = "the judge stopped the engine to free its device (sanity.nll_judge runs last)"
+class JudgeUnavailable(Exception):
+    """The reference could not start to judge (its failure class and message)."""
 
 
-def _judged(c, ref: ReferenceAnswers, scorer, opened: list[dict], probe_outs: list[dict]) -> tuple[list, list, list, list]:
-    """:func:`_judge` with the reference stopped after; skip when the reference cannot score."""
-    try:
+class Judge:
+    """The reference as the module's judge: the engine under test stopped first (its device freed), one
+    reference started on the first question no earlier run answered (:class:`ReferenceAnswers`), stopped
+    when the module ends.
+
+    Attributes:
+        why_not: why nothing can be judged (the reference under test, a backend that did not load), or None.
+        engine: the stopped backend under test (its API and chat rendering still answer).
+    """
+
+    def __init__(self, settings, run, state: dict):
+        self.settings, self.run, self.scorer, self.ref = settings, run, None, None
+        self.engine = state.get("backend")
+        self.why_not = ("the backend under test is the transformers reference" if is_reference_run(settings) else
+                        f"backend did not load ({state['error']})" if "error" in state else None)
+        if self.why_not:
+            return
+        if self.engine is not None:  # the engine is done: free its device for the judge
+            self.engine.stop()
+            state["stopped"] = "the judge stopped the engine to free its device (the judge's checks run last)"
+        config = reference_config(settings, run.dir.path / "engine" / "judge", scoring=True)
+        self.scorer = backends.resolve("transformers")(config)
+        self.ref = ReferenceAnswers([settings.reference_model.path, _model_stamp(settings.reference_model), config.options],
+                                    self._start, _score, _generate)
+
+    def _start(self):
         try:
-            return _judge(ref, opened, probe_outs)
-        except CheckSkipped:  # the reference could not start (start() in test_nll_judge)
+            self.scorer.start()
+        except EngineFailure as exc:
+            raise JudgeUnavailable(f"{exc.failure_class}: {exc.message}") from None
+        return self.scorer
+
+    def ready(self, c) -> "ReferenceAnswers":
+        """The reference's answers, or the check skipped saying why there are none."""
+        if self.why_not:
+            c.skip(self.why_not)
+        return self.ref
+
+    def asked(self, c, fn):
+        """``fn()`` with the reference's failures as the check's skip (the judge failed, not the backend)."""
+        try:
+            return fn()
+        except CheckSkipped:
             raise
-        except Exception as exc:  # the judge failed, not the backend: no verdict from it
-            c.evidence("reference.log.tail", scorer.log_tail(80))
+        except JudgeUnavailable as exc:
+            c.evidence("reference.log.tail", self.scorer.log_tail(80))
+            c.skip(f"the reference could not start to judge: {exc}")
+        except Exception as exc:  # noqa: BLE001 - the judge failed, not the backend: no verdict from it
+            c.evidence("reference.log.tail", self.scorer.log_tail(80))
             c.skip(f"the reference could not score the outputs: {type(exc).__name__}: {str(exc)[:200]}")
+
+    def stop(self) -> None:
+        if self.scorer is not None:
+            self.scorer.stop()
+
+
+@pytest.fixture(scope="module")
+def judge(run, settings, pytestconfig):
+    """The module's :class:`Judge`; the reference stopped at the end."""
+    j = Judge(settings, run, pytestconfig.stash.get(KEY_ENGINE, {}))
+    try:
+        yield j
     finally:
-        scorer.stop()
+        j.stop()
 
 
 def _finite(x: float | None) -> float | None:
@@ -168,33 +233,15 @@ def _nll_values(b_nll: float | None, b_n: int, r_nll: float | None, r_n: int, ou
 
 
 @pytest.mark.check("sanity.nll_judge")
-def test_nll_judge(run, settings, pytestconfig):
+def test_nll_judge(run, settings, judge):
     with run.check("sanity.nll_judge", "garbage-output") as c:
-        if is_reference_run(settings):
-            c.skip("the backend under test is the transformers reference")
-        state = pytestconfig.stash.get(KEY_ENGINE, {})
-        if "error" in state:
-            c.skip(f"backend did not load ({state['error']})")
+        ref = judge.ready(c)
         rows = _read(run, "evidence/sanity.degeneration/detectors.json")
         if rows is None:
             c.skip("no open-ended outputs to judge (sanity.degeneration did not run)")
         opened = _open_ended(c, rows)
         probe_outs = _probe_outputs(run)
-        _stop_engine(state)
-        config = reference_config(settings, run.dir.path / "engine" / "judge", scoring=True)
-        scorer = backends.resolve("transformers")(config)
-
-        def start():
-            try:
-                scorer.start()
-            except EngineFailure as exc:
-                c.evidence("reference.log.tail", scorer.log_tail(80))
-                c.skip(f"the reference could not start to judge: {exc.failure_class}: {exc.message}")
-            return scorer
-
-        ref = ReferenceAnswers([settings.reference_model.path, _model_stamp(settings.reference_model), config.options],
-                               start, _score, _generate)
-        table, backend_lps, reference_lps, kl_rows = _judged(c, ref, scorer, opened, probe_outs)
+        table, backend_lps, reference_lps, kl_rows = judge.asked(c, lambda: _judge(ref, opened, probe_outs))
         c.values["reference_answers"] = {"asked": ref.asked, "from_cache": ref.cached, "reference_started": ref.backend is not None}
         c.evidence("nll.json", table)
         b_nll, b_n = pooled_nll(backend_lps)
@@ -213,3 +260,100 @@ def test_nll_judge(run, settings, pytestconfig):
         worst = max(table, key=lambda t: t["backend_nll_per_token"] or 0.0)
         c.require(status == "pass", f"{line}; e.g. {worst['backend_output']!r:.80}")
         c.summary = line + kl
+
+
+SERVED_JUDGED = 16  # sweep outputs the reference scores: the highest point's (the quick profile's 8 x 2)
+
+
+def _served_rows(run, settings, engine) -> tuple[list[dict], int | None]:
+    """What the engine served under load, as the judge scores it: the sweep's highest point and the
+    served replay's load (spread, at most :data:`SERVED_JUDGED`), each with the prompt it was generated
+    from (chat-rendered where the API was chat) and its ids cut after the first end-of-sequence token."""
+    sweep = [r for r in (_read(run, f"evidence/throughput.sweep/{OUTPUTS}") or []) if r.get("status") == "ok"]
+    if not sweep:
+        return [], None
+    top = max(r["sessions"] for r in sweep)
+    load = _read(run, "evidence/served.under_load/loaded_load.json") or []
+    rows = [{**r, "prompt": as_served(engine, settings, r["prompt"]), "sent": r["prompt"]}
+            for r in [r for r in sweep if r["sessions"] == top] + [r for r in load if r.get("status") == "ok"]
+            if r.get("prompt") is not None]
+    rows = [r for r in rows if r["prompt"] and r.get("token_ids")]
+    return kl_sample(rows, SERVED_JUDGED), top
+
+
+@pytest.mark.check("served.nll_judge")
+def test_served_nll_judge(run, settings, judge):
+    with run.check("served.nll_judge", "garbage-output") as c:
+        ref = judge.ready(c)
+        rows, top = _served_rows(run, settings, judge.engine)
+        if not rows:
+            c.skip("no sweep output with token ids and a known prompt to judge (throughput.sweep did not run, or the "
+                   "engine streams no token ids: nothing marks where its output ended)")
+        max_tokens = settings.profile_cfg["max_tokens"]
+
+        def scored():
+            own = ref.generate([(r["id"], r["prompt"], max_tokens) for r in rows])
+            spans = [answer_span(r["token_ids"], o["output_token_ids"] if o["status"] == "ok" else None, eos)
+                     for r, o in zip(rows, own)]
+            mine = [ref.score(r["prompt"], a, r.get("text") or "")["logprobs"] if a else [] for r, (a, _) in zip(rows, spans)]
+            theirs = [ref.score(r["prompt"], b, o["output_text"])["logprobs"] if b else []
+                      for r, o, (_, b) in zip(rows, own, spans)]
+            return own, mine, theirs
+        eos = eos_ids(settings.model.path if settings.model.local else None)
+        own, mine, theirs = judge.asked(c, scored)
+        c.evidence("nll.json", [{"id": r["id"], "sessions": r.get("sessions", "replay"), "prompt": r["sent"],
+                                 "served_output": r.get("text"), "reference_output": o["output_text"],
+                                 "served_nll_per_token": _finite(pooled_nll([m])[0]),
+                                 "reference_nll_per_token": _finite(pooled_nll([t])[0])}
+                                for r, o, m, t in zip(rows, own, mine, theirs)])
+        b_nll, b_n = pooled_nll(mine)
+        r_nll, r_n = pooled_nll(theirs)
+        c.values.update(_nll_values(b_nll, b_n, r_nll, r_n, len(rows)))
+        c.values["sessions"] = top
+        status, line = nll_verdict(b_nll, b_n, r_nll, r_n)
+        if status == "skip":
+            c.skip(line)
+        c.require(status == "pass", f"under load ({top} sessions in flight): {line}; e.g. {rows[0].get('text')!r:.80}")
+        c.summary = f"under load ({top} sessions in flight, {len(rows)} outputs): {line}"
+
+
+@pytest.mark.check("spec_decode.lossless")
+def test_spec_lossless(run, settings, judge):
+    with run.check("spec_decode.lossless", "accuracy-regression") as c:
+        rows = [r for r in (_read(run, "evidence/spec_decode.acceptance/requests.json") or []) if r.get("status") == "ok"]
+        if not rows:
+            c.skip("no speculative decoding outputs to judge (spec_decode.acceptance sent none: speculation off, or "
+                   "its requests failed)")
+        ref = judge.ready(c)
+        eos = eos_ids(settings.model.path if settings.model.local else None)
+        prompts = list(dict.fromkeys(r["prompt"] for r in rows))
+        served = {p: as_served(judge.engine, settings, p) for p in prompts}
+        if not all(served.values()):
+            c.skip("the prompts went to a chat API and the model has no chat template here to generate under")
+
+        def answers() -> dict[str, dict]:
+            own = ref.generate([(str(i), served[p], SPEC_MAX_TOKENS) for i, p in enumerate(prompts)])
+            out = {}
+            for p, o in zip(prompts, own):
+                _, ids = answer_span(None, o["output_token_ids"] if o["status"] == "ok" else None, eos)
+                sc = ref.score(served[p], ids, o["output_text"], top_k=TIE_TOP_K) if ids else {"logprobs": [], "top_logprobs": []}
+                out[p] = {"id": p, "text": o["output_text"], "token_ids": ids, "full_ids": o["output_token_ids"],
+                          "logprobs": [[t, lp, top] for t, lp, top in zip(ids, sc["logprobs"], sc["top_logprobs"])]}
+            return out
+        reference = judge.asked(c, answers)
+        cmp = [compare_served({**r, "token_ids": answer_span(r["token_ids"], reference[r["prompt"]]["full_ids"], eos)[0]},
+                              reference[r["prompt"]]) for r in rows]
+        c.evidence("agreement.json", cmp)
+        n = counts(cmp)
+        d = judge_real(n["real"], n["compared"])
+        c.values.update({**n, "decision": d, "outputs": len(rows), "baseline": "the reference's greedy outputs",
+                         "starts": sorted({r.get("start") for r in rows})})
+        real = [r for r in cmp if r["outcome"] == "real"]
+        c.require(not d["fails"], f"speculative decoding changes greedy outputs: {n['real']}/{n['compared']} outputs of "
+                                  f"{SPEC_MAX_TOKENS} tokens diverge from the reference's past the tie rule; e.g. "
+                                  f"{first_difference(real[0]) if real else ''}")
+        if n["compared"] < len(cmp) / 2:
+            c.skip(f"{n['undetermined']}/{len(cmp)} outputs differ from the reference's where no logprobs tell a tie: "
+                   "not verified")
+        c.summary = (f"{n['exact']} exact, {n['tie']} tie, {n['real']} real of {len(cmp)} speculative outputs "
+                     f"({SPEC_MAX_TOKENS} tokens) against the reference's greedy outputs")

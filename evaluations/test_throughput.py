@@ -17,13 +17,24 @@ from bakeoff.host.artifacts import SWEEP_POINTS_LOG, RunDir
 from bakeoff.loadgen.accounting import ABS_TOLERANCE_TOKENS, REL_TOLERANCE
 from bakeoff.loadgen.stats import per_request
 from bakeoff.loadgen.throughput import SweepPlan, ThroughputSweep
-from evaluations.measuring import client_token_counter
+from evaluations.measuring import client_token_counter, is_fixture
 from evaluations.gpu_telemetry import gpu_sampler
 from evaluations.plugin import attach_engine_evidence
 from evaluations.probing import throughput_prompt
 
 TOKEN_COUNTS = "token_counts.json"
 TRANSPORT = "transport.json"
+OUTPUTS = "outputs.json"  # every sweep response's output, judged where it was served (evaluations/test_served.py)
+
+
+def output_rows(sweep: ThroughputSweep, sent: dict[str, GenerationRequest]) -> list[dict]:
+    """Every measured request's output (warm-up apart): the point's sessions, its id and prompt, how it
+    ended, its text and token ids (no logprobs: the sweep asks for none, so that what it measures is what
+    the engine serves); ``sent``: the requests by id."""
+    return [{"sessions": n, "id": r.request_id, "session": r.session, "prompt": sent[r.request_id].prompt,
+             "max_tokens": sent[r.request_id].max_tokens, "status": r.status, "error_class": r.error_class,
+             "finish_reason": r.finish_reason, "text": r.output_text, "token_ids": r.output_token_ids, "ignore_eos": True}
+            for n, recs in sweep.records.items() for r in recs if r.request_id in sent]
 
 
 def append_point(run_path: Path, point: dict) -> None:
@@ -33,8 +44,8 @@ def append_point(run_path: Path, point: dict) -> None:
         "ttft_p50_ms": point.get("ttft_p50_ms"), "valid": point.get("valid", True), "errors": point.get("errors")}])
 
 
-def _recorder(run, c, settings):
-    """``on_point`` of the sweep: each point's figures and counts written as they land."""
+def _recorder(run, c, settings, sent: dict[str, GenerationRequest]):
+    """``on_point`` of the sweep: each point's figures, counts and outputs written as they land."""
     cfg = settings.profile_cfg
 
     def on_point(sweep: ThroughputSweep, point: dict, recs: list) -> None:
@@ -43,6 +54,7 @@ def _recorder(run, c, settings):
             c.values["first_errors"] = list(sweep.first_errors)
         c.evidence("sweep.json", {"points": sweep.points, "profile": settings.profile, "max_tokens": cfg["max_tokens"]})
         c.evidence(TOKEN_COUNTS, sweep.counts_rows)
+        c.evidence(OUTPUTS, output_rows(sweep, sent))
         if settings.requests_log:
             run.dir.append_jsonl("requests.jsonl", [{**per_request(r), "output_text": r.output_text} for r in recs])
     return on_point
@@ -51,7 +63,7 @@ def _recorder(run, c, settings):
 @pytest.mark.check("throughput.sweep")
 def test_sweep(run, settings, engine, pytestconfig):
     cfg = settings.profile_cfg
-    fixture = settings.model.fixture is not None
+    fixture = is_fixture(settings)  # a fixture by name or its folder: its counting prompts
     cal = run.get("loadgen.calibration")
     plan = SweepPlan(sessions=list(cfg["sessions"]), requests_per_session=cfg["requests_per_session"],
                      warmup=cfg["warmup"], max_tokens=cfg["max_tokens"],
@@ -59,14 +71,18 @@ def test_sweep(run, settings, engine, pytestconfig):
                      calibrated_concurrency=cal.values.get("calibrated_concurrency")
                      if cal is not None and cal.status == "pass" else None)
 
+    sent: dict[str, GenerationRequest] = {}
+
     def make(session: int, turn: int) -> GenerationRequest:
-        return GenerationRequest(request_id=f"s{session}-t{turn}", prompt=throughput_prompt(session, turn, fixture),
-                                 max_tokens=cfg["max_tokens"], temperature=0.0, ignore_eos=True)
+        req = GenerationRequest(request_id=f"s{session}-t{turn}", prompt=throughput_prompt(session, turn, fixture),
+                                max_tokens=cfg["max_tokens"], temperature=0.0, ignore_eos=True)
+        sent[req.request_id] = req
+        return req
 
     with run.check("throughput.sweep", "runtime-crash") as c:
         count_tokens, c.values["client_tokenizer"] = client_token_counter(settings, engine)
         (run.dir.path / SWEEP_POINTS_LOG).unlink(missing_ok=True)  # a resumed run's sweep starts it again
-        sweep = ThroughputSweep(engine, make, plan, count_tokens, gpu_sampler(pytestconfig), _recorder(run, c, settings))
+        sweep = ThroughputSweep(engine, make, plan, count_tokens, gpu_sampler(pytestconfig), _recorder(run, c, settings, sent))
         res = sweep.run(settings.model.path if settings.model.local else None)
         c.values["output_tokens_sources"] = res.sources()  # which count the figures use, per request
         c.evidence(TRANSPORT, res.transport)

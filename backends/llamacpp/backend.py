@@ -57,6 +57,10 @@ class LlamaCppOptions(BaseModel):
         threads: ``--threads`` and ``--threads-batch``; unset: bakeoff's CPU default.
         batch_size: ``--batch-size`` (logical batch of a prefill), llama.cpp's default 2048.
         ubatch_size: ``--ubatch-size`` (physical batch), llama.cpp's default 512.
+        draft_gguf: a draft model for speculative decoding (llama-server's ``--model-draft``), or ``self``:
+            the served GGUF as its own draft (every drafted token should be accepted: the check's floor).
+        draft_max: tokens drafted per step (``--draft-max``); unset: llama.cpp's default (3 in the
+            pinned build).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -71,6 +75,16 @@ class LlamaCppOptions(BaseModel):
     threads: int | None = Field(None, ge=1)
     batch_size: int = Field(2048, ge=32)
     ubatch_size: int = Field(512, ge=32)
+    draft_gguf: str | None = None
+    draft_max: int | None = Field(None, ge=1, le=64)
+
+    @field_validator("draft_gguf")
+    @classmethod
+    def _draft_is_a_file(cls, v: str | None) -> str | None:
+        """A draft the user names must be a file now (or ``self``), as ``gguf`` must."""
+        if v is not None and v != "self" and not Path(v).expanduser().is_file():
+            raise ValueError(f"draft_gguf={v!r} is not a file; pass the path of a .gguf file, or self for the served GGUF")
+        return v
 
     @field_validator("gguf")
     @classmethod
@@ -152,8 +166,19 @@ class LlamaCppBackend(ChildServerBackend):
     def worker_options(self) -> dict[str, Any]:
         """What the worker's ``configure`` reads (:mod:`backends.llamacpp.worker`; the bare loop of
         ``benchmarks/bench_fidelity.py`` reads the same)."""
-        return {**self.options.model_dump(exclude={"gguf", "threads", "convert_outtype", "convert_timeout_s"}),
-                "threads": self.threads()[0]}
+        draft = self.options.draft_gguf
+        return {**self.options.model_dump(exclude={"gguf", "threads", "convert_outtype", "convert_timeout_s", "draft_gguf"}),
+                "threads": self.threads()[0],
+                "draft_gguf": str(self.gguf) if draft == "self" else (str(Path(draft).expanduser()) if draft else None)}
+
+    def speculation(self) -> dict[str, Any] | None:
+        """``draft_gguf`` as :meth:`backends.base.Backend.speculation` states it (llama.cpp's draft model)."""
+        draft = self.options.draft_gguf
+        if not draft:
+            return None
+        path = self.gguf if draft == "self" else Path(draft).expanduser()
+        same = draft == "self" or (self.gguf is not None and path is not None and path.resolve() == self.gguf.resolve())
+        return {"method": "draft_model", "draft": str(path) if path else draft, "self_draft": same}
 
     def command(self, port: int) -> tuple[list[str], dict[str, str]]:
         assert self.env_python is not None and self.gguf is not None
@@ -193,6 +218,9 @@ class LlamaCppBackend(ChildServerBackend):
                  "kv_cache_tokens": str(opts.get("ctx_size")),
                  "threads": f"{threads} ({why})",
                  "prompt_cache": "on" if opts.get("cache_prompt") else "off",
+                 **({"speculative_decoding": f"draft model {opts['draft_gguf']} ({opts.get('draft_max') or 'default'} "
+                                             "tokens a step); llama-server streams real logprobs for the first token "
+                                             "only while drafting"} if opts.get("draft_gguf") else {}),
                  "sampling": "neutral server defaults (top_k 0, top_p 1, min_p 0, no penalties): "
                              "llama-server's own (top_k 40, top_p 0.95, min_p 0.05) would apply to fields a "
                              "request leaves out"}

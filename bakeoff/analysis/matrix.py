@@ -12,10 +12,16 @@ options). A key is a backend option (values parsed as JSON where they parse, lik
   which is an ``incompatible-features`` cell, not a crash of the matrix).
 - ``prefix_cache=on|off`` -> ``enable_prefix_caching`` true / false.
 
-A ``kv_cache_dtype`` axis is judged cell by cell: the cells with ``auto`` (or no KV dtype) run
-first, and each quantized cell gets ``--baseline-run`` = its auto twin's run (same other
-choices), so its ``capacity.kv_cache`` check states the KV tokens-per-GiB ratio against that run
-and against what the dtype's bytes predict (:func:`kv_capacity_ratio`).
+- ``chunked_prefill=default|small`` -> nothing, or ``max_num_batched_tokens`` and ``max_num_seqs`` 128
+  (prefills split into 128-token steps).
+
+A cell whose choice claims to keep greedy outputs (:data:`TWIN_DEFAULTS`: a quantized
+``kv_cache_dtype``, speculation, a small chunked-prefill budget, vLLM's determinism switch) is judged
+against its **twin**, the cell with the same other choices and that one at its default
+(:func:`baseline_cell`): the twins run first, and each such cell gets ``--baseline-run`` = its twin's
+run, so that ``served.twin`` compares their outputs request by request and a quantized cell's
+``capacity.kv_cache`` states the KV tokens-per-GiB ratio against that run and against what the dtype's
+bytes predict (:func:`kv_capacity_ratio`).
 
 Values may hold commas inside JSON brackets (``speculative_config={"method":"ngram","x":1},{...}``
 is split at top-level commas only).
@@ -48,6 +54,21 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "on": {"enable_prefix_caching": True},
         "off": {"enable_prefix_caching": False},
     },
+    # chunked prefill with a small token budget a step (vLLM #36580: a slot-mapping bug showed only with a
+    # small max_num_batched_tokens); vLLM refuses a budget below max_num_seqs, so both are set
+    "chunked_prefill": {
+        "default": {},
+        "small": {"max_num_batched_tokens": 128, "max_num_seqs": 128},
+    },
+}
+# The axes whose non-default value claims to leave greedy outputs as they were (up to numerical ties):
+# such a cell is judged against its twin, the cell with the same other choices and this axis at its
+# default (``served.twin``; a KV dtype's capacity ratio too). Values as the user writes them.
+TWIN_DEFAULTS: dict[str, tuple[str, ...]] = {
+    "kv_cache_dtype": ("auto",),
+    "speculative": ("none",),
+    "chunked_prefill": ("default",),
+    "env.VLLM_BATCH_INVARIANT": ("0", "false"),
 }
 
 
@@ -261,23 +282,43 @@ def kv_bytes(kv_cache_dtype: str, model_dtype: str | None) -> float | None:
     return KV_DTYPE_BYTES.get(model_dtype or "") if kv_cache_dtype == "auto" else KV_DTYPE_BYTES.get(kv_cache_dtype)
 
 
+def _is_default(key: str, value: str | None) -> bool:
+    """Whether a twin axis' value is its default (unset counts as default)."""
+    return value is None or value.strip().lower() in TWIN_DEFAULTS[key]
+
+
 def baseline_cell(cell: Cell, cells: list[Cell]) -> Cell | None:
-    """The cell a quantized-KV cell is judged against: the one with the same other choices and
-    ``kv_cache_dtype`` auto or unset. None for an ``auto`` cell or when the matrix has none."""
-    if kv_dtype(cell.options) == "auto":
-        return None
-    rest = {k: v for k, v in cell.choices.items() if k != "kv_cache_dtype"}
-    for other in cells:
-        if (other is not cell and kv_dtype(other.options) == "auto"
-                and {k: v for k, v in other.choices.items() if k != "kv_cache_dtype"} == rest):
-            return other
+    """The twin a cell is judged against: for the first of :data:`TWIN_DEFAULTS`' axes on which the cell
+    is not at its default, the cell with the same other choices and that axis at its default (a
+    quantized-KV cell's ``kv_cache_dtype`` auto twin first). A ``kv_cache_dtype`` given as a backend
+    option, outside the matrix, counts as that axis. None for a cell at every default, or when the matrix
+    has no such twin."""
+    choices = dict(cell.choices)
+    if "kv_cache_dtype" not in choices and kv_dtype(cell.options) != "auto":
+        choices["kv_cache_dtype"] = kv_dtype(cell.options)
+    for key in TWIN_DEFAULTS:
+        if key not in choices or _is_default(key, choices[key]):
+            continue
+        rest = {k: v for k, v in cell.choices.items() if k != key}
+        for other in cells:
+            if other is cell or {k: v for k, v in other.choices.items() if k != key} != rest:
+                continue
+            if _is_default(key, other.choices.get(key) if key != "kv_cache_dtype" else kv_dtype(other.options)):
+                return other
     return None
 
 
 def baselines_first(cells: list[Cell]) -> list[Cell]:
-    """The cells with ``kv_cache_dtype`` auto/unset first (stable), so a quantized cell's
-    baseline run exists when it starts."""
-    return sorted(cells, key=lambda c: kv_dtype(c.options) != "auto")
+    """The cells in an order where each cell's twin runs before it: the cells at every twin default first,
+    then the cells whose twins ran (otherwise in the given order), so that a cell's twin run exists when it
+    starts."""
+    out: list[Cell] = []
+    left = list(cells)
+    while left:  # in passes: the cells at every default first, then those whose twin is placed, ...
+        ready = [c for c in left if (b := baseline_cell(c, cells)) is None or any(b is o for o in out)] or left[:1]
+        out += ready
+        left = [c for c in left if not any(c is r for r in ready)]
+    return out
 
 
 def load_baseline(path: Path) -> dict[str, Any]:

@@ -125,7 +125,7 @@ def jsonable_logprobs(lps: list | None) -> list | None:
             for e in lps]
 
 
-def _top(entry, k: int) -> set | None:
+def top_tokens(entry, k: int) -> set | None:
     """The k most likely tokens of one logprob entry (None when it has none)."""
     top = top_map(entry)
     if not top:
@@ -203,7 +203,7 @@ def _judge_divergence(row: dict[str, Any], a: list, b: list, la: list, lb: list,
     ``real`` or left ``undetermined`` with why) and its ``at_divergence`` evidence."""
     ea, eb = _item(la, first), _item(lb, first)
     ta, tb = _item(a, first), _item(b, first)
-    top_a, top_b = _top(ea, top_k), _top(eb, top_k)
+    top_a, top_b = top_tokens(ea, top_k), top_tokens(eb, top_k)
     row["at_divergence"] = {"output_token": ta, "reference_token": tb, "output_logprobs": _shown_logprobs(ea, top_k),
                             "reference_logprobs": _shown_logprobs(eb, top_k)}
     if ta is None or tb is None or top_a is None or top_b is None:  # a side stopped, or gave no logprobs there

@@ -38,6 +38,9 @@ class GenerationRequest(Spec):
         logprobs: return the top-k log-probabilities of each generated token (k <= 20, the
             usual server cap; vLLM's ``--max-logprobs`` default): the tie rule of the reference
             comparison and the KL divergence need them. None: not asked for.
+        cache_salt: a prefix-cache namespace (vLLM's ``cache_salt``): a request with a salt no
+            earlier request used shares no cached block, so the same prompt is served cold again.
+            Sent only to a backend that declares it (:attr:`backends.base.Backend.cache_salt`).
     """
 
     request_id: str
@@ -50,6 +53,7 @@ class GenerationRequest(Spec):
     ignore_eos: bool = False
     stop: list[str] | None = None
     logprobs: int | None = Field(None, ge=1, le=20)
+    cache_salt: str | None = None
 
 
 # One generated token's log-probabilities: (token, logprob, {token: logprob} of the top k).

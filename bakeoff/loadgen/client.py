@@ -17,6 +17,7 @@ import asyncio
 import contextvars
 import json
 import os
+import sys
 import time
 import uuid
 from typing import Any, AsyncIterator, Literal
@@ -65,7 +66,8 @@ NEUTRAL_ANY = {**NEUTRAL_VLLM, **NEUTRAL_LLAMACPP}  # a server of unknown dialec
 # the fields the client sets per request: an ``extra_body`` that set them would turn streaming off,
 # cap every output or change sampling behind the verdict's back (issue 36's census: 5.21, 5.22)
 REQUEST_KEYS = ("model", "prompt", "messages", "max_tokens", "max_completion_tokens", "stream", "stream_options",
-                "temperature", "top_p", "seed", "ignore_eos", "stop", "stop_sequences", "logprobs", "top_logprobs", "n")
+                "temperature", "top_p", "seed", "ignore_eos", "stop", "stop_sequences", "logprobs", "top_logprobs", "n",
+                "cache_salt")
 
 def stream_bounds(max_tokens: int, read_timeout_s: float) -> tuple[int, float]:
     """``(bytes, seconds)`` a stream of ``max_tokens`` may take: :data:`STREAM_BASE_BYTES` +
@@ -205,6 +207,8 @@ class OpenAIClient:
                 body["ignore_eos"] = True
             if req.stop:
                 body["stop"] = req.stop
+            if req.cache_salt:
+                body["cache_salt"] = req.cache_salt
             if req.logprobs:
                 if self.api == "chat":
                     body["logprobs"], body["top_logprobs"] = True, req.logprobs
@@ -314,7 +318,7 @@ class OpenAIClient:
             raise await self._transport_failure(exc, resp, path, t_send, patience) from None
         finally:
             if resp is not None:
-                finish(resp, self.read_timeout_s)
+                _end_stream(resp, done, self.read_timeout_s)
         failure = end_failure(malformed, done, resp.nbytes, (time.monotonic_ns() - t_send) / 1e9)
         if failure is not None:
             raise failure
@@ -371,6 +375,16 @@ class OpenAIClient:
             yield from parse_messages(obj, event_name, t)
             return
         yield from openai_events(obj, t, self.api == "chat")
+
+
+def _end_stream(resp, done: bool, timeout_s: float) -> None:
+    """The end of a stream's reading: a consumer that stopped reading mid-stream (``GeneratorExit`` in
+    flight: ``aclose()``, a ``break``) cancels the request as a client that goes away cancels it, the
+    connection closed, not drained; otherwise :func:`finish`."""
+    if not done and isinstance(sys.exc_info()[1], GeneratorExit):
+        resp.release()
+        return
+    finish(resp, timeout_s)
 
 
 REQUEST_ID_NAMESPACE = uuid.UUID("6f1c1a52-3b0e-5d2e-9a57-6b616b656f66")
