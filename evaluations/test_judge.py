@@ -268,7 +268,7 @@ SERVED_JUDGED = 16  # sweep outputs the reference scores: the highest point's (t
 def _served_rows(run, settings, engine) -> tuple[list[dict], int | None]:
     """What the engine served under load, as the judge scores it: the sweep's highest point and the
     served replay's load (spread, at most :data:`SERVED_JUDGED`), each with the prompt it was generated
-    from (chat-rendered where the API was chat) and its ids cut after the first end-of-sequence token."""
+    from (chat-rendered where the API was chat)."""
     sweep = [r for r in (_read(run, f"evidence/throughput.sweep/{OUTPUTS}") or []) if r.get("status") == "ok"]
     if not sweep:
         return [], None
@@ -277,8 +277,27 @@ def _served_rows(run, settings, engine) -> tuple[list[dict], int | None]:
     rows = [{**r, "prompt": as_served(engine, settings, r["prompt"]), "sent": r["prompt"]}
             for r in [r for r in sweep if r["sessions"] == top] + [r for r in load if r.get("status") == "ok"]
             if r.get("prompt") is not None]
-    rows = [r for r in rows if r["prompt"] and r.get("token_ids")]
+    rows = [r for r in rows if r["prompt"] and (r.get("token_ids") or r.get("text"))]
     return kl_sample(rows, SERVED_JUDGED), top
+
+
+def _served_scores(ref, rows: list[dict], eos: set[int], max_tokens: int) -> tuple[list, list, list]:
+    """The reference's own greedy outputs of the served prompts and the teacher-forced scores of both sides'
+    answers (:func:`bakeoff.analysis.served.answer_span`; an engine that streamed text only: its text as
+    long as the reference's answer): ``(own, served scores, reference scores)``."""
+    own = ref.generate([(r["id"], r["prompt"], max_tokens) for r in rows])
+    mine, theirs = [], []
+    for r, o in zip(rows, own):
+        if o["status"] != "ok":
+            mine.append([])
+            theirs.append([])
+            continue
+        a, b = answer_span(r.get("token_ids"), o["output_token_ids"], eos)
+        text = None if r.get("token_ids") else (r.get("text") or "")[:len(o["output_text"] or "")]
+        mine.append(ref.score(r["prompt"], a, "")["logprobs"] if a else
+                    ref.score(r["prompt"], None, text)["logprobs"] if text and text.strip() else [])
+        theirs.append(ref.score(r["prompt"], b, "")["logprobs"] if b else [])
+    return own, mine, theirs
 
 
 @pytest.mark.check("served.nll_judge")
@@ -287,20 +306,9 @@ def test_served_nll_judge(run, settings, judge):
         ref = judge.ready(c)
         rows, top = _served_rows(run, settings, judge.engine)
         if not rows:
-            c.skip("no sweep output with token ids and a known prompt to judge (throughput.sweep did not run, or the "
-                   "engine streams no token ids: nothing marks where its output ended)")
-        max_tokens = settings.profile_cfg["max_tokens"]
-
-        def scored():
-            own = ref.generate([(r["id"], r["prompt"], max_tokens) for r in rows])
-            spans = [answer_span(r["token_ids"], o["output_token_ids"] if o["status"] == "ok" else None, eos)
-                     for r, o in zip(rows, own)]
-            mine = [ref.score(r["prompt"], a, r.get("text") or "")["logprobs"] if a else [] for r, (a, _) in zip(rows, spans)]
-            theirs = [ref.score(r["prompt"], b, o["output_text"])["logprobs"] if b else []
-                      for r, o, (_, b) in zip(rows, own, spans)]
-            return own, mine, theirs
+            c.skip("no sweep output with a known prompt to judge (throughput.sweep did not run)")
         eos = eos_ids(settings.model.path if settings.model.local else None)
-        own, mine, theirs = judge.asked(c, scored)
+        own, mine, theirs = judge.asked(c, lambda: _served_scores(ref, rows, eos, settings.profile_cfg["max_tokens"]))
         c.evidence("nll.json", [{"id": r["id"], "sessions": r.get("sessions", "replay"), "prompt": r["sent"],
                                  "served_output": r.get("text"), "reference_output": o["output_text"],
                                  "served_nll_per_token": _finite(pooled_nll([m])[0]),

@@ -32,6 +32,7 @@ saying so (a miss would then prove nothing about the cache).
 
 from __future__ import annotations
 
+import time
 import zlib
 
 import pytest
@@ -270,7 +271,9 @@ def test_hit_equals_miss(run, settings, engine, long_len, cache_proof):
         if target is None:
             _no_room(c, engine, scale or scale0)
         salt = f"bakeoff-{zlib.crc32(run.dir.run_id.encode()):08x}"
+        t0 = time.monotonic()
         seq = run_sequence(engine, _sequence_prompts(settings, target, per_unit, k), salt)
+        c.values["sequence_s"] = round(time.monotonic() - t0, 2)
         c.evidence("sequence.json", seq)
         _fail_sequence_errors(c, engine, seq)
         cold, warm = seq["cold"]["rows"], seq["warm"]["rows"]

@@ -3,8 +3,8 @@
 The rule is :mod:`bakeoff.analysis.served` (the engine against its own quiet output, the tie rule,
 an exact binomial test on real divergences, MLPerf TEST06/TEST09's response contract).
 
-- ``served.under_load``: every response of the throughput sweep, and the sweep's highest point
-  replayed with known-answer probes interleaved (``SERVED_PROBES`` of them, spread over the
+- ``served.under_load``: every response of the throughput sweep (its first ``QUIET_TOKENS`` tokens), and
+  the sweep's highest point replayed with known-answer probes interleaved (``SERVED_PROBES``, 32, of them, spread over the
   families), against the same requests served alone. The quiet side: each distinct sweep prompt
   sent once, one at a time, with top-k logprobs (the sweep itself asks for none, so that it measures
   what the engine serves); the probes' quiet outputs are the sanity probes'. Fails, naming the
@@ -20,11 +20,13 @@ an exact binomial test on real divergences, MLPerf TEST06/TEST09's response cont
   (shortest first): real divergences fail (``accuracy-regression``); with the engine's determinism
   switch on (:meth:`backends.base.Backend.determinism_switch`) any difference fails.
 
-Cost on a 2-core host: the quiet pass (16 sweep prompts x 32 tokens on the quick profile), the
-loaded replay (48 probes among 8 sessions of load) and the two probe passes.
+Cost on a 2-core host: the quiet pass (16 sweep prompts x 16 tokens on the quick profile), the
+loaded replay (32 probes among 8 sessions of 16-token load requests) and the two probe passes.
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -44,11 +46,29 @@ SANITY_OUTPUTS = "evidence/sanity.outputs.json"
 SWEEP_OUTPUTS = f"evidence/throughput.sweep/{OUTPUTS}"
 
 
+# Tokens of each sweep response compared with the same prompt served alone: the quiet pass generates this
+# many, one request at a time. All 32 of the quick profile cost the real model's quick run 18 s on vLLM CPU
+# (29 tok/s alone); the rest of each response is judged by served.nll_judge and the detectors.
+QUIET_TOKENS = 16
+
+
 def _sweep_requests(sweep: list[dict], logprobs: int | None = None) -> dict[str, GenerationRequest]:
-    """The sweep's requests as it sent them (their ids, prompts and lengths, recorded beside its outputs:
-    ``evaluations/test_throughput.py``), with ``logprobs``; by id, in the order first sent."""
-    return {r["id"]: GenerationRequest(request_id=r["id"], prompt=r["prompt"], max_tokens=r["max_tokens"], temperature=0.0,
-                                       ignore_eos=True, logprobs=logprobs) for r in sweep if r.get("prompt") is not None}
+    """The sweep's requests as it sent them (their ids and prompts, recorded beside its outputs:
+    ``evaluations/test_throughput.py``), :data:`QUIET_TOKENS` long, with ``logprobs``; by id, in the order
+    first sent."""
+    return {r["id"]: GenerationRequest(request_id=r["id"], prompt=r["prompt"], max_tokens=min(r["max_tokens"], QUIET_TOKENS),
+                                       temperature=0.0, ignore_eos=True, logprobs=logprobs)
+            for r in sweep if r.get("prompt") is not None}
+
+
+def _head(row: dict, quiet: dict) -> dict:
+    """A response cut to the length of its quiet twin: its token ids (the text dropped once cut), or where
+    it streamed none its text (an engine that streams text only: the quiet text is then its prefix)."""
+    ids, q_ids = row.get("token_ids"), quiet.get("token_ids")
+    if ids and q_ids:
+        return row if len(ids) <= len(q_ids) else {**row, "token_ids": ids[:len(q_ids)], "text": None}
+    text, q_text = row.get("text") or "", quiet.get("text") or ""
+    return {**row, "token_ids": None, "text": text[:len(q_text)]}
 
 
 def _quiet_outputs(c, run) -> tuple[list, dict[str, dict]]:
@@ -91,7 +111,7 @@ def _sweep_points(c, sweep: list[dict], quiet: dict[str, dict], extra: list[dict
         points["replay"] = extra
     out = []
     for key, recs in points.items():
-        rows, n = _compared([(r, quiet[r["id"]]) for r in recs if r["id"] in quiet])
+        rows, n = _compared([(_head(r, quiet[r["id"]]), quiet[r["id"]]) for r in recs if r["id"] in quiet])
         out.append({"sessions": key, **n, "decision": judge_real(n["real"], n["compared"]), "rows": rows})
     c.evidence("sweep_agreement.json", out)
     return out
@@ -113,7 +133,9 @@ def test_under_load(run, settings, engine, probes):
         top = max(r["sessions"] for r in sweep)
         turns = settings.profile_cfg["requests_per_session"]
         quiet_reqs = list(_sweep_requests(sweep, TIE_TOP_K).values())[:MAX_QUIET_PROMPTS]
+        t0 = time.monotonic()
         quiet = send_rows(engine, quiet_reqs)
+        c.values["quiet_pass_s"] = round(time.monotonic() - t0, 2)
         c.evidence("quiet.json", quiet)
         _failed_requests(c, engine, quiet, "sent alone")
         subset = probe_subset(probes[0], quiet_outs)
@@ -131,8 +153,8 @@ def test_under_load(run, settings, engine, probes):
         by_id = {r["id"]: r for r in quiet}
         points = _sweep_points(c, [r for r in sweep if r.get("status") == "ok"], by_id, load)
         _judge_probes(c, engine, subset, loaded, quiet_by_id, top, settings)
-        _judge_points(c, points)
         _judge_flags(c, [r for r in sweep if r.get("status") == "ok"] + load, quiet, top)
+        _judge_points(c, points)
         c.summary = (f"{c.values['probe_agreement']['exact'] + c.values['probe_agreement']['tie']}/{len(loaded)} probes at "
                      f"{top} sessions agree with their quiet outputs (exact or tie); sweep outputs: "
                      + ", ".join(f"{p['sessions']}: {p['exact']}+{p['tie']}/{p['compared']}" for p in points)
@@ -181,6 +203,12 @@ def _judge_points(c, points: list[dict]) -> None:
     if bad is not None:
         where = ("of the replay's load" if bad["sessions"] == "replay" else f"of the sweep at {bad['sessions']} sessions")
         c.fail(_divergence_words(bad["rows"], bad, where))
+    rows = sum(p["compared"] + p["undetermined"] for p in points)
+    unknown = sum(p["undetermined"] for p in points)
+    if unknown * 2 > rows:  # most outputs differ where nothing tells a tie: the sweep's part is not verified
+        c.skip(f"{unknown}/{rows} sweep outputs differ from the same prompts alone where no token ids or logprobs tell "
+               "a tie from a real divergence (the sweep asks for no logprobs; this engine streams no token ids "
+               "without them): not verified; the probes under load and served.nll_judge still judge its outputs")
 
 
 def _judge_flags(c, served: list[dict], quiet: list[dict], top: int) -> None:
@@ -201,9 +229,12 @@ def test_batch_invariance(run, settings, engine, probes):
         if serves_one_at_a_time(engine) and not switch:
             c.skip("the engine serves one request at a time: alone and batched are the same computation")
         subset = probe_subset(probes[0], quiet_outs)
+        t0 = time.monotonic()
         alone = run_probes(engine, subset, concurrency=1, logprobs=TIE_TOP_K, id_prefix="alone")
+        t1 = time.monotonic()
         other = run_probes(engine, subset, concurrency=PROBE_CONCURRENCY, logprobs=TIE_TOP_K, order="longest",
                            id_prefix="reordered")
+        c.values.update({"alone_s": round(t1 - t0, 2), "reordered_s": round(time.monotonic() - t1, 2)})
         c.evidence("alone.json", alone)
         c.evidence("reordered.json", other)
         _failed_requests(c, engine, alone + other, "alone or reordered")

@@ -203,6 +203,28 @@ def test_matrix_runs_auto_cells_first_and_pairs_them():
     assert baseline_cell(parse_matrix(["kv_cache_dtype=fp8,fp8_e5m2"])[0], parse_matrix(["kv_cache_dtype=fp8,fp8_e5m2"])) is None
 
 
+def test_every_output_preserving_choice_has_its_twin():
+    """Speculation, a small chunked-prefill budget and vLLM's determinism switch are judged against the
+    cell with that choice at its default (served.twin), as a quantized KV cache is; the twins run first."""
+    cells = baselines_first(parse_matrix(["speculative=ngram,none", "kv_cache_dtype=auto,fp8"]))
+    labels = [c.label for c in cells]
+    assert labels[0] == "speculative=none,kv_cache_dtype=auto"
+    twin = {c.label: (baseline_cell(c, cells).label if baseline_cell(c, cells) else None) for c in cells}
+    assert twin["speculative=ngram,kv_cache_dtype=auto"] == "speculative=none,kv_cache_dtype=auto"
+    assert twin["speculative=none,kv_cache_dtype=fp8"] == "speculative=none,kv_cache_dtype=auto"
+    assert twin["speculative=ngram,kv_cache_dtype=fp8"] == "speculative=ngram,kv_cache_dtype=auto"  # the KV dtype first
+    for c in cells:  # each cell's twin is placed before it
+        if twin[c.label]:
+            assert labels.index(twin[c.label]) < labels.index(c.label)
+    chunked = parse_matrix(["chunked_prefill=small,default"])
+    assert chunked[0].options == {"max_num_batched_tokens": 128, "max_num_seqs": 128}
+    assert baseline_cell(chunked[0], chunked).label == "chunked_prefill=default"
+    switch = parse_matrix(["env.VLLM_BATCH_INVARIANT=1,0"])
+    assert baseline_cell(switch[0], switch).label == "env.VLLM_BATCH_INVARIANT=0"
+    assert baseline_cell(switch[1], switch) is None
+    assert baseline_cell(parse_matrix(["prefix_cache=on,off"])[1], parse_matrix(["prefix_cache=on,off"])) is None
+
+
 def test_load_baseline_refuses_a_folder_without_a_verdict(tmp_path):
     with pytest.raises(UserError, match="--baseline-run"):
         load_baseline(tmp_path)

@@ -57,7 +57,7 @@ def test_one_real_divergence_never_decides():
 
 
 def test_the_binomial_threshold_grows_with_the_outputs_compared():
-    assert smallest_failing(16) == 3 and smallest_failing(48) == 4
+    assert smallest_failing(16) == 3 and smallest_failing(32) == 3 and smallest_failing(48) == 4
     assert smallest_failing(300) == 9
     assert judge_real(8, 300)["fails"] is False and judge_real(9, 300)["fails"] is True
     assert binomial_tail(0, 10, 0.5) == 1.0 and binomial_tail(11, 10, 0.5) == 0.0
@@ -109,3 +109,11 @@ def test_answer_span_judges_what_answers_the_prompt():
     assert answer_span([5, 6, 7, 8], [5, 6, 7, 9], {2}) == ([5, 6, 7, 8], [5, 6, 7, 9])
     assert answer_span([5, 2, 7], None, {2}) == ([5, 2], [])  # no reference answer: cut at EOS only
     assert answer_span([5, 6], [2], {2}) == ([], [])  # the reference stops at once: nothing answers
+
+
+def test_logprobs_without_alternatives_tell_nothing():
+    """OpenVINO GenAI reports only the chosen token's logprob: a 1-entry map cannot show a tie."""
+    quiet = {"id": "a", "token_ids": [1, 7], "logprobs": _lp([1, 7], [FLAT, {7: -0.3}])}
+    served = {"id": "a", "token_ids": [1, 8], "logprobs": _lp([1, 8], [FLAT, {8: -0.3}])}
+    row = compare_served(served, quiet)
+    assert row["outcome"] == "undetermined" and "no alternative" in row["undetermined_because"]

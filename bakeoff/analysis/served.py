@@ -60,8 +60,18 @@ def compare_served(out: dict[str, Any], quiet: dict[str, Any], top_k: int = TIE_
     if row["outcome"] != "undetermined" or row["unit"] != "token" or out.get("logprobs"):
         if row["outcome"] in ("tie", "real"):
             row["rule"] = "both sides"
-        return row
+        return _too_few_alternatives(row)
     return _one_sided(row, out, quiet, top_k)
+
+
+def _too_few_alternatives(row: dict[str, Any]) -> dict[str, Any]:
+    """A real divergence where a side's logprobs name no alternative to its chosen token (OpenVINO GenAI
+    reports the chosen token's only) proves nothing: undetermined, saying so."""
+    d = row.get("at_divergence") or {}
+    if row["outcome"] == "real" and min(len(d.get("output_logprobs") or {}), len(d.get("reference_logprobs") or {})) < 2:
+        row["outcome"] = "undetermined"
+        row["undetermined_because"] = "a side's logprobs name no alternative to its chosen token"
+    return row
 
 
 def _one_sided(row: dict[str, Any], out: dict[str, Any], quiet: dict[str, Any], top_k: int) -> dict[str, Any]:
@@ -74,8 +84,8 @@ def _one_sided(row: dict[str, Any], out: dict[str, Any], quiet: dict[str, Any], 
     tb = b[first] if first < len(b) else None
     entry = lps[first] if first < len(lps) else None
     top, m = top_tokens(entry, top_k), top_map(entry)
-    if ta is None or tb is None or not top or not all(isinstance(t, type(ta)) for t in (tb, *top)):
-        return row  # a side stopped, no logprobs there, or logprobs keyed otherwise: undetermined as it was
+    if ta is None or tb is None or not top or len(m) < 2 or not all(isinstance(t, type(ta)) for t in (tb, *top)):
+        return row  # a side stopped, no logprobs (or no alternative) there, or keyed otherwise: undetermined
     gap = m[tb] - m[ta] if ta in m and tb in m else None
     row["at_divergence"] = {**(row.get("at_divergence") or {}), "output_token": ta, "reference_token": tb,
                             "reference_gap_nats": gap}
