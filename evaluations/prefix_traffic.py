@@ -8,11 +8,11 @@ flips outputs). For ``SEQUENCE_PROMPTS`` prompts, each long enough to fill whole
 
 1. **cold**: each prompt alone, greedy, ``TOKENS`` tokens with top-k logprobs: the misses;
 2. **cold again** (where the server takes a ``cache_salt``, :attr:`backends.base.Backend.cache_salt`):
-   the same, each under a salt no request used, so served cold a second time: two cold runs must
-   agree before a warm difference is blamed on the cache;
-3. **traffic**, all at once: each prompt with a stop string its cold output meets in its first
-   tokens (the request ends on it), and each prompt streamed and cancelled after ``CANCEL_AFTER``
-   tokens (the client closes the connection);
+   the same, all at once, each under a salt no request used, so served cold a second time: two cold
+   runs must agree before a warm difference is blamed on the cache;
+3. **traffic**: each prompt with a stop string its cold output meets in its first tokens (the request
+   ends on it), all at once, then each prompt streamed and cancelled after ``CANCEL_AFTER`` tokens (the
+   client closes the connection), all at once;
 4. **warm**: every prompt at once, as in 1: the hits, proven by the engine's counters or each
    response's cached prompt tokens.
 
@@ -29,7 +29,7 @@ from bakeoff.analysis.sanity import TIE_TOP_K
 from bakeoff.api.specs import GenerationRequest
 from bakeoff.loadgen.sweep import run_request
 from evaluations.measuring import PREFIX_HITS, PREFIX_QUERIES, delta, read_metrics, wait_counter
-from evaluations.serving import cancelled_stream, request_row
+from evaluations.serving import cancelled_streams, request_row
 
 SEQUENCE_PROMPTS = {"quick": 4, "full": 8}
 TOKENS = 16  # a hit's output against its miss's: 16 greedy tokens (24 cost the real model's quick run 2 s more)
@@ -92,15 +92,15 @@ def run_sequence(engine, prompts: list[str], salt: str) -> dict[str, Any]:
     cold, d, _ = _phase(engine, [_req(f"pcc-cold-{i}", p, ignore_eos=True, logprobs=TIE_TOP_K)
                                  for i, p in enumerate(prompts)], 1)
     out["cold"] = {"rows": cold, "hits_tokens": hits_of(cold, d)[0], "queries_tokens": hits_of(cold, d)[1]}
-    if engine.cache_salt:
+    if engine.cache_salt:  # all at once: cold again (nothing shared), and in another batch than the first
         again, d, _ = _phase(engine, [_req(f"pcc-again-{i}", p, ignore_eos=True, logprobs=TIE_TOP_K,
-                                           cache_salt=f"{salt}-{i}") for i, p in enumerate(prompts)], 1)
+                                           cache_salt=f"{salt}-{i}") for i, p in enumerate(prompts)], k)
         out["cold_again"] = {"rows": again, "hits_tokens": hits_of(again, d)[0], "queries_tokens": hits_of(again, d)[1]}
     stops = [_req(f"pcc-stop-{i}", p, stop=[s]) for i, (p, r) in enumerate(zip(prompts, cold))
              if r.get("status") == "ok" and (s := stop_string(r.get("text") or ""))]
     stopped, _, _ = _phase(engine, stops, k)
-    cancelled = [cancelled_stream(engine, _req(f"pcc-cancel-{i}", p, ignore_eos=True, max_tokens=4 * TOKENS),
-                                  CANCEL_AFTER) for i, p in enumerate(prompts)]
+    cancelled = cancelled_streams(engine, [_req(f"pcc-cancel-{i}", p, ignore_eos=True, max_tokens=4 * TOKENS)
+                                           for i, p in enumerate(prompts)], CANCEL_AFTER)
     out["traffic"] = {"stopped": stopped, "cancelled": cancelled}
     warm, d, _ = _phase(engine, [_req(f"pcc-warm-{i}", p, ignore_eos=True, logprobs=TIE_TOP_K)
                                  for i, p in enumerate(prompts)], k)

@@ -114,23 +114,37 @@ def loaded_phase(engine, probes: list[GenerationRequest], make_load: Callable[[i
     return [by_id[p.request_id] for p in probes], load_rows, wall
 
 
-def cancelled_stream(engine, req: GenerationRequest, after_tokens: int) -> dict[str, Any]:
-    """Stream ``req`` and stop reading after ``after_tokens`` content events: the request cancelled by
-    its client (the connection closed, as a client that goes away closes it). Returns what came."""
-    async def main() -> dict[str, Any]:
-        got, text = 0, ""
-        events = engine.stream(req)
+async def _cancelled(engine, req: GenerationRequest, after_tokens: int) -> dict[str, Any]:
+    """Stream ``req`` and stop reading after ``after_tokens`` content events (module helper of
+    :func:`cancelled_streams`)."""
+    got, text = 0, ""
+    events = engine.stream(req)
+    try:
+        async for ev in events:
+            if ev.text or ev.token_ids:
+                got += 1
+                text += ev.text
+            if got >= after_tokens:
+                break
+    except Exception as exc:  # noqa: BLE001 - a failed stream is evidence, never a crash of the check
+        return {"id": req.request_id, "status": "error", "error": f"{type(exc).__name__}: {exc}", "events": got}
+    finally:
+        await events.aclose()
+    return {"id": req.request_id, "status": "cancelled", "events": got, "text": text}
+
+
+def cancelled_streams(engine, reqs: list[GenerationRequest], after_tokens: int) -> list[dict[str, Any]]:
+    """Stream ``reqs`` at once and stop reading each after ``after_tokens`` content events: the requests
+    cancelled by their client (the connection closed, as a client that goes away closes it). Returns what
+    came of each, in order."""
+    async def main() -> list[dict[str, Any]]:
         try:
-            async for ev in events:
-                if ev.text or ev.token_ids:
-                    got += 1
-                    text += ev.text
-                if got >= after_tokens:
-                    break
-        except Exception as exc:  # noqa: BLE001 - a failed stream is evidence, never a crash of the check
-            return {"id": req.request_id, "status": "error", "error": f"{type(exc).__name__}: {exc}", "events": got}
+            return list(await asyncio.gather(*(_cancelled(engine, r, after_tokens) for r in reqs)))
         finally:
-            await events.aclose()
             await engine.aclose()
-        return {"id": req.request_id, "status": "cancelled", "events": got, "text": text}
     return asyncio.run(main())
+
+
+def cancelled_stream(engine, req: GenerationRequest, after_tokens: int) -> dict[str, Any]:
+    """One request cancelled by its client after ``after_tokens`` content events (:func:`cancelled_streams`)."""
+    return cancelled_streams(engine, [req], after_tokens)[0]

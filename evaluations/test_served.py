@@ -3,7 +3,8 @@
 The rule is :mod:`bakeoff.analysis.served` (the engine against its own quiet output, the tie rule,
 an exact binomial test on real divergences, MLPerf TEST06/TEST09's response contract).
 
-- ``served.under_load``: every response of the throughput sweep (its first ``QUIET_TOKENS`` tokens), and
+- ``served.under_load``: every response of the throughput sweep (its first ``QUIET_TOKENS`` tokens: 8 on
+  the quick profile, all on the full one), and
   the sweep's highest point replayed with known-answer probes interleaved (``SERVED_PROBES``, 32, of them, spread over the
   families), against the same requests served alone. The quiet side: each distinct sweep prompt
   sent once, one at a time, with top-k logprobs (the sweep itself asks for none, so that it measures
@@ -15,13 +16,14 @@ an exact binomial test on real divergences, MLPerf TEST06/TEST09's response cont
   contract (a second end-of-sequence, tokens after it, no finish reason) or a mean probe length off
   by more than 10% (``garbage-output``), and more degenerate sweep outputs under load than alone
   (the model-free detectors, ``garbage-output``). Token counts against usage: ``throughput.accounting``.
-- ``served.batch_invariance``: the same probes alone (1 in flight) and in the other order
-  (longest first, as many in flight as the sanity probes), against the sanity probes' outputs
+- ``served.batch_invariance``: the same probes alone (1 in flight; every other one of them, 16, for the time
+  one at a time takes) and in the other order (longest first, as many in flight as the sanity probes), against the sanity probes' outputs
   (shortest first): real divergences fail (``accuracy-regression``); with the engine's determinism
   switch on (:meth:`backends.base.Backend.determinism_switch`) any difference fails.
 
-Cost on a 2-core host: the quiet pass (16 sweep prompts x 16 tokens on the quick profile), the
-loaded replay (32 probes among 8 sessions of 16-token load requests) and the two probe passes.
+Cost on a 2-core host: the quiet pass (16 sweep prompts x 8 tokens on the quick profile), the
+loaded replay (32 probes among 8 sessions of 8-token load requests) and the two probe passes (16 probes
+alone, 32 longest first).
 """
 
 from __future__ import annotations
@@ -46,17 +48,18 @@ SANITY_OUTPUTS = "evidence/sanity.outputs.json"
 SWEEP_OUTPUTS = f"evidence/throughput.sweep/{OUTPUTS}"
 
 
-# Tokens of each sweep response compared with the same prompt served alone: the quiet pass generates this
-# many, one request at a time. All 32 of the quick profile cost the real model's quick run 18 s on vLLM CPU
-# (29 tok/s alone); the rest of each response is judged by served.nll_judge and the detectors.
-QUIET_TOKENS = 16
+# Tokens of each sweep response compared with the same prompt served alone, by profile: the quiet pass
+# generates this many, one request at a time (None: all of them). All 32 of the quick profile cost the real
+# model's quick run 18 s on vLLM CPU (29 tok/s alone; the issue's budget for every served check is 20% of a
+# 105 s run); the rest of each response is judged by served.nll_judge.
+QUIET_TOKENS = {"quick": 8, "full": None}
 
 
-def _sweep_requests(sweep: list[dict], logprobs: int | None = None) -> dict[str, GenerationRequest]:
+def _sweep_requests(sweep: list[dict], logprobs: int | None = None, tokens: int | None = None) -> dict[str, GenerationRequest]:
     """The sweep's requests as it sent them (their ids and prompts, recorded beside its outputs:
-    ``evaluations/test_throughput.py``), :data:`QUIET_TOKENS` long, with ``logprobs``; by id, in the order
-    first sent."""
-    return {r["id"]: GenerationRequest(request_id=r["id"], prompt=r["prompt"], max_tokens=min(r["max_tokens"], QUIET_TOKENS),
+    ``evaluations/test_throughput.py``), ``tokens`` long (None: as the sweep asked), with ``logprobs``; by id,
+    in the order first sent."""
+    return {r["id"]: GenerationRequest(request_id=r["id"], prompt=r["prompt"], max_tokens=min(r["max_tokens"], tokens or r["max_tokens"]),
                                        temperature=0.0, ignore_eos=True, logprobs=logprobs)
             for r in sweep if r.get("prompt") is not None}
 
@@ -117,10 +120,18 @@ def _sweep_points(c, sweep: list[dict], quiet: dict[str, dict], extra: list[dict
     return out
 
 
-def _flags(rows: list[dict]) -> int:
-    """How many outputs the model-free degeneration detectors flag."""
-    return sum(bool(detectors(r.get("text") or "", r.get("token_ids"), r.get("max_tokens") or 0,
-                              r.get("finish_reason"))["flags"]) for r in rows if r.get("status") == "ok")
+# The detectors compared under load and alone: those of the characters served (U+FFFD of a detokenizer torn
+# between streams, control characters, mixed scripts). The repetition detectors need 32 tokens, more than the
+# quiet pass generates, and flag a real model's own runs past EOS (34% of SmolLM2-135M's sweep outputs under
+# ignore_eos): their counts are reported per point, the comparisons and served.nll_judge decide repetition.
+CHAR_FLAGS = ("replacement-char", "control-char", "script-mixing")
+
+
+def _flags(rows: list[dict], kinds: tuple[str, ...] | None = CHAR_FLAGS) -> int:
+    """How many outputs the model-free degeneration detectors flag (of ``kinds``; None: any)."""
+    return sum(any(kinds is None or f in kinds for f in detectors(r.get("text") or "", r.get("token_ids"),
+                                                                  r.get("max_tokens") or 0, r.get("finish_reason"))["flags"])
+               for r in rows if r.get("status") == "ok")
 
 
 @pytest.mark.check("served.under_load")
@@ -132,7 +143,8 @@ def test_under_load(run, settings, engine, probes):
         quiet_outs, quiet_by_id = _quiet_outputs(c, run)
         top = max(r["sessions"] for r in sweep)
         turns = settings.profile_cfg["requests_per_session"]
-        quiet_reqs = list(_sweep_requests(sweep, TIE_TOP_K).values())[:MAX_QUIET_PROMPTS]
+        tokens = QUIET_TOKENS.get(settings.profile)
+        quiet_reqs = list(_sweep_requests(sweep, TIE_TOP_K, tokens).values())[:MAX_QUIET_PROMPTS]
         t0 = time.monotonic()
         quiet = send_rows(engine, quiet_reqs)
         c.values["quiet_pass_s"] = round(time.monotonic() - t0, 2)
@@ -140,7 +152,7 @@ def test_under_load(run, settings, engine, probes):
         _failed_requests(c, engine, quiet, "sent alone")
         subset = probe_subset(probes[0], quiet_outs)
         reqs = [probe_request(p, "loaded", TIE_TOP_K) for p in subset]
-        load_reqs = _sweep_requests(sweep)
+        load_reqs = _sweep_requests(sweep, None, tokens)
         loaded, load, wall = loaded_phase(engine, reqs, lambda s, t: load_reqs.get(f"s{s}-t{t}") or quiet_reqs[0].model_copy(
             update={"logprobs": None}), top, turns)
         c.evidence("loaded_probes.json", loaded)
@@ -212,10 +224,16 @@ def _judge_points(c, points: list[dict]) -> None:
 
 
 def _judge_flags(c, served: list[dict], quiet: list[dict], top: int) -> None:
-    """More outputs flagged degenerate under load than alone (a share ``MAX_FLAGGED_GAP`` above) fails."""
+    """More outputs flagged under load than alone (:data:`CHAR_FLAGS`, a share ``MAX_FLAGGED_GAP`` above) fails;
+    every detector's count per sweep point is reported."""
     fs, fq = _flags(served), _flags(quiet)
     share_s, share_q = fs / max(1, len(served)), fq / max(1, len(quiet))
-    c.values["degenerate"] = {"served": fs, "served_outputs": len(served), "quiet": fq, "quiet_outputs": len(quiet)}
+    per_point: dict[str, int] = {}
+    for r in served:
+        key = str(r.get("sessions", "replay"))
+        per_point[key] = per_point.get(key, 0) + _flags([r], None)
+    c.values["degenerate"] = {"served": fs, "served_outputs": len(served), "quiet": fq, "quiet_outputs": len(quiet),
+                              "detectors": list(CHAR_FLAGS), "any_detector_per_point": per_point}
     c.require(share_s - share_q <= MAX_FLAGGED_GAP,
               f"{fs}/{len(served)} sweep outputs up to {top} sessions flagged degenerate against {fq}/{len(quiet)} of the "
               "same prompts alone", "garbage-output")
@@ -230,7 +248,7 @@ def test_batch_invariance(run, settings, engine, probes):
             c.skip("the engine serves one request at a time: alone and batched are the same computation")
         subset = probe_subset(probes[0], quiet_outs)
         t0 = time.monotonic()
-        alone = run_probes(engine, subset, concurrency=1, logprobs=TIE_TOP_K, id_prefix="alone")
+        alone = run_probes(engine, subset[::2], concurrency=1, logprobs=TIE_TOP_K, id_prefix="alone")
         t1 = time.monotonic()
         other = run_probes(engine, subset, concurrency=PROBE_CONCURRENCY, logprobs=TIE_TOP_K, order="longest",
                            id_prefix="reordered")
@@ -239,11 +257,12 @@ def test_batch_invariance(run, settings, engine, probes):
         c.evidence("reordered.json", other)
         _failed_requests(c, engine, alone + other, "alone or reordered")
         quiet = [quiet_by_id[p.id] for p in subset]
-        c.values.update({"probes": len(subset), "determinism_switch": switch,
+        c.values.update({"probes": len(subset), "probes_alone": len(alone), "determinism_switch": switch,
                          "batched": f"{PROBE_CONCURRENCY} in flight, shortest first (the sanity probes)"})
         verdicts = []
-        for name, rows_in in (("alone (1 in flight)", alone), (f"longest first ({PROBE_CONCURRENCY} in flight)", other)):
-            rows, n = _compared(list(zip(rows_in, quiet)))
+        for name, rows_in, base in (("alone (1 in flight)", alone, quiet[::2]),
+                                    (f"longest first ({PROBE_CONCURRENCY} in flight)", other, quiet)):
+            rows, n = _compared(list(zip(rows_in, base)))
             differing = n["tie"] + n["real"] + n["undetermined"]
             d = judge_real(n["real"], n["compared"], exact=bool(switch), differing=differing)
             c.values[name.split(" ")[0]] = {**n, "decision": d}
