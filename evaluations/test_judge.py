@@ -41,6 +41,7 @@ from bakeoff.api.specs import GenerationRequest
 from evaluations.judging import ReferenceAnswers
 from evaluations.measuring import send
 from evaluations.reference import _model_stamp, is_reference_run, reference_config
+from evaluations.tokenizing import reference_tokenizer
 from evaluations.test_sanity import OPEN_ENDED_TOKENS, as_served
 from evaluations.test_spec_decode import MAX_TOKENS as SPEC_MAX_TOKENS
 from evaluations.test_throughput import OUTPUTS
@@ -325,6 +326,29 @@ def test_served_nll_judge(run, settings, judge):
         c.summary = f"under load ({top} sessions in flight, {len(rows)} outputs): {line}"
 
 
+def _with_ids(rows: list[dict], reference: dict[str, dict], settings) -> tuple[list[dict], str | None]:
+    """Outputs of an engine that streamed text only (llama-server while it drafts: no logprobs, so no ids),
+    given ids: the reference's own where the text holds the reference's whole answer, else the text
+    tokenized with the model's tokenizer (as a server would have made it; said in the values)."""
+    if all(r.get("token_ids") for r in rows):
+        return rows, None
+    tok, why = reference_tokenizer(settings.reference_model.path,
+                                   bool(settings.reference_options.get("trust_remote_code", False)))
+    out = []
+    for r in rows:
+        ref = reference[r["prompt"]]
+        if r.get("token_ids"):
+            out.append(r)
+        elif ref["text"] and (r.get("text") or "").startswith(ref["text"]):
+            out.append({**r, "token_ids": list(ref["full_ids"] or [])})  # the whole answer, as the reference said it
+        elif tok is not None:
+            out.append({**r, "token_ids": list(tok(r.get("text") or "", add_special_tokens=False)["input_ids"])})
+        else:
+            out.append(r)
+    return out, ("the reference's where the text holds its whole answer, else the text tokenized by the model's "
+                 "tokenizer" if tok is not None else f"the reference's where the text holds its whole answer ({why})")
+
+
 @pytest.mark.check("spec_decode.lossless")
 def test_spec_lossless(run, settings, judge):
     with run.check("spec_decode.lossless", "accuracy-regression") as c:
@@ -349,17 +373,18 @@ def test_spec_lossless(run, settings, judge):
                           "logprobs": [[t, lp, top] for t, lp, top in zip(ids, sc["logprobs"], sc["top_logprobs"])]}
             return out
         reference = judge.asked(c, answers)
+        rows, mapped = _with_ids(rows, reference, settings)
         cmp = [compare_served({**r, "token_ids": answer_span(r["token_ids"], reference[r["prompt"]]["full_ids"], eos)[0]},
                               reference[r["prompt"]]) for r in rows]
         c.evidence("agreement.json", cmp)
         n = counts(cmp)
         d = judge_real(n["real"], n["compared"])
         c.values.update({**n, "decision": d, "outputs": len(rows), "baseline": "the reference's greedy outputs",
-                         "starts": sorted({r.get("start") for r in rows})})
+                         "starts": sorted({r.get("start") for r in rows}), "token_ids_from_text": mapped})
         real = [r for r in cmp if r["outcome"] == "real"]
         c.require(not d["fails"], f"speculative decoding changes greedy outputs: {n['real']}/{n['compared']} outputs of "
                                   f"{SPEC_MAX_TOKENS} tokens diverge from the reference's past the tie rule; e.g. "
-                                  f"{first_difference(real[0]) if real else ''}")
+                                  f"{first_difference(real[0], 'reference', 'speculative') if real else ''}")
         if n["compared"] < len(cmp) / 2:
             c.skip(f"{n['undetermined']}/{len(cmp)} outputs differ from the reference's where no logprobs tell a tie: "
                    "not verified")

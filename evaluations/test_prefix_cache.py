@@ -229,16 +229,23 @@ def _sequence_prompts(settings, target: int, per_unit: float, k: int) -> list[st
     return [long_prompt(target, per_unit, is_fixture(settings), seed=777_777 + i)[0] for i in range(k)]
 
 
+# The sequence's prompts where the engine states no KV block (a token-granular cache, llama-server's): about
+# two of vLLM CPU's blocks, and at least this many tokens for a hit to be worth comparing.
+SEQUENCE_TOKENS = 2 * 128 + BLOCK_MARGIN
+MIN_SEQUENCE_TOKENS = 64
+
+
 def _sequence_target(engine, settings, long_len, k: int) -> tuple[int | None, Scale | None]:
-    """Prompt tokens of the sequence: two KV blocks and a margin (one block of 128 tokens where the engine
-    states none: vLLM CPU's), within the long prompt's target and the prefill budgets for its ``5 k`` sends."""
+    """Prompt tokens of the sequence: two KV blocks and a margin (:data:`SEQUENCE_TOKENS` where the engine
+    states no block), within the long prompt's target and the prefill budgets for its ``5 k`` sends; None
+    when that leaves less than one block and the margin (:data:`MIN_SEQUENCE_TOKENS` without a block)."""
     target, _, _, _ = long_len
     if target is None:
         return None, None
-    block = kv_block_tokens(engine) or 128
-    want = min(target, 2 * block + BLOCK_MARGIN)
+    block = kv_block_tokens(engine)
+    want = min(target, 2 * block + BLOCK_MARGIN if block else SEQUENCE_TOKENS)
     scale = fit(want, [1.0] * (5 * k), settings_calibration(long_len), Budget.of(settings), "sequence prompt")
-    if scale.tokens < block + BLOCK_MARGIN:
+    if scale.tokens < (block + BLOCK_MARGIN if block else MIN_SEQUENCE_TOKENS):
         return None, scale
     return scale.tokens, scale
 
@@ -268,8 +275,11 @@ def test_hit_equals_miss(run, settings, engine, long_len, cache_proof):
             c.skip("prefix caching is off for this run: there is no cache hit to compare with a miss")
         k = SEQUENCE_PROMPTS.get(settings.profile, 4)
         target, scale = _sequence_target(engine, settings, long_len, k)
-        if target is None:
+        if target is None and kv_block_tokens(engine):
             _no_room(c, engine, scale or scale0)
+        if target is None:
+            c.skip(f"no sequence prompt of {MIN_SEQUENCE_TOKENS} tokens or more fits the prefill budgets "
+                   f"({(scale or scale0).why}): nothing long enough to compare a hit on")
         salt = f"bakeoff-{zlib.crc32(run.dir.run_id.encode()):08x}"
         t0 = time.monotonic()
         seq = run_sequence(engine, _sequence_prompts(settings, target, per_unit, k), salt)
@@ -289,7 +299,7 @@ def test_hit_equals_miss(run, settings, engine, long_len, cache_proof):
         real = [r for r in rows if r["outcome"] == "real"]
         c.require(not d["fails"], f"{n['real']}/{n['compared']} prefix-cache hits diverge from their misses past the tie "
                                   f"rule after stop-string and cancelled traffic, {k} warm requests in flight ({hits:.0f} hit "
-                                  f"tokens); e.g. {first_difference(real[0]) if real else ''}")
+                                  f"tokens); e.g. {first_difference(real[0], 'miss', 'hit') if real else ''}")
         if n["compared"] < len(rows) / 2:
             c.skip(f"{n['undetermined']}/{len(rows)} hit outputs differ from their misses where no logprobs tell a tie "
                    "from a real divergence: not verified")
@@ -336,7 +346,7 @@ def _judge_cold_again(c, seq: dict, cold: list[dict]) -> None:
     real = [r for r in rows if r["outcome"] == "real"]
     c.require(not d["fails"], f"two cold runs of the same prompts (the second under a fresh cache_salt) diverge: "
                               f"{n['real']}/{n['compared']} past the tie rule; the engine is not deterministic alone, so "
-                              f"a warm difference is not the cache's alone; e.g. {first_difference(real[0]) if real else ''}",
+                              f"a warm difference is not the cache's alone; e.g. {first_difference(real[0], 'cold', 'cold again') if real else ''}",
               "accuracy-regression")
 
 

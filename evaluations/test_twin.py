@@ -14,11 +14,13 @@ binomial test):
 
 - the sanity probes (``evidence/sanity.outputs.json``);
 - the sweep's prompts served alone (``evidence/served.under_load/quiet.json``);
-- the agents' turns, **turn by turn** (``evidence/agents.multiturn/turns.json``): a turn is compared while
-  both runs sent it the same prompt (an agent's transcript holds its earlier answers, so after one answer
-  differs its later prompts differ, and that agent's comparison ends there, as the tie rule ends a
-  sequence's); a failure names the first turn whose answers diverge, so a cache that is fine on turn 1
-  and wrong by turn 4 is named at turn 4.
+- the agents' conversations, **turn by turn**: the twin's (``evidence/agents.multiturn/turns.json``) are
+  replayed here, each turn sent the prompt the twin sent it, which holds the twin's own earlier answers,
+  so every turn is compared on the same prompt whatever this run answered before it (a near-tie on turn 1
+  would otherwise part the transcripts and end the comparison there: seen with fp8 KV on SmolLM2-135M);
+  the agents at once, the turns in order, so each turn extends the previous one's cached prefix as in the
+  benchmark. A failure names the first turn whose answers diverge, so a cache that is fine on turn 1 and
+  wrong by turn 4 is named at turn 4.
 
 Fails ``accuracy-regression`` naming the workload (and turn); a workload the twin did not record is
 left out, saying so; without ``--baseline-run``, or with a baseline of another engine or model, skip.
@@ -26,13 +28,18 @@ left out, saying so; without ``--baseline-run``, or with a baseline of another e
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
 from bakeoff.analysis.matrix import load_baseline
+from bakeoff.analysis.sanity import TIE_TOP_K
 from bakeoff.analysis.served import compare_served, counts, first_difference, judge_real
+from bakeoff.api.specs import GenerationRequest
 from bakeoff.host.artifacts import read_json
+from bakeoff.loadgen.sweep import run_request
+from evaluations.serving import request_row
 
 WORKLOADS = (("probes", "evidence/sanity.outputs.json"), ("sweep prompts alone", "evidence/served.under_load/quiet.json"))
 TURNS = "evidence/agents.multiturn/turns.json"
@@ -55,24 +62,44 @@ def _pairs(mine: list[dict], theirs: list[dict]) -> list[tuple[dict, dict]]:
             and r.get("prompt") == by_id[r["id"]].get("prompt")]
 
 
+def replay_turns(engine, theirs: list[dict]) -> list[dict]:
+    """The twin's conversations replayed: each agent's turns in order, each sent the prompt the twin sent
+    it (its transcript holds the twin's own earlier answers), as many tokens as the twin generated, with
+    top-k logprobs; the agents at once, as the agents benchmark runs them. Returns one row a turn."""
+    rows: list[dict] = []
+
+    async def agent(a: int) -> None:
+        for t in sorted((r for r in theirs if r["agent"] == a and r.get("status") == "ok" and r.get("prompt")),
+                        key=lambda r: r["turn"]):
+            n = len(t.get("token_ids") or []) or int(t.get("output_tokens") or 16)
+            req = GenerationRequest(request_id=f"twin-agent{a}-turn{t['turn']}", prompt=t["prompt"], max_tokens=n,
+                                    temperature=0.0, ignore_eos=True, logprobs=TIE_TOP_K)
+            rows.append({**request_row(req, await run_request(engine, req, session=a)), "agent": a, "turn": t["turn"]})
+
+    async def main() -> None:
+        try:
+            await asyncio.gather(*(agent(a) for a in sorted({r["agent"] for r in theirs})))
+        finally:
+            await engine.aclose()
+    asyncio.run(main())
+    return rows
+
+
 def turn_by_turn(mine: list[dict], theirs: list[dict]) -> tuple[list[dict], dict[int, dict]]:
-    """Agents' turns against the twin's (module docstring): ``(rows, {turn: counts})``."""
-    key = {(r["agent"], r["turn"]): r for r in theirs if r.get("status") == "ok"}
+    """Replayed turns (:func:`replay_turns`) against the twin's: ``(rows, {turn: counts})``, turns 1-based.
+    Every turn is compared: its prompt is the twin's, whatever this run answered before it."""
+    key = {(r["agent"], r["turn"]): r for r in theirs}
     rows: list[dict] = []
     per_turn: dict[int, dict] = {}
-    for agent in sorted({r["agent"] for r in mine}):
-        for r in sorted((r for r in mine if r["agent"] == agent), key=lambda r: r["turn"]):
-            other = key.get((agent, r["turn"]))
-            if r.get("status") != "ok" or other is None or other.get("prompt") != r.get("prompt") or not r.get("prompt"):
-                break  # the transcripts part here: later prompts differ
-            cmp = compare_served({**r, "id": f"agent {agent} turn {r['turn'] + 1}", "text": r.get("output")},
-                                 {**other, "text": other.get("output")})
-            cmp["turn"] = r["turn"] + 1
-            rows.append(cmp)
-            n = per_turn.setdefault(r["turn"] + 1, {"exact": 0, "tie": 0, "real": 0, "undetermined": 0})
-            n[cmp["outcome"]] += 1
-            if cmp["outcome"] != "exact":
-                break
+    for r in sorted(mine, key=lambda r: (r["agent"], r["turn"])):
+        other = key.get((r["agent"], r["turn"]))
+        if r.get("status") != "ok" or other is None:
+            continue
+        cmp = compare_served({**r, "id": f"agent {r['agent']} turn {r['turn'] + 1}"}, {**other, "text": other.get("output")})
+        cmp["turn"] = r["turn"] + 1
+        rows.append(cmp)
+        n = per_turn.setdefault(r["turn"] + 1, {"exact": 0, "tie": 0, "real": 0, "undetermined": 0})
+        n[cmp["outcome"]] += 1
     return rows, per_turn
 
 
@@ -90,8 +117,9 @@ def _twin_of(c, run, base_dir: str) -> tuple[dict, Path, list[str]]:
     return base, theirs, differs
 
 
-def _compare_workloads(c, mine_path: Path, theirs_path: Path) -> tuple[list[tuple], list[str], dict]:
-    """Every workload both runs recorded, compared: ``([(name, rows, counts, decision)], left out, per turn)``."""
+def _compare_workloads(c, engine, mine_path: Path, theirs_path: Path) -> tuple[list[tuple], list[str], dict]:
+    """Every workload both runs recorded, compared, and the twin's conversations replayed here: ``([(name,
+    rows, counts, decision)], left out, per turn)``."""
     verdicts, left_out = [], []
     for name, rel in WORKLOADS:
         mine, theirs = _rows(mine_path, rel), _rows(theirs_path, rel)
@@ -102,15 +130,17 @@ def _compare_workloads(c, mine_path: Path, theirs_path: Path) -> tuple[list[tupl
         c.evidence(f"{name.split()[0]}.json", rows)
         n = counts(rows)
         verdicts.append((name, rows, n, judge_real(n["real"], n["compared"])))
-    mine, theirs = _rows(mine_path, TURNS), _rows(theirs_path, TURNS)
+    theirs = _rows(theirs_path, TURNS)
     per_turn: dict[int, dict] = {}
-    if mine and theirs:
-        rows, per_turn = turn_by_turn(mine, theirs)
+    if theirs:
+        replayed = replay_turns(engine, theirs)
+        c.evidence("replayed_turns.json", replayed)
+        rows, per_turn = turn_by_turn(replayed, theirs)
         c.evidence("turns.json", rows)
         n = counts(rows)
         verdicts.append(("agents' turns", rows, n, judge_real(n["real"], n["compared"])))
     else:
-        left_out.append(f"agents' turns ({'this run' if not mine else 'the twin'} recorded none)")
+        left_out.append("agents' turns (the twin recorded none)")
     return verdicts, left_out, per_turn
 
 
@@ -123,11 +153,11 @@ def _fail_first(c, verdicts: list[tuple], base: dict, differs: list[str]) -> Non
         turn = f" from turn {min(r['turn'] for r in real)} on" if name == "agents' turns" and real else ""
         c.fail(f"{name}{turn}: {n['real']}/{n['compared']} outputs diverge from twin run {base['run_id']} "
                f"(differs in {', '.join(differs) or 'nothing recorded'}) past the tie rule; e.g. "
-               f"{first_difference(real[0]) if real else ''}")
+               f"{first_difference(real[0], 'twin', 'this run') if real else ''}")
 
 
 @pytest.mark.check("served.twin")
-def test_twin(run, pytestconfig):
+def test_twin(run, pytestconfig, engine):
     with run.check("served.twin", "accuracy-regression") as c:
         base_dir = pytestconfig.getoption("--baseline-run", None)
         if not base_dir:
@@ -135,7 +165,7 @@ def test_twin(run, pytestconfig):
                    "the default, e.g. --matrix kv_cache_dtype=auto,fp8; by hand: --baseline-run DIR)")
         base, theirs_path, differs = _twin_of(c, run, base_dir)
         c.values.update({"twin_run": base["run_id"], "differs_in": differs})
-        verdicts, left_out, per_turn = _compare_workloads(c, run.dir.path, theirs_path)
+        verdicts, left_out, per_turn = _compare_workloads(c, engine, run.dir.path, theirs_path)
         c.values.update({"workloads": {name: {**n, "decision": d} for name, _, n, d in verdicts},
                          "turns": {str(t): n for t, n in sorted(per_turn.items())}, "left_out": left_out})
         _fail_first(c, verdicts, base, differs)

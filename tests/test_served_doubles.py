@@ -154,7 +154,7 @@ def test_wrong_only_with_speculation_fails_lossless(tmp_path, model, engine_url)
 
 def test_wrong_from_turn_3_is_named_against_the_twin(tmp_path, model, engine_url, honest):
     rc, v, run, out = _suite(tmp_path, "turn3", engine_url, model, f"--baseline-run={honest[2]}",
-                             select="test_load or test_agents or test_twin")
+                             select="test_load or test_twin")
     twin = _checks(v)["served.twin"]
     assert rc == 1 and v["status"] == "disqualified", out[-2000:]
     assert twin["status"] == "fail" and twin["failure_class"] == "accuracy-regression", twin

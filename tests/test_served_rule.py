@@ -117,3 +117,20 @@ def test_logprobs_without_alternatives_tell_nothing():
     served = {"id": "a", "token_ids": [1, 8], "logprobs": _lp([1, 8], [FLAT, {8: -0.3}])}
     row = compare_served(served, quiet)
     assert row["outcome"] == "undetermined" and "no alternative" in row["undetermined_because"]
+
+
+def test_text_only_outputs_are_judged_on_the_reference_s_ids_or_their_own_tokens():
+    """llama-server streams no ids while it drafts: an output holding the reference's whole answer takes its
+    ids (exact); another is tokenized with the model's tokenizer, so the one-sided tie rule can run."""
+    from types import SimpleNamespace
+
+    from bakeoff.models.resolve import resolve
+    from evaluations.test_judge import _with_ids
+
+    path = resolve("fixture:tiny-qwen3").path
+    settings = SimpleNamespace(reference_model=SimpleNamespace(path=path), reference_options={})
+    reference = {"p": {"text": " 12 13", "full_ids": [7, 8, 2]}}
+    rows, how = _with_ids([{"prompt": "p", "text": " 12 13 14 15"}, {"prompt": "p", "text": " 99"}], reference, settings)
+    assert rows[0]["token_ids"] == [7, 8, 2] and rows[1]["token_ids"] and "tokenized" in how
+    same, how = _with_ids([{"prompt": "p", "text": "x", "token_ids": [1]}], reference, settings)
+    assert same[0]["token_ids"] == [1] and how is None

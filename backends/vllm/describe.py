@@ -56,8 +56,9 @@ def describe(b: VllmBackend, startup_s: float, spec: envs.EnvSpec) -> BackendInf
         if len(mem["per_rank_gib"]) > 1:
             notes["kv_cache_memory_per_rank_gib"] = ", ".join(f"{k} {v:g}" for k, v in mem["per_rank_gib"].items())
     blocks = HYBRID_BLOCK_LINE.findall(log)
-    if blocks:  # whole blocks are what the prefix cache can hit and what a request takes
-        notes["kv_block_size_tokens"] = blocks[-1]
+    # whole blocks are what the prefix cache can hit and what a request takes: the hybrid allocator's stated
+    # size, else the option, else vLLM's default (vllm/platforms/cpu.py: 128 on CPU; vllm/config/cache.py: 16)
+    notes["kv_block_size_tokens"] = blocks[-1] if blocks else str(b.options.block_size or (16 if b.cuda else 128))
     if getattr(b, "bind_note", None):
         notes["cpu_omp_threads_bind"] = b.bind_note
     if getattr(b, "dtype_note", None):

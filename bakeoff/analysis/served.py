@@ -198,14 +198,15 @@ def length_ratio(loaded: list[dict[str, Any]], quiet: list[dict[str, Any]]) -> d
             "within": ratio is not None and abs(ratio - 1) <= LENGTH_TOLERANCE}
 
 
-def first_difference(row: dict[str, Any]) -> str:
-    """One line on where an output left its quiet twin: the position, both tokens, the quiet gap."""
+def first_difference(row: dict[str, Any], base: str = "quiet", served: str = "served") -> str:
+    """One line on where an output left its baseline (``base``: the quiet run, a miss, the twin, the
+    reference): the position, both tokens, the baseline's gap, both texts' starts."""
     d = row.get("at_divergence") or {}
     gap = d.get("reference_gap_nats")
     return (f"{row.get('id')}: first difference at {row.get('unit', 'token')} {row.get('first_divergence')}, "
-            f"quiet {d.get('reference_token')!r} vs served {d.get('output_token')!r}"
-            + (f" (quiet side leads it by {gap:.3f} nats)" if isinstance(gap, (int, float)) else "")
-            + f"; quiet {str(row.get('reference') or '')[:40]!r} vs served {str(row.get('output') or '')[:40]!r}")
+            f"{base} {d.get('reference_token')!r} vs {served} {d.get('output_token')!r}"
+            + (f" ({base} leads it by {gap:.3f} nats)" if isinstance(gap, (int, float)) else "")
+            + f"; {base} {str(row.get('reference') or '')[:40]!r} vs {served} {str(row.get('output') or '')[:40]!r}")
 
 
 def cut_at_eos(ids: list[int] | None, eos: set[int]) -> list[int] | None:
