@@ -171,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(speculative=none,ngram,mtp; prefix_cache=on,off); BACKEND: varies that backend only")
     q.add_argument("--repeats", type=int, default=None, help="measure each sweep point R times (noise estimate; "
                    "default 1, at most 100)")
+    q.add_argument("--spec-starts", type=int, default=None, help="fresh engine starts that speculative decoding's "
+                   "acceptance is measured on (default 3, at most 20; each start is the engine's start time again)")
     q.add_argument("--quiet", action="store_true", help="no live table and no pytest output (each run keeps it "
                    "in pytest.log); only the verdicts at the end")
     q.add_argument("--fail-on", action="append", default=[], metavar="STATUS",

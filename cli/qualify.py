@@ -50,7 +50,8 @@ def _request(args):
     return Request(entry="qualify", backends=None if args.backends is None else args.backends.split(","), model=args.model,
                    backend_opt=args.backend_opt, matrix=args.matrix, profile=args.profile, artifacts=args.artifacts,
                    report=args.report, reference_model=args.reference_model, reference_opt=args.reference_opt,
-                   patch=args.patch, no_preflight=args.no_preflight, repeats=args.repeats, resume=args.resume)
+                   patch=args.patch, no_preflight=args.no_preflight, repeats=args.repeats, resume=args.resume,
+                   spec_starts=args.spec_starts)
 
 
 def cmd_qualify(args) -> int:
@@ -133,7 +134,7 @@ def _one_run(c, run, artifacts: Path, progress, runs: list[Path], cell_runs: dic
     # --opt=value: pytest's first parse does not know the plugin's options yet and would take a
     # separate value naming a folder for a test path, importing any conftest.py in it
     cmd, cwd = _pytest_cmd(f"--backend={n}", f"--model={c.model}", f"--artifacts={artifacts}",
-                           f"--profile={c.profile}", f"--repeats={c.repeats}")
+                           f"--profile={c.profile}", f"--repeats={c.repeats}", f"--spec-starts={c.spec_starts}")
     cmd += [f"--backend-opt={format_kv(k, v)}" for k, v in run.options.items()]  # the one KEY=VALUE form: for the child
     if c.reference_model:
         cmd.append(f"--reference-model={c.reference_model}")
@@ -183,7 +184,7 @@ def _resume(req, fail_on: frozenset[str]) -> int:
     run_dir = Path(run_req.resume).resolve()
     check_creatable(run_dir.parent.parent / "reports" / c.report, "report folder",
                     "make the run's artifacts folder writable, or copy the run into one that is")
-    cmd, cwd = _pytest_cmd(f"--resume={run_dir}", f"--repeats={c.repeats}")
+    cmd, cwd = _pytest_cmd(f"--resume={run_dir}", f"--repeats={c.repeats}", f"--spec-starts={c.spec_starts}")
     print(f"resuming {run_dir.name}\n$ {' '.join(cmd)}", flush=True)
     proc = subprocess.run(cmd, cwd=cwd)
     if proc.returncode in (3, 4):

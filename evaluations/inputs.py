@@ -42,6 +42,7 @@ DEFAULTS: dict[str, Any] = {
     "artifacts": str(REPO / "artifacts") if CHECKOUT else "artifacts",  # installed: under the current folder
     "report": "latest",
     "repeats": 1,
+    "spec_starts": 3,  # fresh engine starts of spec_decode.acceptance (evaluations/test_spec_decode.py)
     "start_timeout_s": 420.0,
     "progress_timeout_s": 120.0,
     # a request the launched engine computes without a byte ends (slo-miss, not hang) at this many
@@ -56,6 +57,7 @@ DEFAULTS: dict[str, Any] = {
 TUNING = ("request_deadline_factor", "prefill_budget_s", "check_prefill_budget_s")  # Request/Checked fields, DEFAULTS
 DEFAULT_BACKENDS = {"qualify": backends.DEFAULT_QUALIFY, "pytest": ["transformers"]}
 MAX_REPEATS = 100  # each repeat measures the whole sweep again: 100 is days on a real model
+MAX_SPEC_STARTS = 20  # each is the engine's start again
 MAX_SECONDS = 7 * 24 * 3600.0  # timeouts: a week
 MAX_MEMORY_GIB = 1024.0**2  # --memory-limit-gib: a PiB
 
@@ -87,6 +89,7 @@ class Request:
     patch: list[str] = field(default_factory=list)
     no_preflight: bool = False
     repeats: int | None = None
+    spec_starts: int | None = None
     resume: str | None = None
     start_timeout_s: float | None = None
     progress_timeout_s: float | None = None
@@ -125,6 +128,7 @@ class Checked:
     patches: list[str]
     preflight: bool
     repeats: int
+    spec_starts: int
     start_timeout_s: float
     progress_timeout_s: float
     memory_limit_gib: float | None
@@ -288,6 +292,8 @@ def _numbers(req: Request, profile: str) -> tuple[int, dict[str, float], dict[st
     """
     repeats = DEFAULTS["repeats"] if req.repeats is None else req.repeats
     _number("--repeats", repeats, 1, MAX_REPEATS, f"at least 1 and at most {MAX_REPEATS} (a whole number)")
+    _number("--spec-starts", DEFAULTS["spec_starts"] if req.spec_starts is None else req.spec_starts, 1, MAX_SPEC_STARTS,
+            f"at least 1 and at most {MAX_SPEC_STARTS} (a whole number)")
     timeouts = {k: DEFAULTS[k] if getattr(req, k) is None else getattr(req, k) for k in ("start_timeout_s", "progress_timeout_s")}
     for k, fl in (("start_timeout_s", "--start-timeout"), ("progress_timeout_s", "--progress-timeout")):
         _number(fl, timeouts[k], 0, MAX_SECONDS, f"a positive number of seconds up to {MAX_SECONDS:.0f}", low_open=True)
@@ -365,7 +371,8 @@ def check_request(req: Request) -> Checked:
     return Checked(backends=names, runs=runs, left_out=left_out, model=model, profile=profile,
                    artifacts=Path(artifacts), report=report, reference_model=req.reference_model,
                    reference_options=ref_options, patches=list(req.patch), preflight=not req.no_preflight,
-                   repeats=repeats, start_timeout_s=timeouts["start_timeout_s"],
+                   repeats=repeats, spec_starts=DEFAULTS["spec_starts"] if req.spec_starts is None else req.spec_starts,
+                   start_timeout_s=timeouts["start_timeout_s"],
                    progress_timeout_s=timeouts["progress_timeout_s"], memory_limit_gib=req.memory_limit_gib,
                    min_probe_accuracy=req.min_probe_accuracy, baseline_run=req.baseline_run, **tuning)
 

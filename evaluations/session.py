@@ -57,6 +57,7 @@ class Settings:
     source_model: ResolvedModel | None = None  # the unpatched checkpoint when --patch applied
     patched: Any = None  # its adapters.checkpoint_patches.PatchedCheckpoint
     repeats: int = 1  # --repeats: measurements of each sweep point
+    spec_starts: int = DEFAULTS["spec_starts"]  # --spec-starts: fresh starts of spec_decode.acceptance
     baseline_run: str | None = None  # --baseline-run: the twin run this one is judged against (analysis/matrix.py)
     request_deadline_factor: float = DEFAULTS["request_deadline_factor"]  # --request-deadline-factor
     prefill_budget_s: float = PROFILES["quick"]["prefill_budget_s"]  # --prefill-budget: per long prompt (sizing.py)
@@ -107,6 +108,8 @@ def add_options(parser: pytest.Parser) -> None:
                 help="continue a cut-off run: same backend, model and options; completed checks are kept")
     g.addoption("--requests-log", action="store_true", help="write every request to requests.jsonl")
     g.addoption("--repeats", type=int, default=None, help=f"measure each sweep point this many times (noise; default {DEFAULTS['repeats']})")
+    g.addoption("--spec-starts", type=int, default=None, help="fresh engine starts speculative decoding's acceptance is "
+                f"measured on (default {DEFAULTS['spec_starts']}; each is the engine's start time again)")
     g.addoption("--baseline-run", default=None, metavar="RUN_DIR",
                 help="the twin run of the same backend and model with this run's configuration choice at its default "
                      "(kv_cache_dtype auto, no speculation, ...): served.twin compares outputs with it, and "
@@ -119,7 +122,7 @@ def request_from(config: pytest.Config) -> Request:
     return Request(entry="pytest", backends=None if o("--backend") is None else [o("--backend")], model=o("--model"),
                    backend_opt=list(o("--backend-opt")), profile=o("--profile"), artifacts=o("--artifacts"),
                    reference_model=o("--reference-model"), reference_opt=list(o("--reference-opt")),
-                   patch=list(o("--patch")), no_preflight=o("--no-preflight"), repeats=o("--repeats"),
+                   patch=list(o("--patch")), no_preflight=o("--no-preflight"), repeats=o("--repeats"), spec_starts=o("--spec-starts"),
                    resume=o("--resume"), start_timeout_s=o("--start-timeout"), progress_timeout_s=o("--progress-timeout"),
                    memory_limit_gib=o("--memory-limit-gib"), min_probe_accuracy=o("--min-probe-accuracy"),
                    baseline_run=o("--baseline-run"), request_deadline_factor=o("--request-deadline-factor"),
@@ -154,7 +157,7 @@ def settings_from(config: pytest.Config, request: Request | None = None) -> Sett
                     progress_timeout_s=c.progress_timeout_s, requests_log=config.getoption("--requests-log"),
                     memory_limit_gib=c.memory_limit_gib, backend_cls=backends.resolve(name),
                     reference_options=c.reference_options, preflight=c.preflight, patches=c.patches,
-                    source_model=source, patched=patched, repeats=c.repeats, baseline_run=c.baseline_run,
+                    source_model=source, patched=patched, repeats=c.repeats, spec_starts=c.spec_starts, baseline_run=c.baseline_run,
                     request_deadline_factor=c.request_deadline_factor, prefill_budget_s=c.prefill_budget_s,
                     check_prefill_budget_s=c.check_prefill_budget_s)
 

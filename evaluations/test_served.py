@@ -164,7 +164,7 @@ def test_under_load(run, settings, engine, probes):
                          else "concurrent"})
         by_id = {r["id"]: r for r in quiet}
         points = _sweep_points(c, [r for r in sweep if r.get("status") == "ok"], by_id, load)
-        _judge_probes(c, engine, subset, loaded, quiet_by_id, top, settings)
+        _judge_probes(c, engine, subset, loaded, quiet_by_id, top, settings, sweep + load)
         _judge_flags(c, [r for r in sweep if r.get("status") == "ok"] + load, quiet, top)
         _judge_points(c, points)
         c.summary = (f"{c.values['probe_agreement']['exact'] + c.values['probe_agreement']['tie']}/{len(loaded)} probes at "
@@ -178,8 +178,10 @@ def _correct(rows: list[dict], subset: list) -> list[bool]:
     return [r["status"] == "ok" and probe_correct(r["text"] or "", p.expected, p.match) for r, p in zip(rows, subset)]
 
 
-def _judge_probes(c, engine, subset: list, loaded: list[dict], quiet_by_id: dict[str, dict], top: int, settings) -> None:
-    """The loaded probes against their quiet outputs: tie rule, McNemar, TEST06 and TEST09."""
+def _judge_probes(c, engine, subset: list, loaded: list[dict], quiet_by_id: dict[str, dict], top: int, settings,
+                  load: list[dict]) -> None:
+    """The loaded probes against their quiet outputs: tie rule, McNemar, TEST06 (on every sweep and replay
+    response too: a finish reason; their EOS ignored as asked) and TEST09."""
     quiet = [quiet_by_id[p.id] for p in subset]
     rows, n = _compared(list(zip(loaded, quiet)))
     c.evidence("probe_agreement.json", rows)
@@ -188,7 +190,7 @@ def _judge_probes(c, engine, subset: list, loaded: list[dict], quiet_by_id: dict
     ties = [r["outcome"] == "tie" for r in rows] if len(rows) == len(subset) else None
     paired = decide(ok_q, ok_l, ties)
     eos = eos_ids(settings.model.path if settings.model.local else None)
-    broken = [(r["id"], why) for r in loaded for why in response_contract(r, eos)]
+    broken = [(r["id"], why) for r in loaded + load for why in response_contract(r, eos)]
     lengths = length_ratio(loaded, quiet)
     c.values.update({"probe_agreement": {**n, "decision": decision}, "known_answers": paired.as_values(),
                      "contract_violations": len(broken), "length": lengths})

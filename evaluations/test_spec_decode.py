@@ -14,7 +14,7 @@ drafts (vLLM's own definition: tokens emitted per verification step); per-positi
 accepted at position i / drafts.
 
 **Per fresh start** (openvino.genai #4425: 3 of 50 fresh pipelines accepted no draft): the workload
-runs on ``SPEC_STARTS`` starts of the engine (the run's own, then restarts; an attached server, which
+runs on ``--spec-starts`` starts of the engine (3 by default) (the run's own, then restarts; an attached server, which
 bakeoff cannot restart, has one); each start is judged. **Over the run** (vLLM #41838: acceptance
 decays over hours with prefix caching): the counters since the engine started, before the workload,
 give the acceptance of every request the run sent with speculation on (probes, sweep, load replay,
@@ -45,7 +45,6 @@ MIN_ACCEPTANCE_RATE = 0.01
 # draft's single-token step and the target's verification batch round a near-tie apart.
 SELF_DRAFT_FLOOR = 0.9
 MAX_TOKENS = 64
-SPEC_STARTS = {"quick": 3, "full": 3}
 REQUESTS = "requests.json"
 
 
@@ -176,7 +175,7 @@ def test_acceptance(run, settings, engine):
                          "self_draft": spec.get("self_draft"), "threshold_acceptance_rate": MIN_ACCEPTANCE_RATE,
                          "self_draft_floor": SELF_DRAFT_FLOOR if spec.get("self_draft") else None,
                          "run_before_workload": acceptance({}, spec_counters(at_start))})  # since the engine started
-        starts = 1 if engine.attaches else SPEC_STARTS.get(settings.profile, 3)
+        starts = 1 if engine.attaches else settings.spec_starts
         rows, per_start = [], []
         for k in range(1, starts + 1):
             if k > 1:

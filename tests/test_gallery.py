@@ -144,7 +144,7 @@ def test_c_bfloat16_against_the_float32_reference_passes_every_check_it_ran(tmp_
     checks = _checks(v)
     assert rc == 0 and not [c for c in checks.values() if c["status"] in ("fail", "error")], (v["reasons"], out[-2000:])
     ran = {"load", "load.options_effective", "sanity.known_answers", "sanity.greedy", "sanity.degeneration",
-           "sanity.reference_agreement", "sanity.nll_judge"}
+           "sanity.reference_agreement", "sanity.nll_judge", "served.nll_judge", "spec_decode.lossless"}
     assert v["left_out"] == [c for c in suite_checks(MODULE_ORDER) if c not in ran], v["left_out"]
     assert v["status"] == "incomplete" and len(v["reasons"]) == 1 and v["reasons"][0].startswith(
         "partial run: its test selection left out loadgen.calibration, sanity.tokenizer,"), v["reasons"]

@@ -200,7 +200,7 @@ def served_app(upstream: str, tokenizer_dir: str, mode: str):
                     if r.status != 200:
                         return web.Response(status=r.status, body=await r.read(), content_type=r.content_type)
                     await resp.prepare(request)
-                    await _relay(r, resp, rewriter, hit, what["repeat"], lambda: finished(me, rewriter))
+                    await _relay(request, r, resp, rewriter, hit, what["repeat"], lambda: finished(me, rewriter))
         except (ConnectionResetError, asyncio.CancelledError):
             me.cancelled = True  # the client left mid-stream (a failed write, or aiohttp cancelling the handler)
             raise
@@ -215,9 +215,11 @@ def served_app(upstream: str, tokenizer_dir: str, mode: str):
                 state.spec["accepted"] += 2 * drafts
         return resp
 
-    async def _relay(r, resp, rewriter: Rewriter, hit: int, repeat: bool, on_end) -> None:
+    async def _relay(request, r, resp, rewriter: Rewriter, hit: int, repeat: bool, on_end) -> None:
         buf = b""
         async for chunk in r.content.iter_any():
+            if request.transport is None or request.transport.is_closing():  # the client closed its connection:
+                raise ConnectionResetError("the client went away")  # seen now, not at a write the buffers absorb
             buf += chunk
             while b"\n\n" in buf:
                 event, buf = buf.split(b"\n\n", 1)
