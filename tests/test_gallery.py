@@ -22,14 +22,13 @@ import os
 import shutil
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from bakeoff.models import fixtures
 from bakeoff.host.procs import free_port
+from tests.fakes.launch import ChildServer
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.slow, pytest.mark.engine("transformers")]
@@ -54,31 +53,7 @@ def _checks(v: dict) -> dict:
     return {c["name"]: c for c in v["checks"]}
 
 
-class _Server:
-    """A child process serving HTTP on ``port`` until the test ends."""
-
-    def __init__(self, cmd: list[str], port: int, log: Path, ready_path: str = "/health", timeout_s: float = 180):
-        self.log = open(log, "w")
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT)
-        self.url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + ready_path, timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-            assert self.proc.poll() is None, log.read_text()[-2000:]
-        raise AssertionError(f"{cmd[:4]} not ready: {log.read_text()[-2000:]}")
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+_Server = ChildServer  # tests/fakes/launch.py
 
 
 def test_a_fluent_random_vocabulary_server_is_garbage(tmp_path, trained):

@@ -35,8 +35,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -47,6 +45,7 @@ from bakeoff.api.specs import BackendConfig
 from bakeoff.host.procs import free_port
 from bakeoff.models.resolve import resolve
 from tests.fakes.broken_checkpoints import truncated_weights, wrong_chat_template
+from tests.fakes.launch import ChildServer
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.slow, pytest.mark.engine("transformers")]
@@ -71,35 +70,11 @@ def engine_url(real, tmp_path_factory):
         engine.stop()
 
 
-class _Proxy:
+def _Proxy(kind: str, upstream: str, model: Path, log: Path) -> ChildServer:  # noqa: N802 - reads as the class it was
     """A token double (``tests/fakes/token_doubles.py``) in front of ``upstream`` until closed."""
-
-    def __init__(self, kind: str, upstream: str, model: Path, log: Path, timeout_s: float = 60):
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = open(log, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.token_doubles", kind, "--upstream", upstream,
-                                      "--tokenizer", str(model), "--port", str(port)],
-                                     cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.3)
-            assert self.proc.poll() is None, log.read_text()[-2000:]
-        self.close()
-        raise AssertionError(f"{kind} proxy not ready: {log.read_text()[-2000:]}")
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+    port = free_port()
+    return ChildServer([sys.executable, "-m", "tests.fakes.token_doubles", kind, "--upstream", upstream,
+                        "--tokenizer", str(model), "--port", str(port)], port, log, timeout_s=60)
 
 
 def _suite(tmp: Path, backend: str, model: Path, *opts: str, select: str | None = None) -> tuple[int, dict, Path, str]:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ import backends
 from bakeoff.api.specs import BackendConfig
 from bakeoff.host.procs import free_port
 from bakeoff.models.resolve import resolve
+from tests.fakes.launch import ChildServer
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.slow, pytest.mark.engine("transformers")]
@@ -48,39 +47,16 @@ def engine_url(model, tmp_path_factory):
         engine.stop()
 
 
-class _Double:
+def _double(mode: str, upstream: str, model: Path, log: Path) -> ChildServer:
     """A served double in front of ``upstream`` until closed."""
-
-    def __init__(self, mode: str, upstream: str, model: Path, log: Path, timeout_s: float = 60):
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.log = open(log, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.served_doubles", mode, "--upstream", upstream,
-                                      "--tokenizer", str(model), "--port", self.url.rsplit(":", 1)[1]],
-                                     cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.3)
-            assert self.proc.poll() is None, log.read_text()[-2000:]
-        self.close()
-        raise AssertionError(f"{mode} double not ready: {log.read_text()[-2000:]}")
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+    port = free_port()
+    return ChildServer([sys.executable, "-m", "tests.fakes.served_doubles", mode, "--upstream", upstream,
+                        "--tokenizer", str(model), "--port", str(port)], port, log, timeout_s=60)
 
 
 def _suite(tmp: Path, mode: str, upstream: str, model: Path, *opts: str, select: str | None = None):
     """The suite against the ``mode`` double: ``(exit code, verdict, run directory, stdout)``."""
-    double = _Double(mode, upstream, model, tmp / f"{mode}.log")
+    double = _double(mode, upstream, model, tmp / f"{mode}.log")
     art = tmp / "art"
     try:
         cmd = [sys.executable, "-m", "pytest", "evaluations/", "-p", "no:cacheprovider", "-q", "--backend", "openai",
