@@ -40,12 +40,10 @@ from pathlib import Path
 
 import pytest
 
-import backends
-from bakeoff.api.specs import BackendConfig
 from bakeoff.host.procs import free_port
 from bakeoff.models.resolve import resolve
 from tests.fakes.broken_checkpoints import truncated_weights, wrong_chat_template
-from tests.fakes.launch import ChildServer
+from tests.fakes.launch import ChildServer, transformers_worker
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.slow, pytest.mark.engine("transformers")]
@@ -60,14 +58,8 @@ def real() -> Path:
 @pytest.fixture(scope="module")
 def engine_url(real, tmp_path_factory):
     """The transformers worker serving the real model (float32), for the module."""
-    engine = backends.resolve("transformers")(BackendConfig(
-        backend="transformers", model=str(real), options={"dtype": "float32"},
-        workdir=str(tmp_path_factory.mktemp("engine"))))
-    try:
-        engine.start()
-        yield engine.base_url
-    finally:
-        engine.stop()
+    with transformers_worker(real, tmp_path_factory.mktemp("engine")) as url:
+        yield url
 
 
 def _Proxy(kind: str, upstream: str, model: Path, log: Path) -> ChildServer:  # noqa: N802 - reads as the class it was

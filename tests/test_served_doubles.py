@@ -18,11 +18,9 @@ from pathlib import Path
 
 import pytest
 
-import backends
-from bakeoff.api.specs import BackendConfig
 from bakeoff.host.procs import free_port
 from bakeoff.models.resolve import resolve
-from tests.fakes.launch import ChildServer
+from tests.fakes.launch import ChildServer, transformers_worker
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.slow, pytest.mark.engine("transformers")]
@@ -37,14 +35,8 @@ def model() -> Path:
 @pytest.fixture(scope="module")
 def engine_url(model, tmp_path_factory):
     """The transformers worker serving the fixture (float32), for the module."""
-    engine = backends.resolve("transformers")(BackendConfig(
-        backend="transformers", model=str(model), options={"dtype": "float32"},
-        workdir=str(tmp_path_factory.mktemp("engine"))))
-    try:
-        engine.start()
-        yield engine.base_url
-    finally:
-        engine.stop()
+    with transformers_worker(model, tmp_path_factory.mktemp("engine")) as url:
+        yield url
 
 
 def _double(mode: str, upstream: str, model: Path, log: Path) -> ChildServer:

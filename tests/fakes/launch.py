@@ -6,7 +6,12 @@ from __future__ import annotations
 import subprocess
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
+
+import backends
+from bakeoff.api.specs import BackendConfig
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -42,3 +47,16 @@ class ChildServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.log.close()
+
+
+@contextmanager
+def transformers_worker(model: Path, workdir: Path) -> Iterator[str]:
+    """The real transformers worker serving ``model`` in float32 (the reference's dtype): its URL, the engine
+    stopped at the end. The engine behind the proxy doubles."""
+    engine = backends.resolve("transformers")(BackendConfig(backend="transformers", model=str(model),
+                                                            options={"dtype": "float32"}, workdir=str(workdir)))
+    try:
+        engine.start()
+        yield engine.base_url
+    finally:
+        engine.stop()

@@ -37,7 +37,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.fakes.token_doubles import Rewriter
+from tests.fakes.token_doubles import Rewriter, proxy_app
 
 MODES = ("honest", "load8", "cancel_hit", "spec", "turn3", "repeat", "double_count")
 BLOCK = 16
@@ -246,12 +246,7 @@ def served_app(upstream: str, tokenizer_dir: str, mode: str):
                 for choice in rewriter.feed(choices[0]):
                     await resp.write(b"data: " + json.dumps({**obj, "choices": [choice]}).encode() + b"\n\n")
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", completions)
-    for path in ("/health", "/v1/models", "/metrics"):
-        app.router.add_get(path, passthrough)
-    app.router.add_post("/tokenize", passthrough)
-    return app
+    return proxy_app(completions, passthrough)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -263,8 +258,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokenizer", required=True, help="the served model's folder (its tokenizer.json)")
     ap.add_argument("--port", type=int, required=True)
     a = ap.parse_args(argv)
+    # handler_cancellation: a client that goes away cancels its handler at once (aiohttp's default notices it only
+    # at a later write), so a cancelled request is known as such before the client's next request arrives
     web.run_app(served_app(a.upstream.rstrip("/"), a.tokenizer, a.mode), host="127.0.0.1", port=a.port, print=None,
-                access_log=None)
+                access_log=None, handler_cancellation=True)
 
 
 if __name__ == "__main__":

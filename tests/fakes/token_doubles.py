@@ -163,6 +163,14 @@ def rewriting_app(upstream: str, tokenizer_dir: str, kind: str, window: int, eve
                             await resp.write(b"data: " + json.dumps({**obj, "choices": [choice]}).encode() + b"\n\n")
         return resp
 
+    return proxy_app(completions, passthrough)
+
+
+def proxy_app(completions, passthrough):
+    """The aiohttp application of a proxy double: its own ``/v1/completions``, the server's other routes as
+    they are (``/health``, ``/v1/models``, ``/metrics``, ``/tokenize``)."""
+    from aiohttp import web
+
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
     for path in ("/health", "/v1/models", "/metrics"):
